@@ -1,0 +1,61 @@
+// Helpers for the CUDA kernels: device element types, load/store as float, warp reductions.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "core/cuda_check.h"
+#include "core/dtype.h"
+
+namespace zp::kernels::cuda {
+
+// Map the host dtype to the CUDA element type.
+template <class T> struct DevType { using type = T; };
+template <> struct DevType<::zp::bf16> { using type = __nv_bfloat16; };
+template <> struct DevType<::zp::f16> { using type = __half; };
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(double x) { return float(x); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+template <class T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ double from_f<double>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half(x); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Sum over a block whose size is a multiple of 32 (at most 1024); every thread gets the result.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float shared[32];
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  int nwarps = (blockDim.x + 31) >> 5;
+  v = lane < nwarps ? shared[lane] : 0.f;
+  return warp_sum(v);
+}
+
+inline unsigned ceil_div(long long a, long long b) { return unsigned((a + b - 1) / b); }
+
+}  // namespace zp::kernels::cuda
+
+// Dispatch the dtypes the CUDA kernels support to the device element type T.
+#define ZP_CUDA_DISPATCH_FLOAT(dt, T, ...)                                     \
+  [&] {                                                                        \
+    switch (dt) {                                                              \
+      case ::zp::DType::F32: { using T = float; return __VA_ARGS__(); }        \
+      case ::zp::DType::BF16: { using T = __nv_bfloat16; return __VA_ARGS__(); } \
+      case ::zp::DType::F16: { using T = __half; return __VA_ARGS__(); }       \
+      default: ZP_FATAL("unsupported dtype ", ::zp::dtype_name(dt), " for a CUDA float op"); \
+    }                                                                          \
+  }()

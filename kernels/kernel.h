@@ -1,0 +1,40 @@
+// Conventions shared by every op family (see kernels/README.md).
+//
+// Each op is declared once, in kernels/<family>.h, inside ZP_KERNEL(...): that one declaration
+// produces zp::kernels::cpu::op (defined in kernels/cpu/<family>.cpp, the plain readable reference)
+// and zp::kernels::cuda::op (kernels/cuda/<family>.cu, the fast version). Both take the same
+// arguments; the CPU version ignores the stream. Callers pick one with ZP_KERNEL_CALL(device, op, ...).
+#pragma once
+#include <cstdint>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+#define ZP_KERNEL(...)   \
+  namespace cpu {        \
+  __VA_ARGS__;           \
+  }                      \
+  namespace cuda {       \
+  __VA_ARGS__;           \
+  }
+
+#ifdef ZP_WITH_CUDA
+#define ZP_KERNEL_CALL(dev, op, ...) \
+  ((dev).is_cuda() ? ::zp::kernels::cuda::op(__VA_ARGS__) : ::zp::kernels::cpu::op(__VA_ARGS__))
+#else
+#define ZP_KERNEL_CALL(dev, op, ...) \
+  ((dev).is_cuda() ? ZP_FATAL("CUDA op " #op " in a CPU-only build") : ::zp::kernels::cpu::op(__VA_ARGS__))
+#endif
+
+// Dispatch a floating dtype to a C++ element type T (host types: double, float, zp::bf16, zp::f16).
+#define ZP_DISPATCH_FLOAT(dt, T, ...)                                          \
+  [&] {                                                                        \
+    switch (dt) {                                                              \
+      case ::zp::DType::F64: { using T = double; return __VA_ARGS__(); }       \
+      case ::zp::DType::F32: { using T = float; return __VA_ARGS__(); }        \
+      case ::zp::DType::BF16: { using T = ::zp::bf16; return __VA_ARGS__(); }  \
+      case ::zp::DType::F16: { using T = ::zp::f16; return __VA_ARGS__(); }    \
+      default: ZP_FATAL("unsupported dtype ", ::zp::dtype_name(dt), " for a float op"); \
+    }                                                                          \
+  }()

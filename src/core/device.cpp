@@ -1,0 +1,82 @@
+#include "core/device.h"
+
+#include "core/error.h"
+#ifdef ZP_WITH_CUDA
+#include "core/cuda_check.h"
+#endif
+
+namespace zp {
+
+#ifdef ZP_WITH_CUDA
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+std::string cuda_unavailable_reason() {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("no CUDA device: ") + cudaGetErrorString(e);
+  }
+  return n == 0 ? "no CUDA device found" : "";
+}
+Stream::Stream(Device d, int priority) : dev_(d) {
+  if (d.is_cuda()) {
+    ZP_CUDA_CHECK(cudaSetDevice(d.index));
+    ZP_CUDA_CHECK(cudaStreamCreateWithPriority(&h_, cudaStreamNonBlocking, priority));
+  }
+}
+Stream::~Stream() {
+  if (h_) cudaStreamDestroy(h_);
+}
+Stream& Stream::operator=(Stream&& o) noexcept {
+  if (this != &o) {
+    if (h_) cudaStreamDestroy(h_);
+    h_ = o.h_;
+    dev_ = o.dev_;
+    o.h_ = nullptr;
+  }
+  return *this;
+}
+void Stream::synchronize() const {
+  if (h_) ZP_CUDA_CHECK(cudaStreamSynchronize(h_));
+}
+Event::Event() { ZP_CUDA_CHECK(cudaEventCreate(&e_)); }
+Event::~Event() {
+  if (e_) cudaEventDestroy(e_);
+}
+void Event::record(StreamHandle s) { ZP_CUDA_CHECK(cudaEventRecord(e_, s)); }
+void Event::wait_on(StreamHandle s) const { ZP_CUDA_CHECK(cudaStreamWaitEvent(s, e_, 0)); }
+void Event::synchronize() const { ZP_CUDA_CHECK(cudaEventSynchronize(e_)); }
+float Event::elapsed_ms_since(const Event& start) const {
+  float ms = 0;
+  ZP_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e_, e_));
+  return ms;
+}
+void device_synchronize() { ZP_CUDA_CHECK(cudaDeviceSynchronize()); }
+void stream_synchronize(StreamHandle s) { ZP_CUDA_CHECK(cudaStreamSynchronize(s)); }
+#else
+int cuda_device_count() { return 0; }
+std::string cuda_unavailable_reason() { return "built without CUDA (ZP_CUDA=OFF)"; }
+Stream::Stream(Device d, int) : dev_(d) {
+  ZP_CHECK(!d.is_cuda(), "CUDA stream requested in a CPU-only build");
+}
+Stream::~Stream() = default;
+Stream& Stream::operator=(Stream&& o) noexcept { dev_ = o.dev_; return *this; }
+void Stream::synchronize() const {}
+Event::Event() = default;
+Event::~Event() = default;
+void Event::record(StreamHandle) {}
+void Event::wait_on(StreamHandle) const {}
+void Event::synchronize() const {}
+float Event::elapsed_ms_since(const Event&) const { return 0.f; }
+void device_synchronize() {}
+void stream_synchronize(StreamHandle) {}
+#endif
+
+}  // namespace zp

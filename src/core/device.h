@@ -1,0 +1,70 @@
+// Devices, streams and events. Stream handles are CUstream_st* (what cudaStream_t is), declared here
+// without CUDA headers so the CPU-only build and CPU code share every signature.
+#pragma once
+#include <cstdint>
+#include <string>
+
+struct CUstream_st;
+struct CUevent_st;
+
+namespace zp {
+
+using StreamHandle = CUstream_st*;  // nullptr = the legacy default stream (or "no stream" on the CPU)
+
+enum class DeviceKind : uint8_t { Cpu, Cuda };
+
+struct Device {
+  DeviceKind kind = DeviceKind::Cpu;
+  int index = 0;
+  static Device cpu() { return {DeviceKind::Cpu, 0}; }
+  static Device cuda(int i = 0) { return {DeviceKind::Cuda, i}; }
+  bool is_cuda() const { return kind == DeviceKind::Cuda; }
+  bool is_cpu() const { return kind == DeviceKind::Cpu; }
+  bool operator==(const Device&) const = default;
+  std::string str() const { return is_cuda() ? "cuda:" + std::to_string(index) : "cpu"; }
+};
+
+// Number of usable CUDA devices; 0 in the CPU-only build or when the driver finds none.
+int cuda_device_count();
+// Human-readable reason why there is no CUDA device (for test skips and errors).
+std::string cuda_unavailable_reason();
+
+// An owned CUDA stream (non-blocking). On a CPU device it holds nothing.
+class Stream {
+ public:
+  Stream() = default;
+  explicit Stream(Device d, int priority = 0);
+  ~Stream();
+  Stream(Stream&& o) noexcept : h_(o.h_), dev_(o.dev_) { o.h_ = nullptr; }
+  Stream& operator=(Stream&& o) noexcept;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  StreamHandle handle() const { return h_; }
+  Device device() const { return dev_; }
+  void synchronize() const;
+
+ private:
+  StreamHandle h_ = nullptr;
+  Device dev_;
+};
+
+// An owned CUDA event (timing enabled). Used to order streams and to time kernels.
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(StreamHandle s);
+  void wait_on(StreamHandle s) const;  // make `s` wait for this event
+  void synchronize() const;
+  float elapsed_ms_since(const Event& start) const;
+
+ private:
+  CUevent_st* e_ = nullptr;
+};
+
+void device_synchronize();
+void stream_synchronize(StreamHandle s);
+
+}  // namespace zp
