@@ -1,0 +1,25 @@
+# Sourced by run.sh and test.sh: installs the Debian/Ubuntu packages the build needs (when missing),
+# configures and builds into $ZP_BUILD_DIR (default build/). CUDA is built when nvcc exists: for the
+# local GPU's architecture when there is one, else for $ZP_CUDA_ARCH (default 90) alone to keep the
+# build short; set ZP_CUDA_ARCH="80;86;89;90" for a portable build.
+ZP_PACKAGES="cmake g++ make libopenmpi-dev openmpi-bin libhdf5-openmpi-dev libboost-program-options-dev \
+nlohmann-json3-dev liburing-dev libgtest-dev libbenchmark-dev python3-h5py"
+missing=""
+for p in $ZP_PACKAGES; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  echo "installing:$missing"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_mpi_yield_when_idle=1
+ZP_BUILD_DIR=${ZP_BUILD_DIR:-build}
+if [ -z "${ZP_CUDA_ARCH:-}" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then ZP_CUDA_ARCH=native; else ZP_CUDA_ARCH=90; fi
+fi
+if [ -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then export PATH=/usr/local/cuda/bin:$PATH; fi
+cmake -S . -B "$ZP_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ZP_CUDA_ARCH" ${ZP_CMAKE_ARGS:-}
+cmake --build "$ZP_BUILD_DIR" -j "$(nproc)"
