@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
 #include <functional>
 #include <random>
 #include <vector>
@@ -123,6 +126,18 @@ inline void expect_grad_matches_fd(std::vector<double>& x, const std::vector<dou
     an.push_back(grad[i]);
   }
   EXPECT_LE(rel_error(an, fd), tol) << what << ": analytic gradient differs from finite differences";
+}
+
+// Path of a file under the golden reference folder ("" when the folder is absent).
+inline std::string golden_path(const std::string& rel) {
+  const char* env = std::getenv("ZP_GOLDEN_DIR");
+#ifdef ZP_GOLDEN_DIR
+  std::string base = env ? env : ZP_GOLDEN_DIR;
+#else
+  std::string base = env ? env : "";
+#endif
+  std::string p = base + "/" + rel;
+  return !base.empty() && std::filesystem::exists(p) ? p : "";
 }
 
 inline const std::vector<DType>& gpu_float_dtypes() {

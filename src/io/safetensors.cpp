@@ -1,0 +1,238 @@
+#include "io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kernels/elementwise.h"
+
+namespace zp::io {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+DType safetensors_dtype(const std::string& s) {
+  static const std::map<std::string, DType> m = {{"F32", DType::F32}, {"BF16", DType::BF16}, {"F16", DType::F16},
+                                                 {"I32", DType::I32}, {"I64", DType::I64}, {"U8", DType::U8},
+                                                 {"F64", DType::F64}};
+  auto it = m.find(s);
+  ZP_REQUIRE(it != m.end(), "unsupported safetensors dtype '", s, "'");
+  return it->second;
+}
+
+std::string safetensors_dtype_name(DType d) {
+  switch (d) {
+    case DType::F32: return "F32";
+    case DType::BF16: return "BF16";
+    case DType::F16: return "F16";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+    case DType::U8: return "U8";
+    case DType::F64: return "F64";
+  }
+  return "?";
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ZP_REQUIRE(fd_ >= 0, path, ": cannot open: ", std::strerror(errno));
+  struct stat st {};
+  if (fstat(fd_, &st) != 0) { ::close(fd_); throw Error(path + ": cannot stat"); }
+  size_ = size_t(st.st_size);
+  auto fail = [&](const std::string& why) {
+    release();
+    throw Error(path + ": not a valid safetensors file: " + why);
+  };
+  if (size_ < 8) fail("shorter than the 8-byte header length");
+  map_ = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
+  if (map_ == MAP_FAILED) { map_ = nullptr; fail(std::string("mmap failed: ") + std::strerror(errno)); }
+  uint64_t hlen = 0;
+  std::memcpy(&hlen, map_, 8);  // little-endian on every platform we build for
+  if (hlen > size_ - 8) fail("header length " + std::to_string(hlen) + " exceeds the file size " + std::to_string(size_));
+  const char* hdr = static_cast<const char*>(map_) + 8;
+  data_ = hdr + hlen;
+  const uint64_t data_size = size_ - 8 - hlen;
+  json j;
+  try {
+    j = json::parse(hdr, hdr + hlen);
+  } catch (const std::exception& e) {
+    fail(std::string("header is not JSON: ") + e.what());
+  }
+  if (!j.is_object()) fail("header is not a JSON object");
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (auto& [name, v] : j.items()) {
+    if (name == "__metadata__") {
+      if (v.is_object())
+        for (auto& [k, m] : v.items()) metadata_[k] = m.is_string() ? m.get<std::string>() : m.dump();
+      continue;
+    }
+    auto bad = [&](const std::string& why) { fail("tensor '" + name + "': " + why); };
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+      bad("entry needs dtype, shape and data_offsets");
+    SafetensorsEntry e;
+    e.name = name;
+    try {
+      e.dtype = safetensors_dtype(v["dtype"].get<std::string>());
+      for (auto& d : v["shape"]) {
+        int64_t x = d.get<int64_t>();
+        if (x < 0) bad("negative dimension");
+        e.shape.push_back(x);
+      }
+      auto& off = v["data_offsets"];
+      if (!off.is_array() || off.size() != 2) bad("data_offsets must be [begin, end]");
+      e.begin = off[0].get<uint64_t>();
+      e.end = off[1].get<uint64_t>();
+    } catch (const Error& err) {
+      bad(err.what());
+    } catch (const std::exception& err) {
+      bad(std::string("malformed entry: ") + err.what());
+    }
+    if (e.begin > e.end || e.end > data_size)
+      bad("data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + ") outside the data section of " +
+          std::to_string(data_size) + " bytes");
+    uint64_t want = uint64_t(shape_numel(e.shape)) * dtype_size(e.dtype);
+    if (e.end - e.begin != want)
+      bad("holds " + std::to_string(e.end - e.begin) + " bytes but shape x dtype needs " + std::to_string(want));
+    ranges.emplace_back(e.begin, e.end);
+    entries_.emplace(name, std::move(e));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second && ranges[i].first != ranges[i].second) fail("tensor data ranges overlap");
+}
+
+SafetensorsFile::~SafetensorsFile() { release(); }
+
+void SafetensorsFile::release() {
+  if (map_) munmap(map_, size_);
+  if (fd_ >= 0) ::close(fd_);
+  map_ = nullptr;
+  fd_ = -1;
+}
+
+const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
+  auto it = entries_.find(name);
+  ZP_REQUIRE(it != entries_.end(), path_, ": no tensor named '", name, "'");
+  return it->second;
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> n;
+  for (auto& [k, v] : entries_) n.push_back(k);
+  return n;
+}
+
+Tensor SafetensorsFile::view(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
+  return Tensor::from_blob(const_cast<char*>(data_ + e.begin), e.shape, e.dtype, Device::cpu());
+}
+
+Tensor SafetensorsFile::read(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
+  Tensor t = Tensor::empty(e.shape, e.dtype, Device::cpu(), "safetensors");
+  std::memcpy(t.data(), data_ + e.begin, e.end - e.begin);
+  return t;
+}
+
+Tensor SafetensorsFile::read_as(const std::string& name, DType as) const {
+  const SafetensorsEntry& e = entry(name);
+  if (e.dtype == as) return read(name);
+  ZP_REQUIRE(dtype_is_float(e.dtype) && dtype_is_float(as), path_, ": tensor '", name, "' is ",
+             dtype_name(e.dtype), " and cannot be converted to ", dtype_name(as));
+  Tensor src = read(name);  // aligned copy first
+  Tensor t = Tensor::empty(e.shape, as, Device::cpu(), "safetensors");
+  kernels::cpu::cast(nullptr, as, t.data(), e.dtype, src.data(), t.numel());
+  return t;
+}
+
+SafetensorsCollection SafetensorsCollection::open_dir(const std::string& dir, const std::string& stem) {
+  SafetensorsCollection c;
+  fs::path single = fs::path(dir) / (stem + ".safetensors");
+  fs::path index = fs::path(dir) / (stem + ".safetensors.index.json");
+  if (fs::exists(single)) {
+    c.files_.push_back(std::make_unique<SafetensorsFile>(single.string()));
+  } else if (fs::exists(index)) {
+    std::ifstream in(index);
+    json j;
+    try {
+      j = json::parse(in);
+    } catch (const std::exception& e) {
+      throw Error(index.string() + ": not valid JSON: " + e.what());
+    }
+    ZP_REQUIRE(j.contains("weight_map") && j["weight_map"].is_object(), index.string(), ": no \"weight_map\" object");
+    std::map<std::string, size_t> file_ids;
+    for (auto& [name, f] : j["weight_map"].items()) {
+      std::string fname = f.get<std::string>();
+      ZP_REQUIRE(fname.find('/') == std::string::npos, index.string(), ": shard name '", fname, "' is not a plain file name");
+      auto it = file_ids.find(fname);
+      if (it == file_ids.end()) {
+        c.files_.push_back(std::make_unique<SafetensorsFile>((fs::path(dir) / fname).string()));
+        it = file_ids.emplace(fname, c.files_.size() - 1).first;
+      }
+      ZP_REQUIRE(c.files_[it->second]->contains(name), index.string(), ": lists '", name, "' in ", fname,
+                 " but that shard does not hold it");
+    }
+  } else {
+    throw Error(dir + ": neither " + single.filename().string() + " nor " + index.filename().string() + " exists");
+  }
+  for (size_t i = 0; i < c.files_.size(); ++i)
+    for (auto& n : c.files_[i]->names()) {
+      ZP_REQUIRE(!c.where_.count(n), dir, ": tensor '", n, "' appears in two shards");
+      c.where_[n] = i;
+    }
+  return c;
+}
+
+const SafetensorsFile& SafetensorsCollection::file_of(const std::string& name) const {
+  auto it = where_.find(name);
+  ZP_REQUIRE(it != where_.end(), "no tensor named '", name, "' in the model's safetensors files");
+  return *files_[it->second];
+}
+
+std::vector<std::string> SafetensorsCollection::names() const {
+  std::vector<std::string> n;
+  for (auto& [k, v] : where_) n.push_back(k);
+  return n;
+}
+
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  json hdr = json::object();
+  if (!metadata.empty()) hdr["__metadata__"] = metadata;
+  uint64_t off = 0;
+  for (auto& [name, t] : tensors) {
+    ZP_REQUIRE(!hdr.contains(name), path, ": duplicate tensor name '", name, "'");
+    hdr[name] = {{"dtype", safetensors_dtype_name(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {off, off + t.nbytes()}}};
+    off += t.nbytes();
+  }
+  std::string h = hdr.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // keep the data section 8-byte aligned
+  std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  ZP_REQUIRE(f, tmp, ": cannot create: ", std::strerror(errno));
+  uint64_t hlen = h.size();
+  bool ok = std::fwrite(&hlen, 8, 1, f) == 1 && std::fwrite(h.data(), 1, h.size(), f) == h.size();
+  for (auto& [name, t] : tensors) {
+    if (!ok) break;
+    Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
+    ok = std::fwrite(host.data(), 1, host.nbytes(), f) == host.nbytes();
+  }
+  ok = (std::fflush(f) == 0) && ok && (fsync(fileno(f)) == 0);
+  int err = errno;
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    throw Error(path + ": write failed: " + std::strerror(err));
+  }
+  ZP_REQUIRE(std::rename(tmp.c_str(), path.c_str()) == 0, path, ": rename from ", tmp, " failed: ", std::strerror(errno));
+}
+
+}  // namespace zp::io
