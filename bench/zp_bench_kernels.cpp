@@ -1,0 +1,279 @@
+// Kernel benchmarks on the GPU: achieved TFLOP/s (matrix-bound ops) or GB/s (memory-bound ops) next
+// to the device's peak. Times come from CUDA events around each iteration (manual time), so host
+// launch overhead between iterations is not counted. `--benchmark_format=json` for CI tracking.
+// Peaks: dense bf16 tensor-core rate = SMs x max clock x (4096 flop/clk/SM on sm_90, 2048 on sm_80,
+// else reported as 0), DRAM bandwidth = 2 x memory clock x bus width.
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <functional>
+#include <vector>
+
+#include "core/device.h"
+#include "core/tensor.h"
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/conv2d.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/groupnorm.h"
+#include "kernels/layernorm.h"
+#include "kernels/rmsnorm.h"
+
+namespace zp::bench {
+using namespace zp::kernels;
+
+struct Peak {
+  double tflops_bf16 = 0, gbs = 0;
+};
+
+Peak device_peak() {
+  static Peak p = [] {
+    Peak r;
+    int dev = 0, sms = 0, clk_khz = 0, mem_khz = 0, bus_bits = 0, major = 0, minor = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, dev);
+    cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, dev);
+    cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    double per_clk = major == 9 ? 4096 : (major == 8 && minor == 0 ? 2048 : 0);
+    r.tflops_bf16 = sms * (clk_khz * 1e3) * per_clk / 1e12;
+    r.gbs = 2.0 * (mem_khz * 1e3) * bus_bits / 8 / 1e9;
+    return r;
+  }();
+  return p;
+}
+
+// Times `f` with CUDA events on `s`; reports flop and byte rates over the manual time.
+void run(benchmark::State& st, StreamHandle s, double flops, double bytes, const std::function<void()>& f) {
+  f();  // warm-up: algorithm selection, workspace allocation
+  ZP_CHECK(cudaStreamSynchronize(s) == cudaSuccess, "warm-up failed");
+  Event a, b;
+  double total_ms = 0;
+  for (auto _ : st) {
+    a.record(s);
+    f();
+    b.record(s);
+    b.synchronize();
+    double ms = b.elapsed_ms_since(a);
+    total_ms += ms;
+    st.SetIterationTime(ms / 1e3);
+  }
+  double secs = total_ms / 1e3 / double(st.iterations());
+  if (flops > 0) {
+    st.counters["TFLOP/s"] = flops / secs / 1e12;
+    st.counters["peak_TFLOP/s"] = device_peak().tflops_bf16;
+    st.counters["pct_peak"] = device_peak().tflops_bf16 > 0 ? 100 * flops / secs / 1e12 / device_peak().tflops_bf16 : 0;
+  } else {
+    st.counters["GB/s"] = bytes / secs / 1e9;
+    st.counters["peak_GB/s"] = device_peak().gbs;
+    st.counters["pct_peak"] = 100 * bytes / secs / 1e9 / device_peak().gbs;
+  }
+}
+
+Tensor dev_rand(int64_t n, DType dt, float scale = 1.f) {
+  Tensor t = Tensor::empty({n}, dt, Device::cuda(), "bench");
+  Tensor f = Tensor::empty({n}, DType::F32, Device::cuda(), "bench");
+  std::vector<float> h(size_t(n));
+  uint64_t x = 88172645463325252ull;
+  for (auto& v : h) {  // xorshift: fast and good enough for benchmark data
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    v = scale * (float(x >> 40) / float(1ull << 24) - 0.5f);
+  }
+  ZP_CHECK(cudaMemcpy(f.data(), h.data(), size_t(n) * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+  cuda::cast(nullptr, dt, t.data(), DType::F32, f.data(), n);
+  return t;
+}
+
+// --- GEMM: row-major C[M,N] = A[M,K] B[K,N]; GPT-2 124M shapes at B*T = 32768 and a square one.
+void BM_Gemm(benchmark::State& st) {
+  int64_t M = st.range(0), N = st.range(1), K = st.range(2);
+  bool trans_b = st.range(3);
+  Tensor A = dev_rand(M * K, DType::BF16), B = dev_rand(K * N, DType::BF16), C = dev_rand(M * N, DType::BF16);
+  run(st, nullptr, 2.0 * M * N * K, 0, [&] {
+    cuda::gemm(nullptr, DType::BF16, DType::BF16, false, trans_b, M, N, K, 1.f, A.data(), K, B.data(),
+               trans_b ? K : N, 0.f, C.data(), N);
+  });
+}
+BENCHMARK(BM_Gemm)->ArgNames({"M", "N", "K", "transB"})
+    ->Args({32768, 2304, 768, 1})->Args({32768, 768, 768, 1})->Args({32768, 3072, 768, 1})
+    ->Args({32768, 768, 3072, 1})->Args({32768, 50304, 768, 1})->Args({8192, 8192, 8192, 0})
+    ->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// --- Attention, causal, B=32? (the GPT-2 step shape: B=32, T=1024, H=12, D=64) forward and backward.
+void BM_Attention(benchmark::State& st) {
+  int64_t B = st.range(0), T = st.range(1), H = st.range(2), D = st.range(3);
+  bool causal = st.range(4), backward = st.range(5);
+  int64_t n = B * T * H * D;
+  Tensor q = dev_rand(n, DType::BF16), k = dev_rand(n, DType::BF16), v = dev_rand(n, DType::BF16);
+  Tensor o = dev_rand(n, DType::BF16), dout = dev_rand(n, DType::BF16);
+  Tensor dq = dev_rand(n, DType::BF16), dk = dev_rand(n, DType::BF16), dv = dev_rand(n, DType::BF16);
+  Tensor lse = Tensor::empty({B * H * T}, DType::F32, Device::cuda());
+  float scale = attention_default_scale(D);
+  double fwd = 4.0 * B * H * T * T * D * (causal ? 0.5 : 1.0);
+  cuda::attention_forward(nullptr, DType::BF16, o.data(), lse.data<float>(), q.data(), k.data(), v.data(), B, T, T,
+                          H, H, D, H * D, H * D, H * D, H * D, scale, causal);
+  run(st, nullptr, backward ? 2.5 * fwd : fwd, 0, [&] {
+    if (!backward)
+      cuda::attention_forward(nullptr, DType::BF16, o.data(), lse.data<float>(), q.data(), k.data(), v.data(), B, T,
+                              T, H, H, D, H * D, H * D, H * D, H * D, scale, causal);
+    else
+      cuda::attention_backward(nullptr, DType::BF16, dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
+                               v.data(), o.data(), lse.data<float>(), B, T, T, H, H, D, H * D, H * D, H * D, H * D,
+                               scale, causal);
+  });
+}
+BENCHMARK(BM_Attention)->ArgNames({"B", "T", "H", "D", "causal", "bwd"})
+    ->Args({32, 1024, 12, 64, 1, 0})->Args({32, 1024, 12, 64, 1, 1})
+    ->Args({8, 4096, 5, 64, 0, 0})  // SD1.5 self-attention at 64x64 latents (B=8, 320 channels / 64)
+    ->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// --- Norms (memory-bound): bytes = read x (+ dy) and write y (dx), bf16.
+void BM_LayerNorm(benchmark::State& st) {
+  int64_t N = st.range(0), C = st.range(1);
+  bool backward = st.range(2);
+  Tensor x = dev_rand(N * C, DType::BF16), y = dev_rand(N * C, DType::BF16), w = dev_rand(C, DType::BF16);
+  Tensor b = dev_rand(C, DType::BF16), mean = Tensor::empty({N}, DType::F32, Device::cuda());
+  Tensor rstd = Tensor::empty({N}, DType::F32, Device::cuda());
+  Tensor dw = Tensor::zeros({C}, DType::F32, Device::cuda()), db = Tensor::zeros({C}, DType::F32, Device::cuda());
+  cuda::layernorm_forward(nullptr, DType::BF16, y.data(), mean.data<float>(), rstd.data<float>(), x.data(), w.data(),
+                          b.data(), N, C, 1e-5f);
+  run(st, nullptr, 0, (backward ? 3.0 : 2.0) * N * C * 2, [&] {
+    if (!backward)
+      cuda::layernorm_forward(nullptr, DType::BF16, y.data(), mean.data<float>(), rstd.data<float>(), x.data(),
+                              w.data(), b.data(), N, C, 1e-5f);
+    else
+      cuda::layernorm_backward(nullptr, DType::BF16, y.data(), dw.data<float>(), db.data<float>(), x.data(), x.data(),
+                               w.data(), mean.data<float>(), rstd.data<float>(), N, C, false);
+  });
+}
+BENCHMARK(BM_LayerNorm)->ArgNames({"N", "C", "bwd"})->Args({32768, 768, 0})->Args({32768, 768, 1})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_RMSNorm(benchmark::State& st) {
+  int64_t N = st.range(0), C = st.range(1);
+  bool backward = st.range(2);
+  Tensor x = dev_rand(N * C, DType::BF16), y = dev_rand(N * C, DType::BF16), w = dev_rand(C, DType::BF16);
+  Tensor rstd = Tensor::empty({N}, DType::F32, Device::cuda());
+  Tensor dw = Tensor::zeros({C}, DType::F32, Device::cuda());
+  cuda::rmsnorm_forward(nullptr, DType::BF16, y.data(), rstd.data<float>(), x.data(), w.data(), N, C, 1e-6f);
+  run(st, nullptr, 0, (backward ? 3.0 : 2.0) * N * C * 2, [&] {
+    if (!backward)
+      cuda::rmsnorm_forward(nullptr, DType::BF16, y.data(), rstd.data<float>(), x.data(), w.data(), N, C, 1e-6f);
+    else
+      cuda::rmsnorm_backward(nullptr, DType::BF16, y.data(), dw.data<float>(), x.data(), x.data(), w.data(),
+                             rstd.data<float>(), N, C, false);
+  });
+}
+BENCHMARK(BM_RMSNorm)->ArgNames({"N", "C", "bwd"})->Args({16384, 2048, 0})->Args({16384, 2048, 1})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_GroupNormSiLU(benchmark::State& st) {
+  int64_t N = st.range(0), C = st.range(1), HW = st.range(2), G = 32;
+  bool backward = st.range(3);
+  Tensor x = dev_rand(N * C * HW, DType::BF16), y = dev_rand(N * C * HW, DType::BF16);
+  Tensor w = dev_rand(C, DType::BF16), b = dev_rand(C, DType::BF16);
+  Tensor mean = Tensor::empty({N * G}, DType::F32, Device::cuda()), rstd = Tensor::empty({N * G}, DType::F32, Device::cuda());
+  Tensor dw = Tensor::zeros({C}, DType::F32, Device::cuda()), db = Tensor::zeros({C}, DType::F32, Device::cuda());
+  cuda::groupnorm_forward(nullptr, DType::BF16, y.data(), mean.data<float>(), rstd.data<float>(), x.data(), w.data(),
+                          b.data(), N, C, HW, G, 1e-5f, true);
+  run(st, nullptr, 0, (backward ? 3.0 : 2.0) * N * C * HW * 2, [&] {
+    if (!backward)
+      cuda::groupnorm_forward(nullptr, DType::BF16, y.data(), mean.data<float>(), rstd.data<float>(), x.data(),
+                              w.data(), b.data(), N, C, HW, G, 1e-5f, true);
+    else
+      cuda::groupnorm_backward(nullptr, DType::BF16, y.data(), dw.data<float>(), db.data<float>(), x.data(), x.data(),
+                               w.data(), b.data(), mean.data<float>(), rstd.data<float>(), N, C, HW, G, true);
+  });
+}
+BENCHMARK(BM_GroupNormSiLU)->ArgNames({"N", "C", "HW", "bwd"})->Args({8, 320, 4096, 0})->Args({8, 320, 4096, 1})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// --- Conv2d: the SD1.5 UNet's first-level 3x3 conv at B=8, 64x64 latents; forward and both grads.
+void BM_Conv2d(benchmark::State& st) {
+  Conv2dShape sh;
+  sh.N = st.range(0); sh.Cin = st.range(1); sh.H = sh.W = st.range(2); sh.Cout = st.range(3);
+  sh.KH = sh.KW = 3; sh.pad_h = sh.pad_w = 1;
+  int which = int(st.range(4));  // 0 forward, 1 data grad, 2 filter grad
+  Tensor x = dev_rand(sh.x_numel(), DType::BF16), w = dev_rand(sh.w_numel(), DType::BF16, 0.1f);
+  Tensor y = dev_rand(sh.y_numel(), DType::BF16), bias = dev_rand(sh.Cout, DType::BF16);
+  Tensor dw = Tensor::zeros({sh.w_numel()}, DType::F32, Device::cuda());
+  Tensor db = Tensor::zeros({sh.Cout}, DType::F32, Device::cuda());
+  double flops = 2.0 * sh.N * sh.Cout * sh.oh() * sh.ow() * sh.Cin * sh.KH * sh.KW;
+  run(st, nullptr, flops, 0, [&] {
+    if (which == 0) cuda::conv2d_forward(nullptr, DType::BF16, y.data(), x.data(), w.data(), bias.data(), sh);
+    else if (which == 1) cuda::conv2d_backward_data(nullptr, DType::BF16, x.data(), y.data(), w.data(), sh);
+    else cuda::conv2d_backward_filter(nullptr, DType::BF16, dw.data<float>(), db.data<float>(), y.data(), x.data(), sh);
+  });
+}
+BENCHMARK(BM_Conv2d)->ArgNames({"N", "Cin", "HW", "Cout", "op"})
+    ->Args({8, 320, 64, 320, 0})->Args({8, 320, 64, 320, 1})->Args({8, 320, 64, 320, 2})
+    ->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// --- Cross-entropy over GPT-2's padded vocabulary: forward reads the logits, backward reads and writes them.
+void BM_CrossEntropy(benchmark::State& st) {
+  int64_t N = st.range(0), V = 50257, ld = 50304;
+  bool backward = st.range(1);
+  Tensor logits = dev_rand(N * ld, DType::BF16, 4.f);
+  Tensor losses = Tensor::empty({N}, DType::F32, Device::cuda()), lse = Tensor::empty({N}, DType::F32, Device::cuda());
+  std::vector<int32_t> ht(size_t(N));
+  for (int64_t i = 0; i < N; ++i) ht[size_t(i)] = int32_t((i * 7919) % V);
+  Tensor targets = Tensor::empty({N}, DType::I32, Device::cuda());
+  ZP_CHECK(cudaMemcpy(targets.data(), ht.data(), size_t(N) * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+  cuda::cross_entropy_forward(nullptr, DType::BF16, losses.data<float>(), lse.data<float>(), logits.data(),
+                              targets.data<int32_t>(), N, V, ld);
+  run(st, nullptr, 0, (backward ? 2.0 : 1.0) * N * ld * 2, [&] {
+    if (!backward)
+      cuda::cross_entropy_forward(nullptr, DType::BF16, losses.data<float>(), lse.data<float>(), logits.data(),
+                                  targets.data<int32_t>(), N, V, ld);
+    else  // not in place, so every iteration sees the same logits
+      cuda::cross_entropy_backward(nullptr, DType::BF16, logits.data(), logits.data(), lse.data<float>(),
+                                   targets.data<int32_t>(), 1.f / float(N), N, V, ld);
+  });
+}
+BENCHMARK(BM_CrossEntropy)->ArgNames({"N", "bwd"})->Args({32768, 0})->Args({32768, 1})
+    ->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// --- AdamW over GPT-2 124M's parameters in 148 tensors (fp32 master, moments, bf16 copy).
+void BM_AdamW(benchmark::State& st) {
+  int64_t total = st.range(0), count = st.range(1), each = total / count;
+  Tensor p = dev_rand(total, DType::F32), g = dev_rand(total, DType::F32), m = dev_rand(total, DType::F32, 0.01f);
+  Tensor v = dev_rand(total, DType::F32, 0.001f), copy = dev_rand(total, DType::BF16);
+  cuda::scale(nullptr, DType::F32, v.data(), v.data(), 0.f, total);  // second moments must be >= 0
+  std::vector<AdamWTensor> ts(size_t(count));
+  for (int64_t i = 0; i < count; ++i) {
+    ts[size_t(i)] = {p.data<float>() + i * each, g.data<float>() + i * each, m.data<float>() + i * each,
+                     v.data<float>() + i * each, static_cast<bf16*>(copy.data()) + i * each, each, 0.1f};
+  }
+  AdamWConfig cfg;
+  // read p, g, m, v; write p, m, v, copy
+  run(st, nullptr, 0, double(total) * (4 * 4 + 3 * 4 + 2), [&] {
+    cfg.step++;
+    cuda::adamw_step(nullptr, ts.data(), int(count), cfg, DType::BF16);
+  });
+}
+BENCHMARK(BM_AdamW)->ArgNames({"params", "tensors"})->Args({124439808, 148})
+    ->UseManualTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace zp::bench
+
+int main(int argc, char** argv) {
+  if (zp::cuda_device_count() == 0) {
+    std::fprintf(stderr, "zp_bench_kernels: %s\n", zp::cuda_unavailable_reason().c_str());
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  auto peak = zp::bench::device_peak();
+  benchmark::AddCustomContext("device", prop.name);
+  benchmark::AddCustomContext("peak_bf16_dense_TFLOPs", std::to_string(peak.tflops_bf16));
+  benchmark::AddCustomContext("peak_dram_GBs", std::to_string(peak.gbs));
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,340 @@
+#include "models/transformer.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "io/safetensors.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+
+namespace zp::models {
+using nlohmann::json;
+using namespace zp::nn;
+using namespace zp::kernels;
+
+namespace {
+
+struct HubKeys {
+  const json& j;
+  const std::string& source;
+  const json& need(const char* key) const {
+    ZP_REQUIRE(j.contains(key) && !j[key].is_null(), source, ": missing key '", key, "'");
+    return j[key];
+  }
+  template <class T> T get(const char* key) const {
+    try {
+      return need(key).get<T>();
+    } catch (const json::exception&) {
+      throw Error(source + ": key '" + key + "' has the wrong type: " + j[key].dump());
+    }
+  }
+  template <class T> T get_or(const char* key, T fallback) const {
+    return j.contains(key) && !j[key].is_null() ? get<T>(key) : fallback;
+  }
+  void reject_if(const char* key, const json& bad_value, const char* why) const {
+    if (j.contains(key) && j[key] == bad_value)
+      throw Error(source + ": key '" + key + "' = " + j[key].dump() + " is not supported (" + why + ")");
+  }
+};
+
+}  // namespace
+
+TransformerConfig TransformerConfig::from_hub_json(const json& j, const std::string& source) {
+  HubKeys k{j, source};
+  TransformerConfig c;
+  c.model_type = k.get<std::string>("model_type");
+  if (c.model_type == "gpt2") {
+    c.hidden = k.get<int64_t>("n_embd");
+    c.layers = k.get<int64_t>("n_layer");
+    c.heads = c.kv_heads = k.get<int64_t>("n_head");
+    c.vocab = k.get<int64_t>("vocab_size");
+    c.max_positions = k.get<int64_t>("n_positions");
+    c.norm_eps = float(k.get_or<double>("layer_norm_epsilon", 1e-5));
+    c.ffn = k.get_or<int64_t>("n_inner", 4 * c.hidden);
+    c.tied = k.get_or<bool>("tie_word_embeddings", true);
+    std::string act = k.get_or<std::string>("activation_function", "gelu_new");
+    ZP_REQUIRE(act == "gelu_new" || act == "gelu_pytorch_tanh", source, ": key 'activation_function' = \"", act,
+               "\" is not supported (gelu_new)");
+    k.reject_if("scale_attn_by_inverse_layer_idx", true, "per-layer attention scaling");
+    k.reject_if("scale_attn_weights", false, "unscaled attention");
+    k.reject_if("add_cross_attention", true, "encoder-decoder GPT-2");
+    c.qkv_bias = c.out_bias = c.mlp_bias = true;
+    c.learned_positions = true;
+    c.norm = NormKind::LayerNorm;
+    c.mlp = MlpKind::GeluTanh;
+  } else if (c.model_type == "llama" || c.model_type == "qwen2") {
+    c.hidden = k.get<int64_t>("hidden_size");
+    c.layers = k.get<int64_t>("num_hidden_layers");
+    c.heads = k.get<int64_t>("num_attention_heads");
+    c.kv_heads = k.get_or<int64_t>("num_key_value_heads", c.heads);
+    c.vocab = k.get<int64_t>("vocab_size");
+    c.ffn = k.get<int64_t>("intermediate_size");
+    c.max_positions = k.get_or<int64_t>("max_position_embeddings", 4096);
+    c.norm_eps = float(k.get_or<double>("rms_norm_eps", 1e-6));
+    c.tied = k.get_or<bool>("tie_word_embeddings", false);
+    double theta = 10000.0;
+    if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
+      const json& rp = j["rope_parameters"];
+      std::string type = rp.value("rope_type", std::string("default"));
+      ZP_REQUIRE(type == "default", source, ": key 'rope_parameters.rope_type' = \"", type,
+                 "\" is not supported (default RoPE only)");
+      theta = rp.value("rope_theta", theta);
+    } else {
+      theta = k.get_or<double>("rope_theta", theta);
+      ZP_REQUIRE(!j.contains("rope_scaling") || j["rope_scaling"].is_null(), source,
+                 ": key 'rope_scaling' is not supported (default RoPE only)");
+    }
+    c.rope_theta = float(theta);
+    std::string act = k.get_or<std::string>("hidden_act", "silu");
+    ZP_REQUIRE(act == "silu", source, ": key 'hidden_act' = \"", act, "\" is not supported (silu)");
+    bool attention_bias = k.get_or<bool>("attention_bias", false);
+    c.qkv_bias = c.model_type == "qwen2" || attention_bias;
+    c.out_bias = attention_bias;
+    c.mlp_bias = k.get_or<bool>("mlp_bias", false);
+    k.reject_if("use_sliding_window", true, "sliding-window attention");
+    c.norm = NormKind::RMSNorm;
+    c.mlp = MlpKind::SwiGLU;
+  } else {
+    throw Error(source + ": key 'model_type' = \"" + c.model_type + "\" is not supported (gpt2, llama, qwen2)");
+  }
+  ZP_REQUIRE(c.heads > 0 && c.kv_heads > 0 && c.heads % c.kv_heads == 0, source, ": ", c.heads,
+             " attention heads cannot share ", c.kv_heads, " key/value heads");
+  c.head_dim = k.get_or<int64_t>("head_dim", c.hidden / c.heads);
+  ZP_REQUIRE(c.head_dim > 0 && c.head_dim % 2 == 0, source, ": head_dim ", c.head_dim, " must be positive and even");
+  ZP_REQUIRE(c.model_type != "gpt2" || c.head_dim * c.heads == c.hidden, source, ": n_embd must divide by n_head");
+  return c;
+}
+
+int64_t TransformerConfig::num_parameters() const {
+  int64_t C = hidden, D = head_dim, qkv = (heads + 2 * kv_heads) * D;
+  int64_t per_layer = qkv * C + (qkv_bias ? qkv : 0) + heads * D * C + (out_bias ? C : 0);
+  per_layer += mlp == MlpKind::SwiGLU ? 3 * ffn * C + (mlp_bias ? 2 * ffn + C : 0) : 2 * ffn * C + ffn + C;
+  per_layer += norm == NormKind::LayerNorm ? 4 * C : 2 * C;
+  int64_t total = layers * per_layer + vocab * C + (tied ? 0 : vocab * C) + (norm == NormKind::LayerNorm ? 2 * C : C);
+  if (learned_positions) total += max_positions * C;
+  return total;
+}
+
+Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, StreamHandle s) : cfg_(cfg) {
+  ctx_ = Ctx{dev, s, dt};
+  vpad_ = (cfg.vocab + 63) / 64 * 64;  // aligned rows for the logits GEMM and the loss
+  const int64_t C = cfg.hidden, D = cfg.head_dim, F = cfg.ffn;
+  const bool gpt2 = cfg.model_type == "gpt2";
+  const std::string pre = gpt2 ? "transformer." : "model.";
+  embed_ = std::make_unique<ParamBlock>("embed");
+  wte_ = embed_->add(pre + (gpt2 ? "wte.weight" : "embed_tokens.weight"), {cfg.vocab, C}, false);
+  if (cfg.learned_positions) wpe_ = embed_->add(pre + "wpe.weight", {cfg.max_positions, C}, false);
+  embed_->allocate(dev, dt, s);
+
+  for (int64_t i = 0; i < cfg.layers; ++i) {
+    Layer l;
+    const std::string p = pre + (gpt2 ? "h." : "layers.") + std::to_string(i) + ".";
+    l.block = std::make_unique<ParamBlock>("layer" + std::to_string(i));
+    ParamBlock& b = *l.block;
+    auto norm = [&](const std::string& n) -> std::pair<Parameter*, Parameter*> {
+      Parameter* w = b.add(p + n + ".weight", {C}, false);
+      Parameter* bias = cfg.norm == NormKind::LayerNorm ? b.add(p + n + ".bias", {C}, false) : nullptr;
+      return {w, bias};
+    };
+    auto [n1w, n1b] = norm(gpt2 ? "ln_1" : "input_layernorm");
+    auto [n2w, n2b] = norm(gpt2 ? "ln_2" : "post_attention_layernorm");
+    std::vector<Parameter*> qkv_w, qkv_b;
+    Parameter *ow, *ob = nullptr, *upw, *upb = nullptr, *dw, *db = nullptr;
+    std::vector<Parameter*> up_w, up_b;
+    if (gpt2) {
+      qkv_w = {b.add(p + "attn.c_attn.weight", {3 * C, C}, true)};
+      qkv_b = {b.add(p + "attn.c_attn.bias", {3 * C}, false)};
+      ow = b.add(p + "attn.c_proj.weight", {C, C}, true);
+      ob = b.add(p + "attn.c_proj.bias", {C}, false);
+      upw = b.add(p + "mlp.c_fc.weight", {F, C}, true);
+      upb = b.add(p + "mlp.c_fc.bias", {F}, false);
+      up_w = {upw};
+      up_b = {upb};
+      dw = b.add(p + "mlp.c_proj.weight", {C, F}, true);
+      db = b.add(p + "mlp.c_proj.bias", {C}, false);
+      for (Parameter* w : {qkv_w[0], ow, upw, dw}) w->file_transposed = true;
+    } else {
+      const int64_t Hq = cfg.heads, Hkv = cfg.kv_heads;
+      qkv_w = {b.add(p + "self_attn.q_proj.weight", {Hq * D, C}, true),
+               b.add(p + "self_attn.k_proj.weight", {Hkv * D, C}, true, true),
+               b.add(p + "self_attn.v_proj.weight", {Hkv * D, C}, true, true)};
+      if (cfg.qkv_bias)
+        qkv_b = {b.add(p + "self_attn.q_proj.bias", {Hq * D}, false),
+                 b.add(p + "self_attn.k_proj.bias", {Hkv * D}, false, true),
+                 b.add(p + "self_attn.v_proj.bias", {Hkv * D}, false, true)};
+      ow = b.add(p + "self_attn.o_proj.weight", {C, Hq * D}, true);
+      if (cfg.out_bias) ob = b.add(p + "self_attn.o_proj.bias", {C}, false);
+      up_w = {b.add(p + "mlp.gate_proj.weight", {F, C}, true), b.add(p + "mlp.up_proj.weight", {F, C}, true, true)};
+      if (cfg.mlp_bias)
+        up_b = {b.add(p + "mlp.gate_proj.bias", {F}, false), b.add(p + "mlp.up_proj.bias", {F}, false, true)};
+      dw = b.add(p + "mlp.down_proj.weight", {C, F}, true);
+      if (cfg.mlp_bias) db = b.add(p + "mlp.down_proj.bias", {C}, false);
+    }
+    b.allocate(dev, dt, s);
+    l.ln1 = Norm(cfg.norm, n1w, n1b, cfg.norm_eps);
+    l.ln2 = Norm(cfg.norm, n2w, n2b, cfg.norm_eps);
+    AttentionShape ash{cfg.heads, cfg.kv_heads, D, !gpt2, cfg.rope_theta};
+    l.attn = SelfAttention(Linear(qkv_w, qkv_b), Linear(ow, ob), ash);
+    l.mlp = Mlp(cfg.mlp, Linear(up_w, up_b), Linear(dw, db));
+    layers_.push_back(std::move(l));
+  }
+
+  head_ = std::make_unique<ParamBlock>("head");
+  Parameter* nw = head_->add(pre + (gpt2 ? "ln_f.weight" : "norm.weight"), {C}, false);
+  Parameter* nb = cfg.norm == NormKind::LayerNorm ? head_->add(pre + "ln_f.bias", {C}, false) : nullptr;
+  if (!cfg.tied) lm_head_ = head_->add("lm_head.weight", {cfg.vocab, C}, true);
+  head_->allocate(dev, dt, s);
+  lnf_ = Norm(cfg.norm, nw, nb, cfg.norm_eps);
+  head_linear_ = Linear(cfg.tied ? wte_ : lm_head_, nullptr);
+}
+
+std::vector<ParamBlock*> Transformer::blocks() {
+  std::vector<ParamBlock*> b{embed_.get()};
+  for (auto& l : layers_) b.push_back(l.block.get());
+  b.push_back(head_.get());
+  return b;
+}
+
+std::vector<Parameter*> Transformer::parameters() {
+  std::vector<Parameter*> ps;
+  for (ParamBlock* b : blocks())
+    for (auto& p : b->params()) ps.push_back(p.get());
+  return ps;
+}
+
+Parameter* Transformer::find(const std::string& name) {
+  for (Parameter* p : parameters())
+    if (p->name == name) return p;
+  return nullptr;
+}
+
+void Transformer::load(const io::SafetensorsCollection& files) {
+  for (Parameter* p : parameters()) {
+    ZP_REQUIRE(files.contains(p->name), "model weights: tensor '", p->name, "' is missing");
+    const io::SafetensorsFile& f = files.file_of(p->name);
+    const io::SafetensorsEntry& e = f.entry(p->name);
+    Shape want = p->shape;
+    if (p->file_transposed) std::swap(want[0], want[1]);
+    ZP_REQUIRE(e.shape == want, f.path(), ": tensor '", p->name, "' has shape ", shape_str(e.shape), ", the config needs ",
+               shape_str(want));
+    Tensor t = f.read_as(p->name, ctx_.dt);
+    if (p->file_transposed) {  // [in, out] -> [out, in], element by element: sizes are small next to a GEMM
+      Tensor tt = Tensor::empty(p->shape, ctx_.dt, Device::cpu(), "load");
+      const int64_t rows = want[0], cols = want[1];
+      const size_t es = dtype_size(ctx_.dt);
+      const char* src = static_cast<const char*>(t.data());
+      char* dst = static_cast<char*>(tt.data());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) std::memcpy(dst + (c * rows + r) * es, src + (r * cols + c) * es, es);
+      t = tt;
+    }
+    p->value.copy_from(t, ctx_.s);
+  }
+}
+
+void Transformer::layer_forward(const Layer& l, const Tensor& x_in, Tensor& x_out, LayerSaved& sv, int64_t B,
+                                int64_t T) {
+  const Ctx& c = ctx_;
+  const int64_t N = B * T, C = cfg_.hidden;
+  sv.a1 = c.act({N, C});
+  l.ln1.forward(c, sv.a1.data(), x_in.data(), N, sv.n1);
+  Tensor tmp = c.act({N, C});
+  l.attn.forward(c, tmp.data(), sv.a1.data(), B, T, sv.attn);
+  sv.x_mid = c.act({N, C});
+  ZP_KERNEL_CALL(c.dev, add, c.s, c.dt, sv.x_mid.data(), x_in.data(), tmp.data(), N * C);
+  sv.a2 = c.act({N, C});
+  l.ln2.forward(c, sv.a2.data(), sv.x_mid.data(), N, sv.n2);
+  l.mlp.forward(c, tmp.data(), sv.a2.data(), N, sv.mlp);
+  ZP_KERNEL_CALL(c.dev, add, c.s, c.dt, x_out.data(), sv.x_mid.data(), tmp.data(), N * C);
+}
+
+void Transformer::layer_backward(const Layer& l, const Tensor& x_in, Tensor& dres, LayerSaved& sv, int64_t B,
+                                 int64_t T) {
+  const Ctx& c = ctx_;
+  const int64_t N = B * T, C = cfg_.hidden;
+  Tensor da = c.act({N, C});
+  // dres holds d(x_out); each branch's input gradient is added into it on the way down.
+  l.mlp.backward(c, da.data(), dres.data(), sv.a2.data(), N, sv.mlp, false);
+  l.ln2.backward(c, dres.data(), da.data(), sv.x_mid.data(), N, sv.n2, true);
+  l.attn.backward(c, da.data(), dres.data(), sv.a1.data(), B, T, sv.attn, false);
+  l.ln1.backward(c, dres.data(), da.data(), x_in.data(), N, sv.n1, true);
+}
+
+double Transformer::forward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t T, bool checkpoint,
+                            Tensor* logits_out) {
+  const Ctx& c = ctx_;
+  const int64_t N = B * T, C = cfg_.hidden, V = cfg_.vocab;
+  ZP_REQUIRE(T <= cfg_.max_positions || !cfg_.learned_positions, "sequence length ", T, " exceeds the model's ",
+             cfg_.max_positions, " positions");
+  B_ = B;
+  T_ = T;
+  ids_ = ids;
+  targets_ = targets;
+  checkpoint_ = checkpoint;
+  residual_.assign(size_t(cfg_.layers + 1), Tensor());
+  saved_.assign(size_t(cfg_.layers), LayerSaved());
+  residual_[0] = c.act({N, C});
+  ZP_KERNEL_CALL(c.dev, embedding_forward, c.s, c.dt, residual_[0].data(), ids, wte_->v(), N, C, V,
+                 wpe_ ? wpe_->v() : nullptr, T, 0);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    residual_[i + 1] = c.act({N, C});
+    layer_forward(layers_[i], residual_[i], residual_[i + 1], saved_[i], B, T);
+    if (checkpoint) saved_[i] = LayerSaved();  // keep only the layer input; re-run in the backward
+  }
+  af_ = c.act({N, C});
+  lnf_.forward(c, af_.data(), residual_.back().data(), N, nf_);
+  logits_ = c.act({N, vpad_});
+  head_linear_.forward(c, logits_.data(), af_.data(), N, vpad_);
+  Tensor losses = c.act({N}, DType::F32);
+  lse_ = c.act({N}, DType::F32);
+  ZP_KERNEL_CALL(c.dev, cross_entropy_forward, c.s, c.dt, losses.data<float>(), lse_.data<float>(), logits_.data(),
+                 targets, N, V, vpad_);
+  if (logits_out) {
+    *logits_out = Tensor::empty({N, V}, c.dt, c.dev, "logits", c.s);
+    const size_t row = size_t(V) * dtype_size(c.dt), ld = size_t(vpad_) * dtype_size(c.dt);
+    for (int64_t r = 0; r < N; ++r)
+      copy_bytes(static_cast<char*>(logits_out->data()) + r * row, c.dev,
+                 static_cast<const char*>(logits_.data()) + r * ld, c.dev, row, c.s);
+  }
+  Tensor hl = losses.to(Device::cpu(), c.s);
+  Tensor ht = Tensor::from_blob(const_cast<int32_t*>(targets), {N}, DType::I32, c.dev).to(Device::cpu(), c.s);
+  double sum = 0;
+  num_valid_ = 0;
+  for (int64_t i = 0; i < N; ++i)
+    if (ht.data<int32_t>()[i] >= 0) {
+      sum += hl.data<float>()[i];
+      ++num_valid_;
+    }
+  return num_valid_ ? sum / double(num_valid_) : 0.0;
+}
+
+void Transformer::backward(float loss_scale) {
+  const Ctx& c = ctx_;
+  const int64_t B = B_, T = T_, N = B * T, C = cfg_.hidden, V = cfg_.vocab;
+  ZP_CHECK(logits_.defined(), "backward without a forward");
+  float dscale = num_valid_ ? loss_scale / float(num_valid_) : 0.f;
+  ZP_KERNEL_CALL(c.dev, cross_entropy_backward, c.s, c.dt, logits_.data(), logits_.data(), lse_.data<float>(),
+                 targets_, dscale, N, V, vpad_);
+  Tensor daf = c.act({N, C});
+  head_linear_.backward(c, daf.data(), logits_.data(), af_.data(), N, false, vpad_);
+  logits_ = Tensor();
+  Tensor dres = c.act({N, C});
+  lnf_.backward(c, dres.data(), daf.data(), residual_.back().data(), N, nf_, false);
+  for (size_t i = layers_.size(); i-- > 0;) {
+    if (checkpoint_) {
+      Tensor out = c.act({N, C});
+      layer_forward(layers_[i], residual_[i], out, saved_[i], B, T);
+    }
+    layer_backward(layers_[i], residual_[i], dres, saved_[i], B, T);
+    saved_[i] = LayerSaved();
+    residual_[i + 1] = Tensor();
+  }
+  ZP_KERNEL_CALL(c.dev, embedding_backward, c.s, c.dt, wte_->g(), wpe_ ? wpe_->g() : nullptr, dres.data(), ids_, N, C,
+                 V, T, 0);
+  residual_.clear();
+  af_ = Tensor();
+  lse_ = Tensor();
+}
+
+}  // namespace zp::models

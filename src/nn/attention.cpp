@@ -1,0 +1,43 @@
+#include "nn/attention.h"
+
+#include "kernels/attention.h"
+#include "kernels/rope.h"
+
+namespace zp::nn {
+using namespace zp::kernels;
+
+void SelfAttention::forward(const Ctx& c, void* y, const void* x, int64_t B, int64_t T, Saved& saved) const {
+  const int64_t N = B * T, W = sh_.qkv_width(), Hq = sh_.Hq, Hkv = sh_.Hkv, D = sh_.D;
+  saved.qkv = c.act({N, W});
+  saved.att = c.act({N, Hq * D});
+  saved.lse = c.act({B, Hq, T}, DType::F32);
+  qkv_.forward(c, saved.qkv.data(), x, N);
+  char* base = static_cast<char*>(saved.qkv.data());
+  const size_t esz = dtype_size(c.dt);
+  // The q and k heads are adjacent in each row: one rotation covers both.
+  if (sh_.rope)
+    ZP_KERNEL_CALL(c.dev, rope_forward, c.s, c.dt, base, base, B, T, Hq + Hkv, D, sh_.rope_theta, 0, W);
+  ZP_KERNEL_CALL(c.dev, attention_forward, c.s, c.dt, saved.att.data(), saved.lse.data<float>(), base,
+                 base + size_t(Hq * D) * esz, base + size_t((Hq + Hkv) * D) * esz, B, T, T, Hq, Hkv, D, W, W, W,
+                 Hq * D, attention_default_scale(D), true);
+  out_.forward(c, y, saved.att.data(), N);
+}
+
+void SelfAttention::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t B, int64_t T,
+                             const Saved& saved, bool accumulate_dx) const {
+  const int64_t N = B * T, W = sh_.qkv_width(), Hq = sh_.Hq, Hkv = sh_.Hkv, D = sh_.D;
+  Tensor datt = c.act({N, Hq * D});
+  out_.backward(c, datt.data(), dy, saved.att.data(), N);
+  Tensor dqkv = c.act({N, W});
+  const char* base = static_cast<const char*>(saved.qkv.data());
+  char* dbase = static_cast<char*>(dqkv.data());
+  const size_t esz = dtype_size(c.dt), ko = size_t(Hq * D) * esz, vo = size_t((Hq + Hkv) * D) * esz;
+  ZP_KERNEL_CALL(c.dev, attention_backward, c.s, c.dt, dbase, dbase + ko, dbase + vo, datt.data(), base, base + ko,
+                 base + vo, saved.att.data(), saved.lse.data<float>(), B, T, T, Hq, Hkv, D, W, W, W, Hq * D,
+                 attention_default_scale(D), true);
+  if (sh_.rope)
+    ZP_KERNEL_CALL(c.dev, rope_backward, c.s, c.dt, dbase, dbase, B, T, Hq + Hkv, D, sh_.rope_theta, 0, W);
+  qkv_.backward(c, dx, dqkv.data(), x, N, accumulate_dx);
+}
+
+}  // namespace zp::nn

@@ -1,0 +1,38 @@
+// Causal self-attention with grouped-query heads: one fused q/k/v projection whose output row is
+// [q heads | k heads | v heads], RoPE on the q and k heads in place (Llama, Qwen2), the attention
+// kernel reading q, k and v straight out of that packed row (strided, no transposes or copies), and
+// the output projection.
+#pragma once
+#include "nn/context.h"
+#include "nn/linear.h"
+
+namespace zp::nn {
+
+struct AttentionShape {
+  int64_t Hq = 1, Hkv = 1, D = 1;
+  bool rope = false;
+  float rope_theta = 10000.f;
+  int64_t qkv_width() const { return (Hq + 2 * Hkv) * D; }
+};
+
+class SelfAttention {
+ public:
+  struct Saved {
+    Tensor qkv;  // [N, (Hq + 2 Hkv) D], after RoPE
+    Tensor att;  // [N, Hq D], attention output before the projection
+    Tensor lse;  // fp32 [B, Hq, T]
+  };
+  SelfAttention() = default;
+  SelfAttention(Linear qkv, Linear out, AttentionShape shape) : qkv_(qkv), out_(out), sh_(shape) {}
+  // y[N, C] = attention(x[N, C]) for N = B * T tokens.
+  void forward(const Ctx& c, void* y, const void* x, int64_t B, int64_t T, Saved& saved) const;
+  // dx = (or += with accumulate_dx) the input gradient; parameter gradients accumulate.
+  void backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t B, int64_t T, const Saved& saved,
+                bool accumulate_dx) const;
+
+ private:
+  Linear qkv_, out_;
+  AttentionShape sh_;
+};
+
+}  // namespace zp::nn

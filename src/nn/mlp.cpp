@@ -1,0 +1,33 @@
+#include "nn/mlp.h"
+
+#include "kernels/activation.h"
+
+namespace zp::nn {
+using namespace zp::kernels;
+
+void Mlp::forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved) const {
+  const int64_t F = hidden();
+  saved.pre = c.act({N, up_.out()});
+  saved.h = c.act({N, F});
+  up_.forward(c, saved.pre.data(), x, N);
+  if (kind_ == MlpKind::GeluTanh)
+    ZP_KERNEL_CALL(c.dev, gelu_forward, c.s, c.dt, saved.h.data(), saved.pre.data(), N * F, GeluKind::Tanh);
+  else
+    ZP_KERNEL_CALL(c.dev, swiglu_forward_packed, c.s, c.dt, saved.h.data(), saved.pre.data(), N, F);
+  down_.forward(c, y, saved.h.data(), N);
+}
+
+void Mlp::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, const Saved& saved,
+                   bool accumulate_dx) const {
+  const int64_t F = hidden();
+  Tensor dh = c.act({N, F});
+  down_.backward(c, dh.data(), dy, saved.h.data(), N);
+  Tensor dpre = c.act({N, up_.out()});
+  if (kind_ == MlpKind::GeluTanh)
+    ZP_KERNEL_CALL(c.dev, gelu_backward, c.s, c.dt, dpre.data(), dh.data(), saved.pre.data(), N * F, GeluKind::Tanh);
+  else
+    ZP_KERNEL_CALL(c.dev, swiglu_backward_packed, c.s, c.dt, dpre.data(), dh.data(), saved.pre.data(), N, F);
+  up_.backward(c, dx, dpre.data(), x, N, accumulate_dx);
+}
+
+}  // namespace zp::nn

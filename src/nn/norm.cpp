@@ -1,0 +1,32 @@
+#include "nn/norm.h"
+
+#include "kernels/layernorm.h"
+#include "kernels/rmsnorm.h"
+
+namespace zp::nn {
+using namespace zp::kernels;
+
+void Norm::forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved) const {
+  int64_t C = width();
+  saved.rstd = c.act({N}, DType::F32);
+  if (kind_ == NormKind::LayerNorm) {
+    saved.mean = c.act({N}, DType::F32);
+    ZP_KERNEL_CALL(c.dev, layernorm_forward, c.s, c.dt, y, saved.mean.data<float>(), saved.rstd.data<float>(), x,
+                   w_->v(), b_ ? b_->v() : nullptr, N, C, eps_);
+  } else {
+    ZP_KERNEL_CALL(c.dev, rmsnorm_forward, c.s, c.dt, y, saved.rstd.data<float>(), x, w_->v(), N, C, eps_);
+  }
+}
+
+void Norm::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, const Saved& saved,
+                    bool accumulate_dx) const {
+  int64_t C = width();
+  if (kind_ == NormKind::LayerNorm)
+    ZP_KERNEL_CALL(c.dev, layernorm_backward, c.s, c.dt, dx, w_->g(), b_ ? b_->g() : nullptr, dy, x, w_->v(),
+                   saved.mean.data<float>(), saved.rstd.data<float>(), N, C, accumulate_dx);
+  else
+    ZP_KERNEL_CALL(c.dev, rmsnorm_backward, c.s, c.dt, dx, w_->g(), dy, x, w_->v(), saved.rstd.data<float>(), N, C,
+                   accumulate_dx);
+}
+
+}  // namespace zp::nn

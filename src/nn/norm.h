@@ -1,0 +1,30 @@
+// LayerNorm (GPT-2) and RMSNorm (Llama, Qwen2) over the last dimension, as one module.
+#pragma once
+#include "nn/context.h"
+#include "nn/parameter.h"
+
+namespace zp::nn {
+
+enum class NormKind { LayerNorm, RMSNorm };
+
+class Norm {
+ public:
+  struct Saved {
+    Tensor mean, rstd;  // fp32 [N]; mean unused by RMSNorm
+  };
+  Norm() = default;
+  Norm(NormKind kind, Parameter* weight, Parameter* bias, float eps) : kind_(kind), w_(weight), b_(bias), eps_(eps) {}
+  void forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved) const;
+  // dx = (or += with accumulate_dx) the input gradient; dweight, dbias accumulate.
+  void backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, const Saved& saved,
+                bool accumulate_dx) const;
+  int64_t width() const { return w_->shape[0]; }
+
+ private:
+  NormKind kind_ = NormKind::LayerNorm;
+  Parameter* w_ = nullptr;
+  Parameter* b_ = nullptr;
+  float eps_ = 1e-5f;
+};
+
+}  // namespace zp::nn

@@ -1,0 +1,53 @@
+// Parameters live in blocks: a ParamBlock is one sharding unit (DESIGN decision 2) whose parameters
+// are slices of one flat buffer of compute values (dt) and one flat fp32 gradient buffer. Each
+// parameter starts at an aligned offset, except that a parameter added with `packed = true` follows
+// the previous one with no gap, so a group such as q/k/v weights forms one matrix for a fused GEMM.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace zp::nn {
+
+struct Parameter {
+  std::string name;   // the hub name ("model.layers.0.self_attn.q_proj.weight")
+  Shape shape;        // our layout: linear weights are [out, in]
+  bool decay = true;  // subject to weight decay (off for norms, biases and embeddings by default)
+  bool file_transposed = false;  // stored [in, out] in hub files (GPT-2's Conv1D)
+  int64_t offset = 0; // element offset in the block's flat buffers
+  Tensor value;       // dt view of the compute copy
+  Tensor grad;        // fp32 view of the gradient accumulator
+  int64_t numel() const { return shape_numel(shape); }
+  float* g() const { return static_cast<float*>(grad.data()); }
+  void* v() const { return value.data(); }
+};
+
+class ParamBlock {
+ public:
+  static constexpr int64_t kAlign = 64;  // elements: 128-byte aligned slices for bf16, 256 for fp32
+
+  explicit ParamBlock(std::string name) : name_(std::move(name)) {}
+  const std::string& name() const { return name_; }
+
+  // Declares a parameter (before allocate()). The returned pointer stays valid for the block's life.
+  Parameter* add(const std::string& name, Shape shape, bool decay, bool packed = false);
+  // Allocates the flat buffers on `dev`, values in `dt`, and points every parameter at its slice.
+  // Gradients start at zero.
+  void allocate(Device dev, DType dt, StreamHandle s = nullptr);
+
+  int64_t numel() const { return numel_; }  // including alignment gaps
+  const Tensor& values() const { return values_; }
+  const Tensor& grads() const { return grads_; }
+  const std::vector<std::unique_ptr<Parameter>>& params() const { return params_; }
+  void zero_grad(StreamHandle s = nullptr) { grads_.zero_(s); }
+
+ private:
+  std::string name_;
+  std::vector<std::unique_ptr<Parameter>> params_;
+  int64_t numel_ = 0;
+  Tensor values_, grads_;
+};
+
+}  // namespace zp::nn
