@@ -1,0 +1,24 @@
+// Rotary position embedding (RoPE) as Hugging Face Llama / Qwen2 apply it, "rotate_half" convention:
+// channel i of a head is paired with channel i + D/2 (not with i + 1 as in the interleaved GPT-J form).
+// For position p and i < D/2, with a = p * inv_freq[i]:
+//   y[i]       = x[i] cos a - x[i + D/2] sin a
+//   y[i + D/2] = x[i + D/2] cos a + x[i] sin a
+// Angles follow HF exactly, in float32: inv_freq[i] = 1 / theta^(float(2i) / D), a = float(p) * inv_freq[i],
+// cos and sin of that float angle rounded to float. (At long positions an angle computed in double
+// differs from HF's by far more than parity tolerances allow.) HF then casts cos/sin to the activation
+// dtype and rotates in it; we keep them in fp32, like every other op here.
+//
+// x, y: [B, T, H, D] (q or k before the attention transpose); token t has position pos_offset + t
+// (pos_offset > 0 when generating with a KV cache). y may alias x (in place). D is even, at most 1024.
+#pragma once
+#include "kernels/kernel.h"
+
+namespace zp::kernels {
+
+ZP_KERNEL(void rope_forward(StreamHandle s, DType dt, void* y, const void* x, int64_t B, int64_t T, int64_t H,
+                            int64_t D, float theta, int64_t pos_offset))
+// dx = the inverse (transposed) rotation of dy. dx may alias dy.
+ZP_KERNEL(void rope_backward(StreamHandle s, DType dt, void* dx, const void* dy, int64_t B, int64_t T, int64_t H,
+                             int64_t D, float theta, int64_t pos_offset))
+
+}  // namespace zp::kernels
