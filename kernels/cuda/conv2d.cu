@@ -1,0 +1,279 @@
+// Convolutions through cuDNN's legacy API (cudnnConvolutionForward / BackwardData / BackwardFilter).
+// The non-obvious part: cuDNN writes the filter gradient in the filter's dtype, but ours is an fp32
+// accumulator, so for bf16/f16 cuDNN writes a temporary 16-bit gradient (beta = 0) that we add into
+// dw ourselves; for f32 it accumulates straight into dw (beta = 1). Per (device, dtype, shape) we
+// cache descriptors and the algorithms the v7 heuristics rank first, preferring deterministic ones
+// and, for f32, plain FMA math (never TF32) so that f32 matches the CPU reference at 1e-5.
+#include <cudnn.h>
+
+#include <array>
+#include <climits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/allocator.h"
+#include "kernels/conv2d.h"
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace zp::kernels::cuda {
+namespace {
+
+// Algorithms needing more scratch than this are taken only when nothing else works.
+constexpr size_t kPreferredWorkspaceBytes = size_t(512) << 20;
+
+cudnnDataType_t cudnn_dtype(DType dt) {
+  switch (dt) {
+    case DType::F32: return CUDNN_DATA_FLOAT;
+    case DType::BF16: return CUDNN_DATA_BFLOAT16;
+    case DType::F16: return CUDNN_DATA_HALF;
+    default: ZP_FATAL("conv2d: unsupported dtype ", dtype_name(dt), " on CUDA");
+  }
+}
+
+struct ConvPlan {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  // One convolution descriptor per direction: each carries the math type of its chosen algorithm.
+  cudnnConvolutionDescriptor_t fwd = nullptr, bwd_data = nullptr, bwd_filter = nullptr;
+  cudnnConvolutionFwdAlgo_t fwd_algo{};
+  cudnnConvolutionBwdDataAlgo_t bwd_data_algo{};
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter_algo{};
+  size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
+};
+
+// Everything cuDNN needs on one device. cuDNN handles are not safe to share between host threads, so
+// a call holds `mu` while it sets the stream and enqueues (enqueueing is quick; nothing waits on the GPU).
+struct DeviceContext {
+  std::mutex mu;
+  cudnnHandle_t handle = nullptr;
+  std::map<std::array<int64_t, 12>, std::unique_ptr<ConvPlan>> plans;  // plans live as long as the process
+};
+
+DeviceContext& context_for(int dev) {
+  static std::mutex mu;
+  static std::vector<std::unique_ptr<DeviceContext>> contexts;
+  std::lock_guard<std::mutex> lock(mu);
+  if (size_t(dev) >= contexts.size()) contexts.resize(size_t(dev) + 1);
+  if (!contexts[size_t(dev)]) {
+    auto c = std::make_unique<DeviceContext>();
+    ZP_CUDNN_CHECK(cudnnCreate(&c->handle));
+    contexts[size_t(dev)] = std::move(c);
+  }
+  return *contexts[size_t(dev)];
+}
+
+bool math_allowed(cudnnMathType_t m, DType dt) {
+  // f32 must not run on tensor cores (TF32 would miss the f32 tolerance).
+  return dt != DType::F32 || m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH;
+}
+
+// Index of the best heuristic result: deterministic and within the preferred workspace if possible.
+template <class Perf> int pick_algo(const Perf* perf, int count, DType dt, const char* what) {
+  auto usable = [&](const Perf& p) { return p.status == CUDNN_STATUS_SUCCESS && math_allowed(p.mathType, dt); };
+  for (int pass = 0; pass < 3; ++pass)
+    for (int i = 0; i < count; ++i) {
+      const Perf& p = perf[i];
+      if (!usable(p)) continue;
+      if (pass == 0 && (p.determinism != CUDNN_DETERMINISTIC || p.memory > kPreferredWorkspaceBytes)) continue;
+      if (pass == 1 && p.memory > kPreferredWorkspaceBytes) continue;
+      return i;
+    }
+  ZP_FATAL("conv2d: cuDNN offers no usable ", what, " algorithm for dtype ", dtype_name(dt));
+}
+
+// f32: FMA math only (DEFAULT would allow TF32 on Ampere and later); 16-bit: whatever the algorithm uses.
+cudnnMathType_t math_for(cudnnMathType_t chosen, DType dt) { return dt == DType::F32 ? CUDNN_FMA_MATH : chosen; }
+
+cudnnConvolutionDescriptor_t make_conv_desc(const Conv2dShape& c, DType dt) {
+  cudnnConvolutionDescriptor_t d;
+  ZP_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
+  ZP_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(d, int(c.pad_h), int(c.pad_w), int(c.stride_h), int(c.stride_w),
+                                                 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  ZP_CUDNN_CHECK(cudnnSetConvolutionMathType(d, dt == DType::F32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
+  return d;
+}
+
+std::unique_ptr<ConvPlan> make_plan(cudnnHandle_t h, const Conv2dShape& c, DType dt) {
+  for (int64_t v : {c.N, c.Cin, c.H, c.W, c.Cout, c.KH, c.KW, c.oh(), c.ow()})
+    ZP_CHECK(v > 0 && v < INT_MAX, "conv2d: dimension out of range for cuDNN");
+  ZP_CHECK(c.stride_h > 0 && c.stride_w > 0 && c.pad_h >= 0 && c.pad_w >= 0);
+  ZP_CHECK(c.y_numel() < INT_MAX && c.x_numel() < INT_MAX, "conv2d: tensor too large for 4-d cuDNN descriptors");
+  const cudnnDataType_t t = cudnn_dtype(dt);
+  auto p = std::make_unique<ConvPlan>();
+  ZP_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->x));
+  ZP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, t, int(c.N), int(c.Cin), int(c.H), int(c.W)));
+  ZP_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->y));
+  ZP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, t, int(c.N), int(c.Cout), int(c.oh()), int(c.ow())));
+  ZP_CUDNN_CHECK(cudnnCreateFilterDescriptor(&p->w));
+  ZP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w, t, CUDNN_TENSOR_NCHW, int(c.Cout), int(c.Cin), int(c.KH), int(c.KW)));
+  p->fwd = make_conv_desc(c, dt);
+  p->bwd_data = make_conv_desc(c, dt);
+  p->bwd_filter = make_conv_desc(c, dt);
+
+  int n = 0;
+  {
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    ZP_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->fwd, p->y,
+                                                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf));
+    const auto& best = perf[pick_algo(perf, n, dt, "forward")];
+    p->fwd_algo = best.algo;
+    ZP_CUDNN_CHECK(cudnnSetConvolutionMathType(p->fwd, math_for(best.mathType, dt)));
+    ZP_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->fwd, p->y, p->fwd_algo, &p->fwd_ws));
+  }
+  {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    ZP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->bwd_data, p->x,
+                                                               CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf));
+    const auto& best = perf[pick_algo(perf, n, dt, "backward-data")];
+    p->bwd_data_algo = best.algo;
+    ZP_CUDNN_CHECK(cudnnSetConvolutionMathType(p->bwd_data, math_for(best.mathType, dt)));
+    ZP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->y, p->bwd_data, p->x, p->bwd_data_algo,
+                                                                &p->bwd_data_ws));
+  }
+  {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    ZP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x, p->y, p->bwd_filter, p->w,
+                                                                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf));
+    const auto& best = perf[pick_algo(perf, n, dt, "backward-filter")];
+    p->bwd_filter_algo = best.algo;
+    ZP_CUDNN_CHECK(cudnnSetConvolutionMathType(p->bwd_filter, math_for(best.mathType, dt)));
+    ZP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->x, p->y, p->bwd_filter, p->w,
+                                                                  p->bwd_filter_algo, &p->bwd_filter_ws));
+  }
+  return p;
+}
+
+// The device's context, locked, with the plan for (dt, shape) and the handle bound to stream s.
+struct Bound {
+  DeviceContext& ctx;
+  std::unique_lock<std::mutex> lock;
+  ConvPlan& plan;
+  int device;
+};
+Bound bind(StreamHandle s, DType dt, const Conv2dShape& c) {
+  int dev = 0;
+  ZP_CUDA_CHECK(cudaGetDevice(&dev));
+  DeviceContext& ctx = context_for(dev);
+  std::unique_lock<std::mutex> lock(ctx.mu);
+  std::array<int64_t, 12> key = {int64_t(dt), c.N, c.Cin, c.H, c.W, c.Cout, c.KH, c.KW,
+                                 c.stride_h, c.stride_w, c.pad_h, c.pad_w};
+  auto& slot = ctx.plans[key];
+  if (!slot) slot = make_plan(ctx.handle, c, dt);
+  ZP_CUDNN_CHECK(cudnnSetStream(ctx.handle, s));
+  return {ctx, std::move(lock), *slot, dev};
+}
+
+// Scratch memory from the stream-ordered caching allocator, returned on the same stream after use.
+struct Scratch {
+  Allocator& alloc;
+  StreamHandle s;
+  size_t bytes;
+  const char* tag;
+  void* ptr;
+  Scratch(int dev, StreamHandle s_, size_t b, const char* tag_)
+      : alloc(device_allocator(dev)), s(s_), bytes(b), tag(tag_), ptr(b ? alloc.allocate(b, tag_, s_) : nullptr) {}
+  ~Scratch() {
+    if (ptr) alloc.deallocate(ptr, bytes, tag, s);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+};
+
+// y[n, c, :] += bias[c]; blockIdx.x is the (n, c) plane, blockIdx.y strides over its pixels.
+template <class T>
+__global__ void add_bias_kernel(T* y, const T* bias, int64_t C, int64_t HW) {
+  int64_t plane = blockIdx.x;
+  float b = to_f(bias[plane % C]);
+  T* yp = y + plane * HW;
+  for (int64_t i = blockIdx.y * int64_t(blockDim.x) + threadIdx.x; i < HW; i += int64_t(gridDim.y) * blockDim.x)
+    yp[i] = from_f<T>(to_f(yp[i]) + b);
+}
+
+// dbias[c] += sum of dy[:, c, :]; one block per channel, so the sum order is fixed (deterministic).
+template <class T>
+__global__ void bias_grad_kernel(float* dbias, const T* dy, int64_t N, int64_t C, int64_t HW) {
+  int64_t c = blockIdx.x;
+  float acc = 0.f;
+  for (int64_t n = 0; n < N; ++n) {
+    const T* p = dy + (n * C + c) * HW;
+    for (int64_t i = threadIdx.x; i < HW; i += blockDim.x) acc += to_f(p[i]);
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) dbias[c] += acc;
+}
+
+template <class T>
+__global__ void accumulate_kernel(float* dst, const T* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] += to_f(src[i]);
+}
+
+unsigned grid_for(int64_t n, int64_t cap = 65535 * 8) {
+  int64_t blocks = (n + 255) / 256;
+  return unsigned(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
+}
+
+}  // namespace
+
+void conv2d_forward(StreamHandle s, DType dt, void* y, const void* x, const void* w, const void* bias,
+                    const Conv2dShape& c) {
+  {
+    Bound b = bind(s, dt, c);
+    Scratch ws(b.device, s, b.plan.fwd_ws, "cudnn_scratch");
+    const float one = 1.f, zero = 0.f;
+    ZP_CUDNN_CHECK(cudnnConvolutionForward(b.ctx.handle, &one, b.plan.x, x, b.plan.w, w, b.plan.fwd, b.plan.fwd_algo,
+                                           ws.ptr, ws.bytes, &zero, b.plan.y, y));
+  }
+  if (bias) {
+    const int64_t HW = c.oh() * c.ow();
+    ZP_CHECK(c.N * c.Cout < INT_MAX);
+    dim3 grid(unsigned(c.N * c.Cout), grid_for(HW, 65535));
+    ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
+      add_bias_kernel<<<grid, 256, 0, s>>>(static_cast<T*>(y), static_cast<const T*>(bias), c.Cout, HW);
+    });
+    ZP_CUDA_LAUNCH_CHECK();
+  }
+}
+
+void conv2d_backward_data(StreamHandle s, DType dt, void* dx, const void* dy, const void* w, const Conv2dShape& c) {
+  Bound b = bind(s, dt, c);
+  Scratch ws(b.device, s, b.plan.bwd_data_ws, "cudnn_scratch");
+  const float one = 1.f, zero = 0.f;
+  ZP_CUDNN_CHECK(cudnnConvolutionBackwardData(b.ctx.handle, &one, b.plan.w, w, b.plan.y, dy, b.plan.bwd_data,
+                                              b.plan.bwd_data_algo, ws.ptr, ws.bytes, &zero, b.plan.x, dx));
+}
+
+void conv2d_backward_filter(StreamHandle s, DType dt, float* dw, float* dbias, const void* dy, const void* x,
+                            const Conv2dShape& c) {
+  {
+    Bound b = bind(s, dt, c);
+    Scratch ws(b.device, s, b.plan.bwd_filter_ws, "cudnn_scratch");
+    const float one = 1.f, zero = 0.f;
+    if (dt == DType::F32) {
+      ZP_CUDNN_CHECK(cudnnConvolutionBackwardFilter(b.ctx.handle, &one, b.plan.x, x, b.plan.y, dy, b.plan.bwd_filter,
+                                                    b.plan.bwd_filter_algo, ws.ptr, ws.bytes, &one, b.plan.w, dw));
+    } else {
+      const int64_t n = c.w_numel();
+      Scratch grad16(b.device, s, size_t(n) * dtype_size(dt), "cudnn_scratch");
+      ZP_CUDNN_CHECK(cudnnConvolutionBackwardFilter(b.ctx.handle, &one, b.plan.x, x, b.plan.y, dy, b.plan.bwd_filter,
+                                                    b.plan.bwd_filter_algo, ws.ptr, ws.bytes, &zero, b.plan.w,
+                                                    grad16.ptr));
+      ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
+        accumulate_kernel<<<grid_for(n), 256, 0, s>>>(dw, static_cast<const T*>(grad16.ptr), n);
+      });
+      ZP_CUDA_LAUNCH_CHECK();
+    }
+  }
+  if (dbias) {
+    ZP_CHECK(c.Cout < INT_MAX);
+    ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
+      bias_grad_kernel<<<unsigned(c.Cout), 256, 0, s>>>(dbias, static_cast<const T*>(dy), c.N, c.Cout,
+                                                        c.oh() * c.ow());
+    });
+    ZP_CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace zp::kernels::cuda
