@@ -10,15 +10,17 @@
 //
 // x, y: [B, T, H, D] (q or k before the attention transpose); token t has position pos_offset + t
 // (pos_offset > 0 when generating with a KV cache). y may alias x (in place). D is even, at most 1024.
+// row_stride: elements between consecutive tokens (0 = H * D), so the q and k heads can be rotated in
+// place inside a packed [q | k | v] projection row.
 #pragma once
 #include "kernels/kernel.h"
 
 namespace zp::kernels {
 
 ZP_KERNEL(void rope_forward(StreamHandle s, DType dt, void* y, const void* x, int64_t B, int64_t T, int64_t H,
-                            int64_t D, float theta, int64_t pos_offset))
+                            int64_t D, float theta, int64_t pos_offset, int64_t row_stride = 0))
 // dx = the inverse (transposed) rotation of dy. dx may alias dy.
 ZP_KERNEL(void rope_backward(StreamHandle s, DType dt, void* dx, const void* dy, int64_t B, int64_t T, int64_t H,
-                             int64_t D, float theta, int64_t pos_offset))
+                             int64_t D, float theta, int64_t pos_offset, int64_t row_stride = 0))
 
 }  // namespace zp::kernels

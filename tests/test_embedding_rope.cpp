@@ -176,6 +176,39 @@ TEST(RopeGpu, MatchesCpu) {
   }
 }
 
+// A packed [q | k | v] row: rotating the first Hr heads with a row stride equals rotating a dense copy
+// of them, and leaves the rest of the row untouched.
+static void check_rope_row_stride(Device dev, DType dt) {
+  const int64_t B = 2, T = 5, Hr = 3, Hv = 2, D = 8, W = (Hr + Hv) * D;
+  auto packed = round_to(randn(size_t(B * T * W), 321), dt);
+  std::vector<float> dense(size_t(B * T * Hr * D)), ref(dense.size());
+  for (int64_t r = 0; r < B * T; ++r)
+    for (int64_t j = 0; j < Hr * D; ++j) dense[size_t(r * Hr * D + j)] = packed[size_t(r * W + j)];
+  cpu::rope_forward(nullptr, DType::F32, ref.data(), dense.data(), B, T, Hr, D, 1e4f, 2);
+  std::vector<float> out;
+  if (dev.is_cpu()) {
+    out = packed;
+    cpu::rope_forward(nullptr, DType::F32, out.data(), out.data(), B, T, Hr, D, 1e4f, 2, W);
+  } else {
+    Tensor g = upload(packed, dt);
+    cuda::rope_forward(nullptr, dt, g.data(), g.data(), B, T, Hr, D, 1e4f, 2, W);
+    out = download(g);
+  }
+  std::vector<float> got(dense.size());
+  for (int64_t r = 0; r < B * T; ++r) {
+    for (int64_t j = 0; j < Hr * D; ++j) got[size_t(r * Hr * D + j)] = out[size_t(r * W + j)];
+    for (int64_t j = Hr * D; j < W; ++j) EXPECT_EQ(out[size_t(r * W + j)], packed[size_t(r * W + j)]) << "v head touched";
+  }
+  EXPECT_LE(rel_error(got, ref), tolerance(dt)) << dtype_name(dt);
+}
+
+TEST(Rope, RowStrideRotatesOnlyTheNamedHeads) { check_rope_row_stride(Device::cpu(), DType::F32); }
+
+TEST(RopeGpu, RowStride) {
+  ZP_SKIP_WITHOUT_GPU();
+  for (DType dt : gpu_float_dtypes()) check_rope_row_stride(Device::cuda(), dt);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Nearest 2x upsampling
 

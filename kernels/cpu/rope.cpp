@@ -8,7 +8,7 @@ namespace {
 
 // sign = +1 rotates by +a (forward), -1 by -a (backward: the transpose of the rotation).
 void rope_apply(DType dt, void* y, const void* x, int64_t B, int64_t T, int64_t H, int64_t D, float theta,
-                int64_t pos_offset, double sign) {
+                int64_t pos_offset, int64_t row_stride, double sign) {
   ZP_CHECK(B >= 0 && T >= 0 && H >= 0 && D > 0 && D % 2 == 0 && D <= 1024, "B=", B, " T=", T, " H=", H, " D=", D);
   ZP_CHECK(theta > 0 && pos_offset >= 0, "theta=", theta, " pos_offset=", pos_offset);
   const int64_t half = D / 2;
@@ -24,7 +24,7 @@ void rope_apply(DType dt, void* y, const void* x, int64_t B, int64_t T, int64_t 
       }
       for (int64_t b = 0; b < B; ++b) {
         for (int64_t h = 0; h < H; ++h) {
-          const int64_t off = ((b * T + t) * H + h) * D;
+          const int64_t off = (b * T + t) * row_stride + h * D;
           const E* in = static_cast<const E*>(x) + off;
           E* out = static_cast<E*>(y) + off;
           for (int64_t i = 0; i < half; ++i) {
@@ -42,13 +42,13 @@ void rope_apply(DType dt, void* y, const void* x, int64_t B, int64_t T, int64_t 
 }  // namespace
 
 void rope_forward(StreamHandle, DType dt, void* y, const void* x, int64_t B, int64_t T, int64_t H, int64_t D,
-                  float theta, int64_t pos_offset) {
-  rope_apply(dt, y, x, B, T, H, D, theta, pos_offset, +1.0);
+                  float theta, int64_t pos_offset, int64_t row_stride) {
+  rope_apply(dt, y, x, B, T, H, D, theta, pos_offset, row_stride ? row_stride : H * D, +1.0);
 }
 
 void rope_backward(StreamHandle, DType dt, void* dx, const void* dy, int64_t B, int64_t T, int64_t H, int64_t D,
-                   float theta, int64_t pos_offset) {
-  rope_apply(dt, dx, dy, B, T, H, D, theta, pos_offset, -1.0);
+                   float theta, int64_t pos_offset, int64_t row_stride) {
+  rope_apply(dt, dx, dy, B, T, H, D, theta, pos_offset, row_stride ? row_stride : H * D, -1.0);
 }
 
 }  // namespace zp::kernels::cpu

@@ -19,6 +19,7 @@ struct InvFreq {
 
 template <class T>
 __global__ void rope_kernel(T* y, const T* x, int64_t BT, int64_t T_, int64_t H, int64_t D, int64_t pos_offset,
+                            int64_t row_stride,
                             float sign, const __grid_constant__ InvFreq inv_freq) {
   const int64_t half = D / 2, total = BT * half;
   for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < total; p += int64_t(gridDim.x) * blockDim.x) {
@@ -27,7 +28,7 @@ __global__ void rope_kernel(T* y, const T* x, int64_t BT, int64_t T_, int64_t H,
     float sn, c;
     sincosf(a, &sn, &c);
     sn *= sign;
-    const int64_t base = bt * H * D + i;
+    const int64_t base = bt * row_stride + i;
     for (int64_t h = 0; h < H; ++h) {
       const int64_t off = base + h * D;
       const float x1 = to_f(x[off]), x2 = to_f(x[off + half]);
@@ -38,7 +39,7 @@ __global__ void rope_kernel(T* y, const T* x, int64_t BT, int64_t T_, int64_t H,
 }
 
 void rope_apply(StreamHandle s, DType dt, void* y, const void* x, int64_t B, int64_t T, int64_t H, int64_t D,
-                float theta, int64_t pos_offset, float sign) {
+                float theta, int64_t pos_offset, int64_t row_stride, float sign) {
   ZP_CHECK(B >= 0 && T >= 0 && H >= 0 && D > 0 && D % 2 == 0 && D / 2 <= kMaxHalf, "B=", B, " T=", T, " H=", H,
            " D=", D);
   ZP_CHECK(theta > 0 && pos_offset >= 0, "theta=", theta, " pos_offset=", pos_offset);
@@ -50,7 +51,7 @@ void rope_apply(StreamHandle s, DType dt, void* y, const void* x, int64_t B, int
   const unsigned grid = unsigned(blocks < 65535 * 8 ? blocks : 65535 * 8);
   ZP_CUDA_DISPATCH_FLOAT(dt, E, [&] {
     rope_kernel<<<grid, 256, 0, s>>>(static_cast<E*>(y), static_cast<const E*>(x), B * T, T, H, D, pos_offset,
-                                     sign, inv_freq);
+                                     row_stride, sign, inv_freq);
   });
   ZP_CUDA_LAUNCH_CHECK();
 }
@@ -58,13 +59,13 @@ void rope_apply(StreamHandle s, DType dt, void* y, const void* x, int64_t B, int
 }  // namespace
 
 void rope_forward(StreamHandle s, DType dt, void* y, const void* x, int64_t B, int64_t T, int64_t H, int64_t D,
-                  float theta, int64_t pos_offset) {
-  rope_apply(s, dt, y, x, B, T, H, D, theta, pos_offset, +1.f);
+                  float theta, int64_t pos_offset, int64_t row_stride) {
+  rope_apply(s, dt, y, x, B, T, H, D, theta, pos_offset, row_stride ? row_stride : H * D, +1.f);
 }
 
 void rope_backward(StreamHandle s, DType dt, void* dx, const void* dy, int64_t B, int64_t T, int64_t H, int64_t D,
-                   float theta, int64_t pos_offset) {
-  rope_apply(s, dt, dx, dy, B, T, H, D, theta, pos_offset, -1.f);
+                   float theta, int64_t pos_offset, int64_t row_stride) {
+  rope_apply(s, dt, dx, dy, B, T, H, D, theta, pos_offset, row_stride ? row_stride : H * D, -1.f);
 }
 
 }  // namespace zp::kernels::cuda

@@ -1,0 +1,176 @@
+#include "app/parity.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/log.h"
+#include "io/safetensors.h"
+#include "models/transformer.h"
+#include "runtime/adamw.h"
+
+namespace zp::app {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::vector<double> host_values(const Tensor& t) {
+  Tensor h = t.device().is_cpu() ? t : t.to(Device::cpu());
+  std::vector<double> v(size_t(h.numel()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    switch (h.dtype()) {
+      case DType::F32: v[i] = h.data<float>()[i]; break;
+      case DType::BF16: v[i] = float(h.data<bf16>()[i]); break;
+      case DType::F16: v[i] = float(h.data<f16>()[i]); break;
+      case DType::F64: v[i] = h.data<double>()[i]; break;
+      default: ZP_FATAL("not a float tensor: ", h.str());
+    }
+  }
+  return v;
+}
+
+double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  if (!std::isfinite(num)) return INFINITY;
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+class Report {
+ public:
+  explicit Report(double tol) : tol_(tol) {}
+  void check(const std::string& name, const std::vector<double>& got, const std::vector<double>& want) {
+    double e = got.size() == want.size() ? rel_error(got, want) : INFINITY;
+    bool ok = e <= tol_;
+    if (!ok) ++failed_;
+    ++total_;
+    worst_ = std::max(worst_, e);
+    std::printf("%-4s %-60s rel_err %.3e\n", ok ? "ok" : "FAIL", name.c_str(), e);
+  }
+  int finish() const {
+    std::printf("parity: %d of %d tensors within %.0e (worst %.3e): %s\n", total_ - failed_, total_, tol_, worst_,
+                failed_ ? "FAILED" : "PASSED");
+    return failed_ ? 1 : 0;
+  }
+
+ private:
+  double tol_, worst_ = 0;
+  int total_ = 0, failed_ = 0;
+};
+
+}  // namespace
+
+int run_parity(const ParityOptions& opt) {
+  const fs::path dir = opt.model_dir;
+  ZP_REQUIRE(fs::is_directory(dir), opt.model_dir, ": not a directory");
+  ZP_REQUIRE(opt.device == "cpu" || opt.device == "cuda", "--device must be cpu or cuda, got '", opt.device, "'");
+  ZP_REQUIRE(opt.dtype == "fp32" || opt.dtype == "bf16", "--dtype must be fp32 or bf16, got '", opt.dtype, "'");
+  const Device dev = opt.device == "cuda" ? Device::cuda(0) : Device::cpu();
+  if (dev.is_cuda()) ZP_REQUIRE(cuda_device_count() > 0, "--device cuda: ", cuda_unavailable_reason());
+  const DType dt = opt.dtype == "bf16" ? DType::BF16 : DType::F32;
+  const double tol = dt == DType::F32 ? 1e-4 : 3e-2;
+
+  const fs::path cfg_path = dir / "config.json";
+  std::ifstream in(cfg_path);
+  ZP_REQUIRE(in.good(), cfg_path.string(), ": cannot open");
+  json cfg_json;
+  try {
+    cfg_json = json::parse(in);
+  } catch (const std::exception& e) {
+    throw Error(cfg_path.string() + ": not valid JSON: " + e.what());
+  }
+  if (cfg_json.contains("_class_name"))
+    throw Error(cfg_path.string() + ": a diffusers " + cfg_json["_class_name"].dump() +
+                " folder: UNet parity is not implemented yet (only transformer LMs: gpt2, llama, qwen2)");
+  auto cfg = models::TransformerConfig::from_hub_json(cfg_json, cfg_path.string());
+  const fs::path io_path = dir / "io.safetensors";
+  ZP_REQUIRE(fs::exists(io_path), io_path.string(), ": missing (the reference inputs and outputs)");
+  io::SafetensorsFile ref(io_path.string());
+  for (const char* n : {"input.input_ids", "output.logits", "output.loss"}) ZP_REQUIRE(ref.contains(n), io_path.string(), ": no tensor '", n, "'");
+
+  models::Transformer model(cfg, dev, dt);
+  model.load(io::SafetensorsCollection::open_dir(dir.string(), "model"));
+
+  const Shape ids_shape = ref.entry("input.input_ids").shape;
+  ZP_REQUIRE(ids_shape.size() == 2, io_path.string(), ": input.input_ids must be [B, T]");
+  const int64_t B = ids_shape[0], T = ids_shape[1], N = B * T;
+  Tensor ids64 = ref.read("input.input_ids");
+  Tensor ids = Tensor::empty({N}, DType::I32, Device::cpu()), tgt = Tensor::empty({N}, DType::I32, Device::cpu());
+  for (int64_t i = 0; i < N; ++i) {
+    int64_t v = ids64.dtype() == DType::I64 ? ids64.data<int64_t>()[i] : ids64.data<int32_t>()[i];
+    ZP_REQUIRE(v >= 0 && v < cfg.vocab, io_path.string(), ": input id ", v, " outside the vocabulary of ", cfg.vocab);
+    ids.data<int32_t>()[i] = int32_t(v);
+  }
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      tgt.data<int32_t>()[b * T + t] = t + 1 < T ? ids.data<int32_t>()[b * T + t + 1] : -1;
+  Tensor d_ids = ids.to(dev), d_tgt = tgt.to(dev);
+
+  std::printf("parity: %s (%s, %lld parameters) on %s in %s, B=%lld T=%lld, tolerance %.0e\n", opt.model_dir.c_str(),
+              cfg.model_type.c_str(), (long long)cfg.num_parameters(), dev.str().c_str(), opt.dtype.c_str(),
+              (long long)B, (long long)T, tol);
+  Report rep(tol);
+  Tensor logits;
+  double loss = model.forward(d_ids.data<int32_t>(), d_tgt.data<int32_t>(), B, T, false, &logits);
+  rep.check("output.logits", host_values(logits), host_values(ref.read_as("output.logits", DType::F64)));
+  rep.check("output.loss", {loss}, host_values(ref.read_as("output.loss", DType::F64)));
+  model.backward();
+  for (nn::Parameter* p : model.parameters()) {
+    const std::string g = "grad." + p->name;
+    ZP_REQUIRE(ref.contains(g), io_path.string(), ": no tensor '", g, "'");
+    std::vector<double> want = host_values(ref.read_as(g, DType::F64));
+    std::vector<double> got = host_values(p->grad);
+    if (p->file_transposed) {  // reference is [in, out]
+      const int64_t rows = p->shape[0], cols = p->shape[1];
+      std::vector<double> t(got.size());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) t[size_t(c * rows + r)] = got[size_t(r * cols + c)];
+      got.swap(t);
+    }
+    rep.check(g, got, want);
+  }
+
+  if (ref.contains("train.loss")) {
+    runtime::AdamWHyper h;
+    h.lr = 1e-3;
+    h.beta1 = 0.9;
+    h.beta2 = 0.95;
+    h.eps = 1e-8;
+    h.weight_decay = 0.1;
+    h.decay_all = true;
+    for (nn::ParamBlock* b : model.blocks()) b->zero_grad();
+    runtime::AdamW opt_state(model.blocks(), h);
+    std::vector<double> losses;
+    const int64_t steps = ref.entry("train.loss").shape.at(0);
+    for (int64_t s = 0; s < steps; ++s) {
+      losses.push_back(model.forward(d_ids.data<int32_t>(), d_tgt.data<int32_t>(), B, T));
+      model.backward();
+      opt_state.step();
+      for (nn::ParamBlock* b : model.blocks()) b->zero_grad();
+    }
+    rep.check("train.loss", losses, host_values(ref.read_as("train.loss", DType::F64)));
+    for (nn::Parameter* p : model.parameters()) {
+      const std::string f = "train.final." + p->name;
+      if (!ref.contains(f)) continue;
+      std::vector<double> got = host_values(p->value), want = host_values(ref.read_as(f, DType::F64));
+      if (p->file_transposed) {
+        const int64_t rows = p->shape[0], cols = p->shape[1];
+        std::vector<double> t(got.size());
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) t[size_t(c * rows + r)] = got[size_t(r * cols + c)];
+        got.swap(t);
+      }
+      rep.check(f, got, want);
+    }
+  }
+  return rep.finish();
+}
+
+}  // namespace zp::app
