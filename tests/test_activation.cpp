@@ -186,9 +186,8 @@ TEST(ActivationGpu, PointwiseMatchCpu) {
 
 TEST(ActivationGpu, PackedGatedMatchCpu) {
   ZP_SKIP_WITHOUT_GPU();
-  struct Shape { int64_t rows, D; size_t off; };
-  for (Shape sh : {Shape{3, 5, 0}, Shape{1, 1, 0}, Shape{4, 64, 0}, Shape{4, 64, 1}, Shape{7, 24, 0},
-                   Shape{33, 1000, 0}}) {
+  struct Case { int64_t rows, D; size_t off; };
+  for (Case sh : {Case{3, 5, 0}, Case{1, 1, 0}, Case{4, 64, 0}, Case{4, 64, 1}, Case{7, 24, 0}, Case{33, 1000, 0}}) {
     const int64_t rows = sh.rows, D = sh.D;
     for (DType dt : gpu_float_dtypes()) {
       auto x = round_to(randn(static_cast<size_t>(rows * 2 * D), 400 + D, 2.f), dt);

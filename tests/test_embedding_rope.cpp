@@ -49,6 +49,17 @@ TEST(Embedding, CpuHandValues) {
   EXPECT_EQ(dpos, (std::vector<float>{6, 8, 10, 12, 0, 0}));
 }
 
+TEST(Embedding, CpuRejectsIdsOutOfRange) {
+  std::vector<float> table(6), y(4);
+  std::vector<int32_t> bad_high = {0, 3}, bad_low = {-1, 0};
+  EXPECT_DEATH(cpu::embedding_forward(nullptr, DType::F32, y.data(), bad_high.data(), table.data(), 2, 2, 3, nullptr,
+                                      0, 0),
+               "token id 3 at row 1");
+  EXPECT_DEATH(cpu::embedding_backward(nullptr, DType::F32, table.data(), nullptr, y.data(), bad_low.data(), 2, 2, 3,
+                                       0, 0),
+               "token id -1 at row 0");
+}
+
 TEST(Embedding, CpuBackwardMatchesFiniteDifferences) {
   const int64_t V = 11, C = 5, B = 3, T = 4, N = B * T, Tmax = 9, pos_offset = 2;
   auto table = to_double(randn(static_cast<size_t>(V * C), 1));
