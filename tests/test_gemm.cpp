@@ -232,8 +232,10 @@ void expect_gpu_matches_cpu(const Case& c, DType ab_dt, DType c_dt, uint64_t see
   auto got = download(dc);
   std::string what = detail::cat(describe(c), " ab=", dtype_name(ab_dt), " c=", dtype_name(c_dt));
   // With an fp32 C the only rounding is the operands', which the reference sees too; so C's dtype
-  // decides the tolerance.
-  EXPECT_LE(rel_error(got, want), tolerance(c_dt)) << what;
+  // decides the tolerance. Except: cuBLASLt's fused GELU evaluates tanh approximately (seen on an
+  // H200: up to 3e-5 relative on a 1x3 output), so an fp32 C after GELU gets 1e-4.
+  double tol_c = c.has_gelu() && c_dt == DType::F32 ? 1e-4 : tolerance(c_dt);
+  EXPECT_LE(rel_error(got, want), tol_c) << what;
   if (c.with_aux) EXPECT_LE(rel_error(download(daux), want_aux), tolerance(c_dt)) << what << " (aux)";
   // Padding columns between rows and the elements before the first matrix are left untouched.
   for (int64_t i = 0; i < c.offset; ++i) EXPECT_EQ(got[size_t(i)], c0[size_t(i)]) << what;

@@ -1,0 +1,35 @@
+// Scaled dot-product attention with grouped-query heads, in the token-major layout a fused qkv
+// projection produces, so q, k and v may be strided views into one packed [B, T, (Hq+2Hkv)*D] buffer.
+//
+//   q[B, Tq, Hq, D], k[B, Tk, Hkv, D], v[B, Tk, Hkv, D], out[B, Tq, Hq, D] (dtype dt)
+//   element (b, t, h, d) of q lives at q[(b*Tq + t) * q_stride + h*D + d]; likewise k, v, out with
+//   their own strides (elements between consecutive tokens; 0 means contiguous: Hq*D or Hkv*D).
+//   Query head h reads kv head h / (Hq / Hkv); Hq % Hkv == 0.
+//   lse[B, Hq, Tq] (fp32) = logsumexp over visible keys of scale * q.k, saved for the backward.
+//   causal: key j is visible to query i iff j <= i + (Tk - Tq) (bottom-right aligned; Tq == Tk gives
+//   the usual mask). A query that sees no key at all (causal with Tq > Tk) gets out = 0, lse = -inf
+//   and zero gradients.
+#pragma once
+#include <cmath>
+
+#include "kernels/kernel.h"
+
+namespace zp::kernels {
+
+// The usual softmax temperature, 1/sqrt(D).
+inline float attention_default_scale(int64_t D) { return float(1.0 / std::sqrt(double(D))); }
+
+ZP_KERNEL(void attention_forward(StreamHandle s, DType dt, void* out, float* lse, const void* q, const void* k,
+                                 const void* v, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
+                                 int64_t D, int64_t q_stride, int64_t k_stride, int64_t v_stride,
+                                 int64_t o_stride, float scale, bool causal))
+// dq, dk, dv are written (not accumulated), with the strides of q, k, v respectively, so they may be
+// views into one packed dqkv buffer. dk and dv sum over the query heads that share a kv head.
+// dout has the stride of out.
+ZP_KERNEL(void attention_backward(StreamHandle s, DType dt, void* dq, void* dk, void* dv, const void* dout,
+                                  const void* q, const void* k, const void* v, const void* out,
+                                  const float* lse, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
+                                  int64_t D, int64_t q_stride, int64_t k_stride, int64_t v_stride,
+                                  int64_t o_stride, float scale, bool causal))
+
+}  // namespace zp::kernels
