@@ -80,7 +80,8 @@ template <class Perf> int pick_algo(const Perf* perf, int count, DType dt, const
       if (pass == 1 && p.memory > kPreferredWorkspaceBytes) continue;
       return i;
     }
-  ZP_FATAL("conv2d: cuDNN offers no usable ", what, " algorithm for dtype ", dtype_name(dt));
+  ZP_FATAL("conv2d: cuDNN offers no usable ", what, " algorithm for dtype ", dtype_name(dt),
+           dt == DType::F32 ? " (f32 requires FMA math, no TF32)" : "");
 }
 
 cudnnConvolutionDescriptor_t make_conv_desc(const Conv2dShape& c, DType dt) {
