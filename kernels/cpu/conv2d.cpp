@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <vector>
 
 #include "kernels/conv2d.h"
@@ -13,24 +14,30 @@ void check_shape(const Conv2dShape& c) {
 
 template <class T> std::vector<double> to_double(const void* p, int64_t n) {
   auto* t = static_cast<const T*>(p);
-  return std::vector<double>(t, t + n);  // T converts to float/double implicitly
+  return std::vector<double>(t, t + n);
 }
 
-// Visits every (input pixel, output pixel, weight tap) triple of one (n, co, ci) plane pair:
-// f(x_index_in_plane, y_index_in_plane, w_index_in_kernel).
-template <class F> void for_each_tap(const Conv2dShape& c, F&& f) {
-  const int64_t OH = c.oh(), OW = c.ow();
-  for (int64_t kh = 0; kh < c.KH; ++kh)
-    for (int64_t kw = 0; kw < c.KW; ++kw)
-      for (int64_t oh = 0; oh < OH; ++oh) {
-        int64_t ih = oh * c.stride_h - c.pad_h + kh;
-        if (ih < 0 || ih >= c.H) continue;
-        for (int64_t ow = 0; ow < OW; ++ow) {
-          int64_t iw = ow * c.stride_w - c.pad_w + kw;
-          if (iw < 0 || iw >= c.W) continue;
-          f(ih * c.W + iw, oh * OW + ow, kh * c.KW + kw);
-        }
-      }
+// Output positions [lo, hi) along one axis whose input position o * stride - pad + k is inside [0, in).
+struct Range {
+  int64_t lo, hi;
+};
+Range valid_outputs(int64_t k, int64_t pad, int64_t stride, int64_t in, int64_t out) {
+  int64_t lo = 0, hi = out;
+  while (lo < hi && lo * stride - pad + k < 0) ++lo;
+  while (hi > lo && (hi - 1) * stride - pad + k >= in) --hi;
+  return {lo, hi};
+}
+
+// Calls f(x_row, y_row, ow_range) for every output row of kernel tap (kh, kw): x_row points at the
+// input element that output column 0 of that row would read (x_row[ow * stride_w] for ow in range),
+// y_row at the output row. Loops inside f run over contiguous outputs, which the compiler vectorises.
+template <class F> void for_each_row(const Conv2dShape& c, int64_t kh, int64_t kw, F&& f) {
+  const Range rh = valid_outputs(kh, c.pad_h, c.stride_h, c.H, c.oh());
+  const Range rw = valid_outputs(kw, c.pad_w, c.stride_w, c.W, c.ow());
+  for (int64_t oh = rh.lo; oh < rh.hi; ++oh) {
+    const int64_t ih = oh * c.stride_h - c.pad_h + kh;
+    f(ih * c.W - c.pad_w + kw, oh * c.ow(), rw);
+  }
 }
 
 }  // namespace
@@ -39,18 +46,23 @@ void conv2d_forward(StreamHandle, DType dt, void* y, const void* x, const void* 
                     const Conv2dShape& c) {
   check_shape(c);
   ZP_DISPATCH_FLOAT(dt, T, [&] {
-    auto xd = to_double<T>(x, c.x_numel()), wd = to_double<T>(w, c.w_numel());
-    const int64_t HW = c.H * c.W, OHW = c.oh() * c.ow(), K = c.KH * c.KW;
+    const auto xd = to_double<T>(x, c.x_numel()), wd = to_double<T>(w, c.w_numel());
+    const int64_t HW = c.H * c.W, OHW = c.oh() * c.ow(), sw = c.stride_w;
     std::vector<double> acc(static_cast<size_t>(OHW));
     for (int64_t n = 0; n < c.N; ++n)
       for (int64_t co = 0; co < c.Cout; ++co) {
-        double b = bias ? double(static_cast<const T*>(bias)[co]) : 0.0;
-        std::fill(acc.begin(), acc.end(), b);
-        for (int64_t ci = 0; ci < c.Cin; ++ci) {
-          const double* xp = &xd[size_t((n * c.Cin + ci) * HW)];
-          const double* wp = &wd[size_t((co * c.Cin + ci) * K)];
-          for_each_tap(c, [&](int64_t xi, int64_t yi, int64_t wi) { acc[size_t(yi)] += xp[xi] * wp[wi]; });
-        }
+        std::fill(acc.begin(), acc.end(), bias ? double(static_cast<const T*>(bias)[co]) : 0.0);
+        for (int64_t ci = 0; ci < c.Cin; ++ci)
+          for (int64_t kh = 0; kh < c.KH; ++kh)
+            for (int64_t kw = 0; kw < c.KW; ++kw) {
+              const double wv = wd[size_t(((co * c.Cin + ci) * c.KH + kh) * c.KW + kw)];
+              const double* xp = &xd[size_t((n * c.Cin + ci) * HW)];
+              for_each_row(c, kh, kw, [&](int64_t xi, int64_t yi, Range r) {
+                double* __restrict out = acc.data() + yi;
+                const double* __restrict in = xp + xi;
+                for (int64_t ow = r.lo; ow < r.hi; ++ow) out[ow] += wv * in[ow * sw];
+              });
+            }
         T* yp = static_cast<T*>(y) + (n * c.Cout + co) * OHW;
         for (int64_t i = 0; i < OHW; ++i) yp[i] = T(acc[size_t(i)]);
       }
@@ -60,17 +72,23 @@ void conv2d_forward(StreamHandle, DType dt, void* y, const void* x, const void* 
 void conv2d_backward_data(StreamHandle, DType dt, void* dx, const void* dy, const void* w, const Conv2dShape& c) {
   check_shape(c);
   ZP_DISPATCH_FLOAT(dt, T, [&] {
-    auto dyd = to_double<T>(dy, c.y_numel()), wd = to_double<T>(w, c.w_numel());
-    const int64_t HW = c.H * c.W, OHW = c.oh() * c.ow(), K = c.KH * c.KW;
+    const auto dyd = to_double<T>(dy, c.y_numel()), wd = to_double<T>(w, c.w_numel());
+    const int64_t HW = c.H * c.W, OHW = c.oh() * c.ow(), sw = c.stride_w;
     std::vector<double> acc(static_cast<size_t>(HW));
     for (int64_t n = 0; n < c.N; ++n)
       for (int64_t ci = 0; ci < c.Cin; ++ci) {
         std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t co = 0; co < c.Cout; ++co) {
-          const double* dyp = &dyd[size_t((n * c.Cout + co) * OHW)];
-          const double* wp = &wd[size_t((co * c.Cin + ci) * K)];
-          for_each_tap(c, [&](int64_t xi, int64_t yi, int64_t wi) { acc[size_t(xi)] += dyp[yi] * wp[wi]; });
-        }
+        for (int64_t co = 0; co < c.Cout; ++co)
+          for (int64_t kh = 0; kh < c.KH; ++kh)
+            for (int64_t kw = 0; kw < c.KW; ++kw) {
+              const double wv = wd[size_t(((co * c.Cin + ci) * c.KH + kh) * c.KW + kw)];
+              const double* dyp = &dyd[size_t((n * c.Cout + co) * OHW)];
+              for_each_row(c, kh, kw, [&](int64_t xi, int64_t yi, Range r) {
+                double* __restrict out = acc.data() + xi;
+                const double* __restrict in = dyp + yi;
+                for (int64_t ow = r.lo; ow < r.hi; ++ow) out[ow * sw] += wv * in[ow];
+              });
+            }
         T* dxp = static_cast<T*>(dx) + (n * c.Cin + ci) * HW;
         for (int64_t i = 0; i < HW; ++i) dxp[i] = T(acc[size_t(i)]);
       }
@@ -81,20 +99,30 @@ void conv2d_backward_filter(StreamHandle, DType dt, float* dw, float* dbias, con
                             const Conv2dShape& c) {
   check_shape(c);
   ZP_DISPATCH_FLOAT(dt, T, [&] {
-    auto dyd = to_double<T>(dy, c.y_numel()), xd = to_double<T>(x, c.x_numel());
-    const int64_t HW = c.H * c.W, OHW = c.oh() * c.ow(), K = c.KH * c.KW;
-    std::vector<double> acc(static_cast<size_t>(K));
+    const auto dyd = to_double<T>(dy, c.y_numel()), xd = to_double<T>(x, c.x_numel());
+    const int64_t HW = c.H * c.W, OHW = c.oh() * c.ow(), sw = c.stride_w;
+    // One partial sum per output column, so the inner loop has no loop-carried dependency.
+    std::vector<double> lane(static_cast<size_t>(c.ow()));
     for (int64_t co = 0; co < c.Cout; ++co) {
-      for (int64_t ci = 0; ci < c.Cin; ++ci) {
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t n = 0; n < c.N; ++n) {
-          const double* dyp = &dyd[size_t((n * c.Cout + co) * OHW)];
-          const double* xp = &xd[size_t((n * c.Cin + ci) * HW)];
-          for_each_tap(c, [&](int64_t xi, int64_t yi, int64_t wi) { acc[size_t(wi)] += dyp[yi] * xp[xi]; });
-        }
-        float* dwp = dw + (co * c.Cin + ci) * K;
-        for (int64_t k = 0; k < K; ++k) dwp[k] = float(double(dwp[k]) + acc[size_t(k)]);
-      }
+      for (int64_t ci = 0; ci < c.Cin; ++ci)
+        for (int64_t kh = 0; kh < c.KH; ++kh)
+          for (int64_t kw = 0; kw < c.KW; ++kw) {
+            std::fill(lane.begin(), lane.end(), 0.0);
+            for (int64_t n = 0; n < c.N; ++n) {
+              const double* dyp = &dyd[size_t((n * c.Cout + co) * OHW)];
+              const double* xp = &xd[size_t((n * c.Cin + ci) * HW)];
+              for_each_row(c, kh, kw, [&](int64_t xi, int64_t yi, Range r) {
+                double* __restrict out = lane.data();
+                const double* __restrict grad = dyp + yi;
+                const double* __restrict in = xp + xi;
+                for (int64_t ow = r.lo; ow < r.hi; ++ow) out[ow] += grad[ow] * in[ow * sw];
+              });
+            }
+            double sum = 0;
+            for (double v : lane) sum += v;
+            float& g = dw[((co * c.Cin + ci) * c.KH + kh) * c.KW + kw];
+            g = float(double(g) + sum);
+          }
       if (dbias) {
         double sum = 0;
         for (int64_t n = 0; n < c.N; ++n)

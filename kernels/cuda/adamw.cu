@@ -2,6 +2,7 @@
 // __grid_constant__ kernel parameter (no upload, nothing to keep alive after the launch); every
 // block owns one kChunk-element chunk of one tensor and finds it by binary search over the table's
 // chunk offsets. Tensors whose pointers are all 16-byte aligned use float4 loads and stores.
+#include <climits>
 #include <cmath>
 
 #include "kernels/adamw.h"

@@ -64,10 +64,10 @@ DeviceContext& context_for(int dev) {
   return *contexts[size_t(dev)];
 }
 
-bool math_allowed(cudnnMathType_t m, DType dt) {
-  // f32 must not run on tensor cores (TF32 would miss the f32 tolerance).
-  return dt != DType::F32 || m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH;
-}
+// f32 asks for FMA math (DEFAULT would allow TF32 tensor cores on Ampere and later, missing the f32
+// tolerance) and the heuristics then rank FMA algorithms only; we insist on it, as PyTorch does.
+// 16-bit asks for tensor-op math; algorithms without tensor-core kernels come back as DEFAULT math.
+bool math_allowed(cudnnMathType_t m, DType dt) { return dt != DType::F32 || m == CUDNN_FMA_MATH; }
 
 // Index of the best heuristic result: deterministic and within the preferred workspace if possible.
 template <class Perf> int pick_algo(const Perf* perf, int count, DType dt, const char* what) {
@@ -80,11 +80,9 @@ template <class Perf> int pick_algo(const Perf* perf, int count, DType dt, const
       if (pass == 1 && p.memory > kPreferredWorkspaceBytes) continue;
       return i;
     }
-  ZP_FATAL("conv2d: cuDNN offers no usable ", what, " algorithm for dtype ", dtype_name(dt));
+  ZP_FATAL("conv2d: cuDNN offers no usable ", what, " algorithm for dtype ", dtype_name(dt),
+           dt == DType::F32 ? " (f32 requires FMA math, no TF32)" : "");
 }
-
-// f32: FMA math only (DEFAULT would allow TF32 on Ampere and later); 16-bit: whatever the algorithm uses.
-cudnnMathType_t math_for(cudnnMathType_t chosen, DType dt) { return dt == DType::F32 ? CUDNN_FMA_MATH : chosen; }
 
 cudnnConvolutionDescriptor_t make_conv_desc(const Conv2dShape& c, DType dt) {
   cudnnConvolutionDescriptor_t d;
@@ -119,7 +117,7 @@ std::unique_ptr<ConvPlan> make_plan(cudnnHandle_t h, const Conv2dShape& c, DType
                                                           CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf));
     const auto& best = perf[pick_algo(perf, n, dt, "forward")];
     p->fwd_algo = best.algo;
-    ZP_CUDNN_CHECK(cudnnSetConvolutionMathType(p->fwd, math_for(best.mathType, dt)));
+    ZP_CUDNN_CHECK(cudnnSetConvolutionMathType(p->fwd, best.mathType));
     ZP_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->fwd, p->y, p->fwd_algo, &p->fwd_ws));
   }
   {
@@ -128,7 +126,7 @@ std::unique_ptr<ConvPlan> make_plan(cudnnHandle_t h, const Conv2dShape& c, DType
                                                                CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf));
     const auto& best = perf[pick_algo(perf, n, dt, "backward-data")];
     p->bwd_data_algo = best.algo;
-    ZP_CUDNN_CHECK(cudnnSetConvolutionMathType(p->bwd_data, math_for(best.mathType, dt)));
+    ZP_CUDNN_CHECK(cudnnSetConvolutionMathType(p->bwd_data, best.mathType));
     ZP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->y, p->bwd_data, p->x, p->bwd_data_algo,
                                                                 &p->bwd_data_ws));
   }
@@ -138,7 +136,7 @@ std::unique_ptr<ConvPlan> make_plan(cudnnHandle_t h, const Conv2dShape& c, DType
                                                                  CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf));
     const auto& best = perf[pick_algo(perf, n, dt, "backward-filter")];
     p->bwd_filter_algo = best.algo;
-    ZP_CUDNN_CHECK(cudnnSetConvolutionMathType(p->bwd_filter, math_for(best.mathType, dt)));
+    ZP_CUDNN_CHECK(cudnnSetConvolutionMathType(p->bwd_filter, best.mathType));
     ZP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->x, p->y, p->bwd_filter, p->w,
                                                                   p->bwd_filter_algo, &p->bwd_filter_ws));
   }

@@ -2,6 +2,7 @@
 // tensor into its own slot of a partials array, then a single block adds the partials in a fixed
 // order in double. No atomics, so the result is bitwise reproducible run to run. Tensor lists travel
 // as __grid_constant__ kernel parameters in batches (no table upload, no host synchronisation).
+#include <algorithm>
 #include <climits>
 
 #include "core/allocator.h"
