@@ -78,7 +78,7 @@ void run(benchmark::State& st, StreamHandle s, double flops, double bytes, const
 Tensor dev_rand(int64_t n, DType dt, float scale = 1.f) {
   Tensor t = Tensor::empty({n}, dt, Device::cuda(), "bench");
   Tensor f = Tensor::empty({n}, DType::F32, Device::cuda(), "bench");
-  std::vector<float> h(size_t(n));
+  std::vector<float> h(static_cast<size_t>(n));
   uint64_t x = 88172645463325252ull;
   for (auto& v : h) {  // xorshift: fast and good enough for benchmark data
     x ^= x << 13; x ^= x >> 7; x ^= x << 17;
@@ -220,7 +220,7 @@ void BM_CrossEntropy(benchmark::State& st) {
   bool backward = st.range(1);
   Tensor logits = dev_rand(N * ld, DType::BF16, 4.f);
   Tensor losses = Tensor::empty({N}, DType::F32, Device::cuda()), lse = Tensor::empty({N}, DType::F32, Device::cuda());
-  std::vector<int32_t> ht(size_t(N));
+  std::vector<int32_t> ht(static_cast<size_t>(N));
   for (int64_t i = 0; i < N; ++i) ht[size_t(i)] = int32_t((i * 7919) % V);
   Tensor targets = Tensor::empty({N}, DType::I32, Device::cuda());
   ZP_CHECK(cudaMemcpy(targets.data(), ht.data(), size_t(N) * 4, cudaMemcpyHostToDevice) == cudaSuccess);
@@ -244,7 +244,7 @@ void BM_AdamW(benchmark::State& st) {
   Tensor p = dev_rand(total, DType::F32), g = dev_rand(total, DType::F32), m = dev_rand(total, DType::F32, 0.01f);
   Tensor v = dev_rand(total, DType::F32, 0.001f), copy = dev_rand(total, DType::BF16);
   cuda::scale(nullptr, DType::F32, v.data(), v.data(), 0.f, total);  // second moments must be >= 0
-  std::vector<AdamWTensor> ts(size_t(count));
+  std::vector<AdamWTensor> ts(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) {
     ts[size_t(i)] = {p.data<float>() + i * each, g.data<float>() + i * each, m.data<float>() + i * each,
                      v.data<float>() + i * each, static_cast<bf16*>(copy.data()) + i * each, each, 0.1f};
