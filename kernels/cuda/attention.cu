@@ -359,17 +359,6 @@ Dims make_dims(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64
   return p;
 }
 
-// Opts a kernel in to more than 48 KiB of dynamic shared memory when it needs it.
-template <class Kernel>
-void set_smem(Kernel kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return;
-  int dev = 0, max_optin = 0;
-  ZP_CUDA_CHECK(cudaGetDevice(&dev));
-  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  ZP_CHECK(bytes <= size_t(max_optin), "attention needs ", bytes, " B of shared memory, the device allows ",
-           max_optin, " B (head dim too large for this GPU)");
-  ZP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
 
 // Calls fn(std::integral_constant<int, DR>) with DR = ceil(D / 32).
 template <class Fn>
@@ -399,7 +388,7 @@ void attention_forward(StreamHandle s, DType dt, void* out, float* lse, const vo
       constexpr int DR = decltype(dr)::value;
       auto kernel = attention_forward_kernel<T, DR>;
       size_t bytes = forward_smem_floats<DR>() * sizeof(float);
-      set_smem(kernel, bytes);
+      allow_dynamic_smem(kernel, bytes, "attention");
       dim3 grid(ceil_div(Tq, kTile), unsigned(Hq), unsigned(B));
       kernel<<<grid, kThreads, bytes, s>>>(static_cast<T*>(out), lse, static_cast<const T*>(q),
                                            static_cast<const T*>(k), static_cast<const T*>(v), p);
@@ -425,13 +414,13 @@ void attention_backward(StreamHandle s, DType dt, void* dq, void* dk, void* dv, 
       auto* pout = static_cast<const T*>(out);
       if (Tq > 0) {
         auto kernel = attention_backward_dq_kernel<T, DR>;
-        set_smem(kernel, bytes);
+        allow_dynamic_smem(kernel, bytes, "attention");
         dim3 grid(ceil_div(Tq, kTile), unsigned(Hq), unsigned(B));
         kernel<<<grid, kThreads, bytes, s>>>(static_cast<T*>(dq), pdout, pq, pk, pv, pout, lse, p);
       }
       if (Tk > 0) {
         auto kernel = attention_backward_dkdv_kernel<T, DR>;
-        set_smem(kernel, bytes);
+        allow_dynamic_smem(kernel, bytes, "attention");
         dim3 grid(ceil_div(Tk, kTile), unsigned(Hkv), unsigned(B));
         kernel<<<grid, kThreads, bytes, s>>>(static_cast<T*>(dk), static_cast<T*>(dv), pdout, pq, pk, pv, pout,
                                              lse, p);

@@ -47,6 +47,34 @@ __device__ __forceinline__ float block_sum(float v) {
 
 inline unsigned ceil_div(long long a, long long b) { return unsigned((a + b - 1) / b); }
 
+// Multiprocessors of the current device (cached per device).
+inline int sm_count() {
+  static int cached[64] = {0};
+  int dev = 0;
+  ZP_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 64 && cached[dev]) return cached[dev];
+  int sms = 0;
+  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  if (dev < 64) cached[dev] = sms;
+  return sms;
+}
+
+// Lets `kernel` launch with `bytes` of dynamic shared memory. The default limit (48 KiB) covers the
+// kernel's static and dynamic shared memory together, so the opt-in is needed as soon as their sum
+// passes it, not only when the dynamic part alone does.
+template <class Kernel>
+void allow_dynamic_smem(Kernel kernel, size_t bytes, const char* what) {
+  cudaFuncAttributes attr{};
+  ZP_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  if (attr.sharedSizeBytes + bytes <= 48 * 1024) return;
+  int dev = 0, max_optin = 0;
+  ZP_CUDA_CHECK(cudaGetDevice(&dev));
+  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  ZP_CHECK(attr.sharedSizeBytes + bytes <= size_t(max_optin), what, " needs ", attr.sharedSizeBytes + bytes,
+           " bytes of shared memory; this device allows ", max_optin);
+  ZP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
 }  // namespace zp::kernels::cuda
 
 // Dispatch the dtypes the CUDA kernels support to the device element type T.

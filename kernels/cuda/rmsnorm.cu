@@ -129,24 +129,7 @@ bool can_vectorise(int64_t C, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-int sm_count() {
-  int dev = 0, sms = 0;
-  ZP_CUDA_CHECK(cudaGetDevice(&dev));
-  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms;
-}
 
-// Lets `kernel` use `bytes` of dynamic shared memory (above 48 KiB needs an explicit opt-in).
-template <class Kernel>
-void allow_dynamic_smem(Kernel kernel, size_t bytes, const char* what) {
-  if (bytes <= 48 * 1024) return;
-  int dev = 0, max_optin = 0;
-  ZP_CUDA_CHECK(cudaGetDevice(&dev));
-  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  ZP_CHECK(bytes <= size_t(max_optin), what, ": row too long for the shared-memory partial sums (", bytes,
-           " bytes > ", max_optin, ")");
-  ZP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
 
 template <class T, int VEC>
 void launch_forward(StreamHandle s, T* y, float* rstd, const T* x, const T* w, int64_t N, int C, float eps) {
