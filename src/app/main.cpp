@@ -32,7 +32,7 @@ int cmd_parity(int argc, char** argv) {
     return 0;
   }
   po::notify(vm);
-  return zp::app::run_parity(o);
+  return zp::app::run_parity(o).finish();
 }
 
 }  // namespace

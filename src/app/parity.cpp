@@ -1,4 +1,5 @@
 #include "app/parity.h"
+#include "app/parity_report.h"
 
 #include <cmath>
 #include <cstdio>
@@ -16,66 +17,17 @@ namespace zp::app {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-namespace {
 
-std::vector<double> host_values(const Tensor& t) {
-  Tensor h = t.device().is_cpu() ? t : t.to(Device::cpu());
-  std::vector<double> v(size_t(h.numel()));
-  for (size_t i = 0; i < v.size(); ++i) {
-    switch (h.dtype()) {
-      case DType::F32: v[i] = h.data<float>()[i]; break;
-      case DType::BF16: v[i] = float(h.data<bf16>()[i]); break;
-      case DType::F16: v[i] = float(h.data<f16>()[i]); break;
-      case DType::F64: v[i] = h.data<double>()[i]; break;
-      default: ZP_FATAL("not a float tensor: ", h.str());
-    }
-  }
-  return v;
-}
-
-double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  if (!std::isfinite(num)) return INFINITY;
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-class Report {
- public:
-  explicit Report(double tol) : tol_(tol) {}
-  void check(const std::string& name, const std::vector<double>& got, const std::vector<double>& want) {
-    double e = got.size() == want.size() ? rel_error(got, want) : INFINITY;
-    bool ok = e <= tol_;
-    if (!ok) ++failed_;
-    ++total_;
-    worst_ = std::max(worst_, e);
-    std::printf("%-4s %-60s rel_err %.3e\n", ok ? "ok" : "FAIL", name.c_str(), e);
-  }
-  int finish() const {
-    std::printf("parity: %d of %d tensors within %.0e (worst %.3e): %s\n", total_ - failed_, total_, tol_, worst_,
-                failed_ ? "FAILED" : "PASSED");
-    return failed_ ? 1 : 0;
-  }
-
- private:
-  double tol_, worst_ = 0;
-  int total_ = 0, failed_ = 0;
-};
-
-}  // namespace
-
-int run_parity(const ParityOptions& opt) {
+ParityReport run_parity(const ParityOptions& opt, bool print) {
   const fs::path dir = opt.model_dir;
   ZP_REQUIRE(fs::is_directory(dir), opt.model_dir, ": not a directory");
   ZP_REQUIRE(opt.device == "cpu" || opt.device == "cuda", "--device must be cpu or cuda, got '", opt.device, "'");
-  ZP_REQUIRE(opt.dtype == "fp32" || opt.dtype == "bf16", "--dtype must be fp32 or bf16, got '", opt.dtype, "'");
+  ZP_REQUIRE(opt.dtype == "fp32" || opt.dtype == "bf16" || (opt.dtype == "fp64" && opt.device == "cpu"),
+             "--dtype must be fp32 or bf16 (or fp64 on the cpu), got '", opt.dtype, "'");
   const Device dev = opt.device == "cuda" ? Device::cuda(0) : Device::cpu();
   if (dev.is_cuda()) ZP_REQUIRE(cuda_device_count() > 0, "--device cuda: ", cuda_unavailable_reason());
-  const DType dt = opt.dtype == "bf16" ? DType::BF16 : DType::F32;
-  const double tol = dt == DType::F32 ? 1e-4 : 3e-2;
+  const DType dt = opt.dtype == "bf16" ? DType::BF16 : opt.dtype == "fp64" ? DType::F64 : DType::F32;
+  const double tol = dt == DType::BF16 ? 3e-2 : 1e-4;
 
   const fs::path cfg_path = dir / "config.json";
   std::ifstream in(cfg_path);
@@ -113,10 +65,10 @@ int run_parity(const ParityOptions& opt) {
       tgt.data<int32_t>()[b * T + t] = t + 1 < T ? ids.data<int32_t>()[b * T + t + 1] : -1;
   Tensor d_ids = ids.to(dev), d_tgt = tgt.to(dev);
 
-  std::printf("parity: %s (%s, %lld parameters) on %s in %s, B=%lld T=%lld, tolerance %.0e\n", opt.model_dir.c_str(),
+  if (print) std::printf("parity: %s (%s, %lld parameters) on %s in %s, B=%lld T=%lld, tolerance %.0e\n", opt.model_dir.c_str(),
               cfg.model_type.c_str(), (long long)cfg.num_parameters(), dev.str().c_str(), opt.dtype.c_str(),
               (long long)B, (long long)T, tol);
-  Report rep(tol);
+  ParityReport rep(tol, print);
   Tensor logits;
   double loss = model.forward(d_ids.data<int32_t>(), d_tgt.data<int32_t>(), B, T, false, &logits);
   rep.check("output.logits", host_values(logits), host_values(ref.read_as("output.logits", DType::F64)));
@@ -127,13 +79,7 @@ int run_parity(const ParityOptions& opt) {
     ZP_REQUIRE(ref.contains(g), io_path.string(), ": no tensor '", g, "'");
     std::vector<double> want = host_values(ref.read_as(g, DType::F64));
     std::vector<double> got = host_values(p->grad);
-    if (p->file_transposed) {  // reference is [in, out]
-      const int64_t rows = p->shape[0], cols = p->shape[1];
-      std::vector<double> t(got.size());
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) t[size_t(c * rows + r)] = got[size_t(r * cols + c)];
-      got.swap(t);
-    }
+    if (p->file_transposed) got = transpose(got, p->shape[0], p->shape[1]);  // the reference is [in, out]
     rep.check(g, got, want);
   }
 
@@ -160,17 +106,11 @@ int run_parity(const ParityOptions& opt) {
       const std::string f = "train.final." + p->name;
       if (!ref.contains(f)) continue;
       std::vector<double> got = host_values(p->value), want = host_values(ref.read_as(f, DType::F64));
-      if (p->file_transposed) {
-        const int64_t rows = p->shape[0], cols = p->shape[1];
-        std::vector<double> t(got.size());
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t c = 0; c < cols; ++c) t[size_t(c * rows + r)] = got[size_t(r * cols + c)];
-        got.swap(t);
-      }
+      if (p->file_transposed) got = transpose(got, p->shape[0], p->shape[1]);
       rep.check(f, got, want);
     }
   }
-  return rep.finish();
+  return rep;
 }
 
 }  // namespace zp::app

@@ -3,6 +3,8 @@
 #pragma once
 #include <string>
 
+#include "app/parity_report.h"
+
 namespace zp::app {
 
 struct ParityOptions {
@@ -11,8 +13,8 @@ struct ParityOptions {
   std::string dtype = "fp32";  // fp32 | bf16
 };
 
-// Returns the process exit code: 0 when every tensor is within tolerance, 1 when one is not.
-// Throws zp::Error for a folder it cannot run.
-int run_parity(const ParityOptions& opt);
+// Runs the folder and returns the per-tensor report (printed as it goes when `print`); its finish()
+// gives the exit code. Throws zp::Error for a folder it cannot run.
+ParityReport run_parity(const ParityOptions& opt, bool print = true);
 
 }  // namespace zp::app
