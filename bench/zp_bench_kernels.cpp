@@ -1,8 +1,7 @@
 // Kernel benchmarks on the GPU: achieved TFLOP/s (matrix-bound ops) or GB/s (memory-bound ops) next
 // to the device's peak. Times come from CUDA events around each iteration (manual time), so host
 // launch overhead between iterations is not counted. `--benchmark_format=json` for CI tracking.
-// Peaks: dense bf16 tensor-core rate = SMs x max clock x (4096 flop/clk/SM on sm_90, 2048 on sm_80,
-// else reported as 0), DRAM bandwidth = 2 x memory clock x bus width.
+// Peaks come from cuda_peak_bf16_tflops / cuda_peak_dram_gbs (core/device.h).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -30,21 +29,7 @@ struct Peak {
 };
 
 Peak device_peak() {
-  static Peak p = [] {
-    Peak r;
-    int dev = 0, sms = 0, clk_khz = 0, mem_khz = 0, bus_bits = 0, major = 0, minor = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, dev);
-    cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, dev);
-    cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, dev);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    double per_clk = major == 9 ? 4096 : (major == 8 && minor == 0 ? 2048 : 0);
-    r.tflops_bf16 = sms * (clk_khz * 1e3) * per_clk / 1e12;
-    r.gbs = 2.0 * (mem_khz * 1e3) * bus_bits / 8 / 1e9;
-    return r;
-  }();
+  static Peak p{cuda_peak_bf16_tflops(0), cuda_peak_dram_gbs(0)};
   return p;
 }
 
@@ -266,10 +251,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "zp_bench_kernels: %s\n", zp::cuda_unavailable_reason().c_str());
     return 1;
   }
-  cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, 0);
   auto peak = zp::bench::device_peak();
-  benchmark::AddCustomContext("device", prop.name);
+  benchmark::AddCustomContext("device", zp::cuda_device_name(0));
   benchmark::AddCustomContext("peak_bf16_dense_TFLOPs", std::to_string(peak.tflops_bf16));
   benchmark::AddCustomContext("peak_dram_GBs", std::to_string(peak.gbs));
   benchmark::Initialize(&argc, argv);

@@ -4,9 +4,15 @@
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "app/parity.h"
+#include "comm/bootstrap.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "io/config.h"
+#include "runtime/train_config.h"
+#include "runtime/trainer.h"
 
 namespace po = boost::program_options;
 
@@ -15,6 +21,7 @@ namespace {
 const char* kUsage =
     "usage: zeropipe <command> [options]\n"
     "commands:\n"
+    "  train    train a model: zeropipe train --config FILE [--set key.path=value ...]\n"
     "  parity   run a reference folder (hub config, weights, io.safetensors) and compare every tensor\n"
     "run `zeropipe <command> --help` for the command's options\n";
 
@@ -35,6 +42,43 @@ int cmd_parity(int argc, char** argv) {
   return zp::app::run_parity(o).finish();
 }
 
+int cmd_train(int argc, char** argv) {
+  std::string config_path;
+  std::vector<std::string> sets;
+  po::options_description desc("zeropipe train options");
+  desc.add_options()("help,h", "show this help")("config", po::value<std::string>(&config_path),
+                                                 "training configuration (JSON; DeepSpeed key names)")(
+      "set", po::value<std::vector<std::string>>(&sets)->composing(), "override a key: --set key.path=value (repeatable)")(
+      "print-defaults", "print every configuration key with its default and exit");
+  po::variables_map vm;
+  po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
+  if (vm.count("print-defaults")) {
+    std::cout << zp::runtime::train_config_schema().dump(2) << "\n";
+    return 0;
+  }
+  if (config_path.empty()) throw po::error("--config FILE is required");
+  // Parse and validate before MPI starts, so a bad config fails the same way on every rank, at once.
+  zp::io::Config cfg = zp::io::Config::from_file(zp::runtime::train_config_schema(), config_path);
+  for (const auto& s : sets) cfg.set(s);
+  const zp::runtime::TrainConfig tc = zp::runtime::TrainConfig::from(cfg);
+  zp::comm::Runtime rt(&argc, &argv);
+  try {
+    zp::runtime::train(tc, rt);
+  } catch (const zp::Error& e) {
+    // An error seen by one rank only must not leave the others waiting in a collective.
+    std::fprintf(stderr, "zeropipe train: error on rank %d (%s): %s\n", rt.rank(), rt.host().c_str(), e.what());
+    std::fflush(stderr);
+    if (rt.world_size() > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -45,6 +89,7 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   try {
     if (cmd == "parity") return cmd_parity(argc - 1, argv + 1);
+    if (cmd == "train") return cmd_train(argc - 1, argv + 1);
     std::fprintf(stderr, "zeropipe: unknown command '%s'\n%s", cmd.c_str(), kUsage);
     return 2;
   } catch (const po::error& e) {

@@ -59,6 +59,29 @@ float Event::elapsed_ms_since(const Event& start) const {
   return ms;
 }
 void device_synchronize() { ZP_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+double cuda_peak_bf16_tflops(int index) {
+  int sms = 0, clk_khz = 0, major = 0, minor = 0;
+  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index));
+  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, index));
+  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index));
+  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index));
+  const double per_clk = major == 9 ? 4096 : (major == 8 && minor == 0 ? 2048 : 0);
+  return sms * (clk_khz * 1e3) * per_clk / 1e12;
+}
+
+double cuda_peak_dram_gbs(int index) {
+  int mem_khz = 0, bus_bits = 0;
+  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, index));
+  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, index));
+  return 2.0 * (mem_khz * 1e3) * bus_bits / 8 / 1e9;
+}
+
+std::string cuda_device_name(int index) {
+  cudaDeviceProp p{};
+  ZP_CUDA_CHECK(cudaGetDeviceProperties(&p, index));
+  return p.name;
+}
 void stream_synchronize(StreamHandle s) { ZP_CUDA_CHECK(cudaStreamSynchronize(s)); }
 #else
 int cuda_device_count() { return 0; }
@@ -76,6 +99,9 @@ void Event::wait_on(StreamHandle) const {}
 void Event::synchronize() const {}
 float Event::elapsed_ms_since(const Event&) const { return 0.f; }
 void device_synchronize() {}
+double cuda_peak_bf16_tflops(int) { return 0; }
+double cuda_peak_dram_gbs(int) { return 0; }
+std::string cuda_device_name(int) { return "none"; }
 void stream_synchronize(StreamHandle) {}
 #endif
 

@@ -64,6 +64,13 @@ class Event {
   CUevent_st* e_ = nullptr;
 };
 
+// Peak dense bf16 tensor-core rate of CUDA device `index` in TFLOP/s at its maximum clock
+// (SMs x clock x 4096 flop/clk/SM on sm_90, 2048 on sm_80; 0 for architectures we have no figure
+// for), and its DRAM bandwidth in GB/s (2 x memory clock x bus width). Used for MFU and benchmarks.
+double cuda_peak_bf16_tflops(int index);
+double cuda_peak_dram_gbs(int index);
+std::string cuda_device_name(int index);
+
 void device_synchronize();
 void stream_synchronize(StreamHandle s);
 

@@ -7,6 +7,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
+#include "nn/init.h"
 
 namespace zp::models {
 using nlohmann::json;
@@ -207,6 +208,33 @@ Parameter* Transformer::find(const std::string& name) {
   for (Parameter* p : parameters())
     if (p->name == name) return p;
   return nullptr;
+}
+
+void Transformer::init_random(uint64_t seed, double std) {
+  const double proj_std = std / std::sqrt(2.0 * double(cfg_.layers));
+  auto ends_with = [](const std::string& s, const std::string& t) {
+    return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+  };
+  for (Parameter* p : parameters()) {
+    if (p->shape.size() == 1) {
+      const bool norm_weight = ends_with(p->name, ".weight");  // every 1-d weight is a norm's
+      init_constant(*p, norm_weight ? 1.f : 0.f, ctx_.s);
+    } else {
+      const bool residual_proj = ends_with(p->name, "attn.c_proj.weight") || ends_with(p->name, "mlp.c_proj.weight") ||
+                                 ends_with(p->name, "o_proj.weight") || ends_with(p->name, "down_proj.weight");
+      init_normal(*p, seed, residual_proj ? proj_std : std, ctx_.s);
+    }
+  }
+}
+
+double Transformer::flops_per_token(int64_t T) const {
+  const int64_t C = cfg_.hidden, D = cfg_.head_dim;
+  int64_t matmul_params = cfg_.num_parameters() - (cfg_.learned_positions ? cfg_.max_positions * C : 0);
+  if (!cfg_.tied) matmul_params -= cfg_.vocab * C;  // the untied input embedding is a lookup
+  // Scores and weighted values: 2 * 2 * T * (Hq * D) per layer and token forward, x3 with the backward,
+  // halved by the causal mask.
+  const double attention = 6.0 * double(cfg_.layers) * double(T) * double(cfg_.heads * D);
+  return 6.0 * double(matmul_params) + attention;
 }
 
 void Transformer::load(const io::SafetensorsCollection& files) {

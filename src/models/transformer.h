@@ -45,12 +45,20 @@ class Transformer {
   nn::Parameter* find(const std::string& name);  // nullptr when absent
   int64_t padded_vocab() const { return vpad_; }
 
+  // From-scratch initialisation (GPT-2 style): linear weights and embeddings Normal(0, std), the
+  // projections into the residual stream Normal(0, std / sqrt(2 * layers)), norm weights 1, biases 0.
+  // Values depend only on (seed, parameter name, element), see nn/init.h.
+  void init_random(uint64_t seed, double std);
   // Loads every parameter from hub safetensors (Conv1D weights transposed, a tied head that the file
   // omits is fine, anything else missing or mis-shaped is an error naming the tensor).
   void load(const io::SafetensorsCollection& files);
 
   // ids, targets: device int32 [B*T]; a target < 0 is ignored. Returns the mean loss over the valid
   // targets. Keeps what the backward needs; `logits_out` (optional) receives [B*T, V] in dt.
+  // FLOPs of one training step (forward + backward) per token at sequence length T, counting the
+  // matrix multiplies (6 per parameter used in one) and causal attention (half the score matrix).
+  double flops_per_token(int64_t T) const;
+
   double forward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t T, bool checkpoint = false,
                  Tensor* logits_out = nullptr);
   // Gradients of (loss * loss_scale) accumulate into every block's fp32 gradient buffer.

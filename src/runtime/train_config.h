@@ -1,0 +1,54 @@
+// The training configuration: every known key with its default (the schema, also printed by
+// `zeropipe train --print-defaults`), and the typed view the trainer uses. ZeRO and training keys
+// follow DeepSpeed's ds_config.json names; "model", "data", "checkpoint" and "training" are ours.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "io/config.h"
+
+namespace zp::runtime {
+
+const io::json& train_config_schema();
+
+struct TrainConfig {
+  // batch
+  int64_t micro_batch = 1, grad_accum = 1, seq_len = 1024;
+  int64_t train_batch_size = 0;  // sequences per step over all ranks; 0 = micro * accum * world
+  // optimizer
+  double lr = 6e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, grad_clip = 1.0;
+  bool decay_all = false;  // weight decay on norms, biases and embeddings too
+  // schedule
+  std::string scheduler = "WarmupCosineLR";  // WarmupCosineLR | WarmupDecayLR | WarmupLR
+  int64_t warmup_steps = 0, total_steps = 0;
+  double min_lr_ratio = 0.1;
+  // precision
+  DType dtype = DType::F32;
+  bool fp16 = false;
+  double initial_scale = 65536, min_scale = 1;
+  int64_t scale_window = 1000, hysteresis = 2;
+  // ZeRO
+  int zero_stage = 0;
+  // model
+  std::string model_type = "transformer";
+  io::json hub_config;       // inline config.json
+  std::string hub_dir;       // folder with config.json (+ weights when init == "hub")
+  std::string init = "random";
+  double init_std = 0.02;
+  bool activation_checkpointing = false;
+  // data
+  std::vector<std::string> train_files, val_files;
+  double val_fraction = 0.0;
+  bool shuffle = true;
+  // loop
+  int64_t max_steps = 100, eval_every = 0, eval_batches = 4, print_every = 1;
+  uint64_t seed = 1234;
+  std::string device = "auto";  // auto | cpu | cuda
+  std::string metrics_file;      // JSONL, "" = none; "{rank}" is replaced by the rank
+
+  // Reads and validates; throws zp::Error naming the key.
+  static TrainConfig from(const io::Config& c);
+};
+
+}  // namespace zp::runtime

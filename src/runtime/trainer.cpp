@@ -1,0 +1,221 @@
+#include "runtime/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "comm/communicator.h"
+#include "comm/mpi_comm.h"
+#include "comm/topology.h"
+#include "core/log.h"
+#include "io/safetensors.h"
+#include "io/token_dataset.h"
+#include "kernels/reduce.h"
+#include "models/transformer.h"
+#include "runtime/adamw.h"
+#include "runtime/loss_scaler.h"
+#include "runtime/lr_schedule.h"
+
+namespace zp::runtime {
+namespace fs = std::filesystem;
+
+namespace {
+
+double host_peak_rss_gib() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / (1024.0 * 1024.0);  // kB
+  return 0;
+}
+
+io::json load_hub_config(const TrainConfig& cfg, std::string& source) {
+  if (cfg.hub_config.is_object()) {
+    source = "model.config";
+    return cfg.hub_config;
+  }
+  source = (fs::path(cfg.hub_dir) / "config.json").string();
+  std::ifstream in(source);
+  ZP_REQUIRE(in.good(), source, ": cannot open (model.hub_dir)");
+  try {
+    return io::json::parse(in);
+  } catch (const std::exception& e) {
+    throw Error(source + ": not valid JSON: " + e.what());
+  }
+}
+
+// One rank's micro-batch: `rows` windows at consecutive global positions starting at `first`.
+struct Batch {
+  Tensor ids, targets;  // host int32 [rows * T]
+};
+
+Batch make_batch(const io::TokenDataset& ds, uint64_t seed, bool shuffle, int64_t first, int64_t rows) {
+  const int64_t T = ds.seq_len(), n = ds.num_windows();
+  Batch b{Tensor::empty({rows * T}, DType::I32, Device::cpu(), "batch"),
+          Tensor::empty({rows * T}, DType::I32, Device::cpu(), "batch")};
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t p = first + i, epoch = p / n, w = ds.epoch_order(seed, epoch, p % n, shuffle);
+    ds.window(w, b.ids.data<int32_t>() + i * T, b.targets.data<int32_t>() + i * T);
+  }
+  return b;
+}
+
+}  // namespace
+
+TrainResult train(const TrainConfig& cfg, comm::Runtime& rt) {
+  const int world = rt.world_size(), rank = rt.rank();
+  Device dev = rt.device();
+  if (cfg.device == "cpu") dev = Device::cpu();
+  if (cfg.device == "cuda") ZP_REQUIRE(dev.is_cuda(), "training.device = \"cuda\": ", cuda_unavailable_reason());
+  ZP_REQUIRE(cfg.zero_stage == 0, "zero_optimization.stage ", cfg.zero_stage,
+             ": ZeRO stages 1-3 are not implemented yet (stage 0 = plain data parallel)");
+  const int64_t global_batch = cfg.micro_batch * cfg.grad_accum * world;
+  ZP_REQUIRE(cfg.train_batch_size == 0 || cfg.train_batch_size == global_batch, "train_batch_size ",
+             cfg.train_batch_size, " != train_micro_batch_size_per_gpu ", cfg.micro_batch,
+             " x gradient_accumulation_steps ", cfg.grad_accum, " x world size ", world);
+
+  // Model.
+  std::string source;
+  const io::json hub = load_hub_config(cfg, source);
+  auto mcfg = models::TransformerConfig::from_hub_json(hub, source);
+  ZP_REQUIRE(cfg.seq_len <= mcfg.max_positions || !mcfg.learned_positions, "data.seq_len ", cfg.seq_len,
+             " exceeds the model's ", mcfg.max_positions, " positions");
+  std::unique_ptr<Stream> stream = dev.is_cuda() ? std::make_unique<Stream>(dev) : nullptr;
+  const StreamHandle s = stream ? stream->handle() : nullptr;
+  models::Transformer model(mcfg, dev, cfg.dtype, s);
+  if (cfg.init == "hub")
+    model.load(io::SafetensorsCollection::open_dir(cfg.hub_dir, "model"));
+  else
+    model.init_random(cfg.seed, cfg.init_std);
+
+  // Data.
+  io::TokenDataset train_ds(cfg.train_files, cfg.seq_len, 0.0, 1.0 - cfg.val_fraction);
+  std::unique_ptr<io::TokenDataset> val_ds;
+  if (!cfg.val_files.empty())
+    val_ds = std::make_unique<io::TokenDataset>(cfg.val_files, cfg.seq_len);
+  else if (cfg.val_fraction > 0)
+    val_ds = std::make_unique<io::TokenDataset>(cfg.train_files, cfg.seq_len, 1.0 - cfg.val_fraction, 1.0);
+  const int32_t file_vocab = train_ds.max_token_seen_bound();
+  ZP_REQUIRE(file_vocab == 0 || file_vocab <= mcfg.vocab, cfg.train_files[0], ": the token file's vocabulary (",
+             file_vocab, ") is larger than the model's (", mcfg.vocab, ")");
+
+  // Communication and optimizer.
+  std::unique_ptr<comm::Communicator> dp;  // tensors, on the device's backend
+  std::unique_ptr<comm::MpiComm> ctrl;      // host scalars (losses) for reporting
+  if (world > 1) {
+    dp = comm::make_communicator(dev.is_cuda() ? comm::Backend::Nccl : comm::Backend::Mpi, rt.world());
+    ctrl = std::make_unique<comm::MpiComm>(rt.world());
+  }
+  AdamWHyper hyper{cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.decay_all};
+  AdamW opt(model.blocks(), hyper, s);
+  LrSchedule sched{cfg.scheduler, cfg.lr, cfg.min_lr_ratio, cfg.warmup_steps, cfg.total_steps};
+  LossScaler scaler(cfg.fp16, cfg.initial_scale, cfg.min_scale, cfg.scale_window, cfg.hysteresis);
+
+  std::vector<const void*> grad_ptrs;
+  std::vector<int64_t> grad_sizes;
+  for (nn::ParamBlock* b : model.blocks()) {
+    grad_ptrs.push_back(b->grads().data());
+    grad_sizes.push_back(b->grads().numel());
+  }
+  Tensor norm_sq = Tensor::empty({1}, DType::F32, dev, "metrics", s);
+
+  std::ofstream metrics;
+  if (!cfg.metrics_file.empty()) {
+    std::string path = cfg.metrics_file;
+    if (auto at = path.find("{rank}"); at != std::string::npos) path.replace(at, 6, std::to_string(rank));
+    else if (rank != 0) path += "." + std::to_string(rank);
+    metrics.open(path, std::ios::trunc);
+    ZP_REQUIRE(metrics.good(), path, ": cannot write the metrics file");
+  }
+
+  const double flops_token = model.flops_per_token(cfg.seq_len);
+  const double peak_tflops = dev.is_cuda() ? cuda_peak_bf16_tflops(dev.index) : 0.0;
+  const int64_t tokens_per_step = global_batch * cfg.seq_len;
+  ZP_LOG_INFO("model ", mcfg.model_type, " ", mcfg.num_parameters() / 1e6, "M parameters, ", mcfg.layers,
+              " layers, d=", mcfg.hidden, " | ", world, " rank(s) on ", dev.str(), " | ", dtype_name(cfg.dtype),
+              " | global batch ", global_batch, " x ", cfg.seq_len, " tokens (micro ", cfg.micro_batch, ", accum ",
+              cfg.grad_accum, ") | ", train_ds.num_windows(), " training windows");
+
+  auto dp_mean = [&](double v) {
+    if (!ctrl) return v;
+    double out = 0;
+    ctrl->all_reduce(&v, &out, 1, DType::F64, comm::ReduceOp::Avg);
+    return out;
+  };
+  auto run_micro = [&](const io::TokenDataset& ds, uint64_t seed, bool shuffle, int64_t first, bool train_step,
+                       float loss_scale) {
+    Batch b = make_batch(ds, seed, shuffle, first, cfg.micro_batch);
+    Tensor ids = b.ids.to(dev, s), tgt = b.targets.to(dev, s);
+    double loss = model.forward(ids.data<int32_t>(), tgt.data<int32_t>(), cfg.micro_batch, cfg.seq_len,
+                                train_step && cfg.activation_checkpointing);
+    if (train_step) model.backward(loss_scale);
+    return loss;
+  };
+
+  TrainResult result;
+  for (int64_t step = 0; step < cfg.max_steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (nn::ParamBlock* b : model.blocks()) b->zero_grad(s);
+    const float loss_scale = float(scaler.scale());
+    double loss = 0;
+    for (int64_t m = 0; m < cfg.grad_accum; ++m) {
+      const int64_t first = step * global_batch + m * cfg.micro_batch * world + rank * cfg.micro_batch;
+      loss += run_micro(train_ds, cfg.seed, cfg.shuffle, first, true, loss_scale / float(cfg.grad_accum)) /
+              double(cfg.grad_accum);
+    }
+    if (dp)
+      for (nn::ParamBlock* b : model.blocks())
+        dp->all_reduce(b->grads().data(), b->grads().data(), b->grads().numel(), DType::F32, comm::ReduceOp::Avg, s);
+    ZP_KERNEL_CALL(dev, l2norm_squared, s, DType::F32, norm_sq.data<float>(), grad_ptrs.data(), grad_sizes.data(),
+                   int(grad_ptrs.size()));
+    const double grad_norm = std::sqrt(double(norm_sq.to(Device::cpu(), s).data<float>()[0])) / loss_scale;
+    const bool overflow = !std::isfinite(grad_norm);
+    const bool skip = scaler.update(overflow);
+    const double lr = sched.at(opt.steps());
+    if (!skip) {
+      const double clip = cfg.grad_clip > 0 && grad_norm > cfg.grad_clip ? cfg.grad_clip / grad_norm : 1.0;
+      opt.step(float(clip / loss_scale), lr);
+    }
+    if (s) stream_synchronize(s);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    loss = dp_mean(loss);
+    result.losses.push_back(loss);
+    const double tok_s = double(tokens_per_step) / secs;
+    const double mfu = peak_tflops > 0 ? flops_token * tok_s / world / (peak_tflops * 1e12) : 0.0;
+    const double mem_gib = dev.is_cuda() ? double(device_allocator(dev.index).stats().peak) / (1 << 30)
+                                         : host_peak_rss_gib();
+    double val = NAN;
+    if (val_ds && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.max_steps)) {
+      double sum = 0;
+      for (int64_t e = 0; e < cfg.eval_batches; ++e)
+        sum += run_micro(*val_ds, cfg.seed, false, (e * world + rank) * cfg.micro_batch, false, 1.f);
+      val = dp_mean(sum / double(cfg.eval_batches));
+      result.val_losses.push_back(val);
+    }
+    if (rank == 0 && (step % std::max<int64_t>(cfg.print_every, 1) == 0 || step + 1 == cfg.max_steps || !std::isnan(val))) {
+      char line[512];
+      std::snprintf(line, sizeof(line),
+                    "step %5lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | mem %.2f GiB%s | %.0f ms%s",
+                    (long long)(step + 1), (long long)cfg.max_steps, loss, lr, grad_norm, tok_s, 100 * mfu, mem_gib,
+                    dev.is_cuda() ? "" : " RSS", secs * 1e3, skip ? " | SKIPPED (overflow)" : "");
+      std::string extra = std::isnan(val) ? "" : " | val loss " + std::to_string(val);
+      std::printf("%s%s\n", line, extra.c_str());
+      std::fflush(stdout);
+    }
+    if (metrics.is_open()) {
+      io::json j = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"tokens_per_s", tok_s},
+                    {"mfu", mfu}, {"peak_mem_gib", mem_gib}, {"step_ms", secs * 1e3}, {"skipped", skip},
+                    {"loss_scale", loss_scale}};
+      if (!std::isnan(val)) j["val_loss"] = val;
+      metrics << j.dump() << "\n";
+      metrics.flush();
+    }
+  }
+  result.skipped_steps = scaler.skipped();
+  return result;
+}
+
+}  // namespace zp::runtime

@@ -1,0 +1,25 @@
+// The training loop of `zeropipe train`: data-parallel over all ranks (gradients averaged over the
+// data group after the last micro-step), gradient accumulation, global-norm clipping, AdamW with a
+// warmup/decay schedule, bf16/fp16/fp32 compute with fp32 master weights, fp16 dynamic loss scaling,
+// periodic validation, a progress line on rank 0 and per-step metrics JSONL.
+//
+// Global batch order: step s, micro-step m, rank r and row i read the window at position
+// s*G + m*(micro*world) + r*micro + i of the seeded epoch order (G = the global batch), so the
+// same global batch is seen whatever the world size, for the same global batch size.
+#pragma once
+#include <memory>
+
+#include "comm/bootstrap.h"
+#include "runtime/train_config.h"
+
+namespace zp::runtime {
+
+struct TrainResult {
+  std::vector<double> losses;  // mean training loss per optimizer step
+  std::vector<double> val_losses;
+  int64_t skipped_steps = 0;
+};
+
+TrainResult train(const TrainConfig& cfg, comm::Runtime& rt);
+
+}  // namespace zp::runtime

@@ -1,0 +1,122 @@
+// The training loop end to end on the CPU: a tiny model overfits one batch, fp16 loss scaling skips
+// overflowing steps and recovers, bad configurations are errors naming the key.
+#include <filesystem>
+
+#include "comm/bootstrap.h"
+#include "io/config.h"
+#include "io/token_dataset.h"
+#include "runtime/loss_scaler.h"
+#include "runtime/lr_schedule.h"
+#include "runtime/train_config.h"
+#include "runtime/trainer.h"
+#include "test_util.h"
+
+namespace zp::test {
+using namespace zp::runtime;
+namespace fs = std::filesystem;
+
+static std::string token_file(const std::string& name, int64_t n, int vocab, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = int32_t(g() % uint64_t(vocab));
+  fs::path p = fs::temp_directory_path() / name;
+  io::write_token_file(p.string(), t, vocab);
+  return p.string();
+}
+
+// MPI can be initialised once per process: one Runtime for every test in this binary.
+static comm::Runtime& runtime() {
+  static comm::Runtime rt;
+  return rt;
+}
+
+static io::Config tiny_config(const std::string& data, const std::string& model_type = "llama") {
+  io::json model = model_type == "gpt2"
+                       ? io::json{{"model_type", "gpt2"}, {"vocab_size", 64}, {"n_positions", 32}, {"n_embd", 32},
+                                  {"n_layer", 2}, {"n_head", 2}}
+                       : io::json{{"model_type", "llama"}, {"vocab_size", 64}, {"hidden_size", 32},
+                                  {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                                  {"num_key_value_heads", 2}, {"max_position_embeddings", 32}};
+  io::json user = {{"train_micro_batch_size_per_gpu", 4},
+                   {"steps_per_print", 1000},
+                   {"gradient_clipping", 1.0},
+                   {"optimizer", {{"params", {{"lr", 1e-2}, {"weight_decay", 0.0}}}}},
+                   {"scheduler", {{"type", "WarmupLR"}}},
+                   {"model", {{"config", model}}},
+                   {"data", {{"train_files", {data}}, {"seq_len", 16}}},
+                   {"training", {{"max_steps", 60}, {"device", "cpu"}}}};
+  return io::Config(train_config_schema(), user, "test");
+}
+
+TEST(Training, TinyModelOverfitsOneBatch) {
+  std::string data = token_file("zp_overfit.bin", 4 * 16 + 1, 64, 1);  // exactly one batch of 4 windows
+  for (const char* type : {"llama", "gpt2"}) {
+    io::Config c = tiny_config(data, type);
+    TrainResult r = train(TrainConfig::from(c), runtime());
+    ASSERT_EQ(r.losses.size(), 60u);
+    EXPECT_GT(r.losses.front(), 3.5) << type << ": starts near log(64) = 4.16";
+    EXPECT_LT(r.losses.back(), 0.1) << type << ": memorises the batch";
+  }
+}
+
+TEST(Training, Fp16LossScalingSkipsOverflowAndRecovers) {
+  std::string data = token_file("zp_fp16.bin", 4 * 16 + 1, 64, 2);
+  io::Config c = tiny_config(data);
+  c.set("fp16.enabled=true");
+  c.set("fp16.initial_scale_power=40");  // far beyond fp16's range: the first steps overflow
+  c.set("fp16.hysteresis=1");
+  c.set("training.max_steps=40");
+  TrainResult r = train(TrainConfig::from(c), runtime());
+  EXPECT_GE(r.skipped_steps, 20) << "2^40 must be halved at least 20 times before the gradients fit";
+  EXPECT_LT(r.skipped_steps, 40);
+  EXPECT_LT(r.losses.back(), r.losses.front() - 0.5) << "training recovers once the scale fits";
+}
+
+TEST(LossScaler, HalvesAfterHysteresisAndGrowsAfterWindow) {
+  LossScaler s(true, 1024, 1, 3, 2);
+  EXPECT_TRUE(s.update(true));
+  EXPECT_EQ(s.scale(), 1024);  // first overflow is absorbed by the hysteresis
+  EXPECT_TRUE(s.update(true));
+  EXPECT_EQ(s.scale(), 512);
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(s.update(false));
+  EXPECT_EQ(s.scale(), 1024);
+  EXPECT_EQ(s.skipped(), 2);
+}
+
+TEST(LrSchedule, WarmupThenCosineAndLinear) {
+  LrSchedule c{"WarmupCosineLR", 1.0, 0.1, 10, 110};
+  EXPECT_DOUBLE_EQ(c.at(0), 0.1);
+  EXPECT_DOUBLE_EQ(c.at(9), 1.0);
+  EXPECT_NEAR(c.at(60), 0.55, 1e-12);  // halfway: min + (max - min) / 2
+  EXPECT_NEAR(c.at(110), 0.1, 1e-12);
+  LrSchedule l{"WarmupDecayLR", 1.0, 0.0, 0, 100};
+  EXPECT_NEAR(l.at(25), 0.75, 1e-12);
+  LrSchedule k{"WarmupLR", 1.0, 0.0, 0, 100};
+  EXPECT_DOUBLE_EQ(k.at(99), 1.0);
+}
+
+TEST(TrainConfig, ErrorsNameTheKey) {
+  std::string data = token_file("zp_cfg.bin", 200, 64, 3);
+  auto error = [&](const std::string& set) {
+    try {
+      io::Config c = tiny_config(data);
+      c.set(set);
+      TrainConfig::from(c);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error("zero_optimization.stage=7").find("zero_optimization.stage"), std::string::npos);
+  EXPECT_NE(error("optimizer.params.betas=[0.9]").find("optimizer.params.betas"), std::string::npos);
+  EXPECT_NE(error("scheduler.type=OneCycle").find("scheduler.type"), std::string::npos);
+  EXPECT_NE(error("optimizer.params.lr=\"fast\"").find("optimizer.params.lr"), std::string::npos);
+  EXPECT_NE(error("data.seq_len=0").find("data.seq_len"), std::string::npos);
+  EXPECT_NE(error("training.devise=cpu").find("unknown key 'training.devise'"), std::string::npos);
+  io::Config both = tiny_config(data);
+  both.set("bf16.enabled=true");
+  both.set("fp16.enabled=true");
+  EXPECT_THROW(TrainConfig::from(both), Error);
+}
+
+}  // namespace zp::test
