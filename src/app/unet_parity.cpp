@@ -1,0 +1,78 @@
+#include "app/unet_parity.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "io/safetensors.h"
+#include "models/unet.h"
+
+namespace zp::app {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::vector<float> host_floats(const io::SafetensorsFile& f, const std::string& name) {
+  Tensor t = f.read_as(name, DType::F32);
+  return std::vector<float>(t.data<float>(), t.data<float>() + t.numel());
+}
+
+}  // namespace
+
+ParityReport run_unet_parity(const std::string& dir, Device dev, DType dt, bool print) {
+  ZP_REQUIRE(fs::is_directory(dir), dir, ": not a directory");
+  if (dev.is_cuda()) ZP_REQUIRE(cuda_device_count() > 0, "--device cuda: ", cuda_unavailable_reason());
+  const double tol = dt == DType::BF16 ? 3e-2 : 1e-4;
+
+  const fs::path cfg_path = fs::path(dir) / "config.json";
+  std::ifstream in(cfg_path);
+  ZP_REQUIRE(in.good(), cfg_path.string(), ": cannot open");
+  json cfg_json;
+  try {
+    cfg_json = json::parse(in);
+  } catch (const std::exception& e) {
+    throw Error(cfg_path.string() + ": not valid JSON: " + e.what());
+  }
+  const auto cfg = models::UNetConfig::from_hub_json(cfg_json, cfg_path.string());
+
+  const fs::path io_path = fs::path(dir) / "io.safetensors";
+  ZP_REQUIRE(fs::exists(io_path), io_path.string(), ": missing (the reference inputs and outputs)");
+  io::SafetensorsFile ref(io_path.string());
+  std::vector<std::string> needed = {"input.sample", "input.timestep", "input.encoder_hidden_states", "output.sample",
+                                     "grad_output.sample", "grad_input.sample"};
+  if (cfg.text_time) needed.insert(needed.end(), {"input.text_embeds", "input.time_ids"});
+  for (const std::string& n : needed) ZP_REQUIRE(ref.contains(n), io_path.string(), ": no tensor '", n, "'");
+
+  models::UNet model(cfg, dev, dt);
+  model.load(io::SafetensorsCollection::open_dir(dir, "diffusion_pytorch_model"));
+
+  models::UNetInputs inputs;
+  inputs.sample = ref.read_as("input.sample", dt).to(dev);
+  inputs.timesteps = host_floats(ref, "input.timestep");
+  inputs.encoder_hidden_states = ref.read_as("input.encoder_hidden_states", dt).to(dev);
+  if (cfg.text_time) {
+    inputs.text_embeds = ref.read_as("input.text_embeds", dt).to(dev);
+    inputs.time_ids = host_floats(ref, "input.time_ids");
+  }
+  const Shape& xs = inputs.sample.shape();
+  if (print)
+    std::printf("parity: %s (UNet2DConditionModel, %lld parameters) on %s in %s, sample %s, tolerance %.0e\n",
+                dir.c_str(), (long long)model.num_parameters(), dev.str().c_str(), std::string(dtype_name(dt)).c_str(),
+                shape_str(xs).c_str(), tol);
+
+  ParityReport rep(tol, print);
+  Tensor out = model.forward(inputs);
+  rep.check("output.sample", host_values(out), host_values(ref.read_as("output.sample", DType::F64)));
+  Tensor dsample = model.backward(ref.read_as("grad_output.sample", dt).to(dev));
+  rep.check("grad_input.sample", host_values(dsample), host_values(ref.read_as("grad_input.sample", DType::F64)));
+  for (nn::Parameter* p : model.parameters()) {
+    const std::string g = "grad." + p->name;
+    ZP_REQUIRE(ref.contains(g), io_path.string(), ": no tensor '", g, "'");
+    rep.check(g, host_values(p->grad), host_values(ref.read_as(g, DType::F64)));
+  }
+  return rep;
+}
+
+}  // namespace zp::app

@@ -1,0 +1,115 @@
+// Diffusion UNet (diffusers' UNet2DConditionModel, SD 1.x/2.x and SDXL layouts) built from a
+// diffusers config.json, with explicit forward and backward.
+//
+//   stem   conv_in; time_proj (sinusoids, on the host) -> time_embedding (linear, SiLU, linear);
+//          SDXL's text_time add_embedding (sinusoids of the 6 time_ids ++ text_embeds -> linear,
+//          SiLU, linear) added to it
+//   down   per block: resnets (+ Transformer2D attentions), then a stride-2 conv downsampler
+//   mid    resnet, (Transformer2D, resnet)
+//   up     per block: (skip concatenation, resnet (+ attention)) x (layers + 1), then nearest 2x + conv
+//   head   GroupNorm + SiLU, conv_out
+//
+// Sharding units (ParamBlocks, DESIGN decision 2): "stem", one per down block, "mid", one per up
+// block, "head". Parameter names are diffusers' own. The time embedding reaches every ResBlock
+// through one shared SiLU(emb) activation whose gradient accumulates over all of them before it
+// flows back into the stem.
+#pragma once
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "nn/conv2d.h"
+#include "nn/cross_attention.h"
+#include "nn/group_norm.h"
+#include "nn/linear.h"
+#include "nn/norm.h"
+#include "nn/parameter.h"
+
+namespace zp::io {
+class SafetensorsCollection;
+}
+
+namespace zp::models {
+
+struct UNetConfig {
+  int64_t in_channels = 4, out_channels = 4;
+  std::vector<int64_t> block_out;             // block_out_channels
+  std::vector<bool> down_attn, up_attn;       // CrossAttn{Down,Up}Block2D (true) or {Down,Up}Block2D
+  std::vector<int64_t> layers;                // layers_per_block, per down block
+  std::vector<int64_t> heads;                 // attention heads per down block (see from_hub_json)
+  std::vector<int64_t> transformer_layers;    // transformer_layers_per_block, per down block
+  std::vector<int64_t> cross_dim;             // cross_attention_dim, per down block
+  int64_t groups = 32;                        // norm_num_groups
+  float norm_eps = 1e-5f;
+  bool linear_projection = false;             // use_linear_projection
+  bool flip_sin_to_cos = true;
+  double freq_shift = 0;
+  int64_t time_embed_dim = 0;                 // time_embedding_dim or 4 * block_out[0]
+  int64_t conv_in_kernel = 3, conv_out_kernel = 3;
+  float mid_scale = 1.f, resnet_scale = 1.f;  // mid_block_scale_factor, resnet_out_scale_factor
+  bool skip_time_act = false;                 // resnet_skip_time_act
+  bool text_time = false;                     // addition_embed_type == "text_time" (SDXL)
+  int64_t add_time_dim = 0;                   // addition_time_embed_dim
+  int64_t add_in_dim = 0;                     // projection_class_embeddings_input_dim
+
+  // Every key of the file must be known; a feature we do not implement (class embeddings, other
+  // time-embedding types, scale-shift ResBlocks, upcast or dual attention, ...) throws zp::Error
+  // naming `source` and the key. SD convention: with num_attention_heads null (diffusers requires
+  // it), attention_head_dim gives the number of heads, and head_dim = channels / heads.
+  static UNetConfig from_hub_json(const nlohmann::json& j, const std::string& source);
+  int64_t num_blocks() const { return int64_t(block_out.size()); }
+};
+
+// What one forward call takes. Tensors are on the model's device in its compute dtype.
+struct UNetInputs {
+  Tensor sample;                  // [B, in_channels, H, W]; H and W divisible by 2^(blocks - 1)
+  std::vector<float> timesteps;   // [B] (host)
+  Tensor encoder_hidden_states;   // [B, L, cross_attention_dim]
+  Tensor text_embeds;             // SDXL: [B, E] with E + 6 * addition_time_embed_dim = the projection width
+  std::vector<float> time_ids;    // SDXL: [B * 6] (host)
+};
+
+class UNet {
+ public:
+  UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s = nullptr);
+  ~UNet();
+  const UNetConfig& config() const { return cfg_; }
+  nn::Ctx ctx() const { return ctx_; }
+  std::vector<nn::ParamBlock*> blocks();
+  std::vector<nn::Parameter*> parameters();
+  nn::Parameter* find(const std::string& name);  // nullptr when absent
+  int64_t num_parameters();
+
+  // Loads every parameter from diffusers safetensors; a missing, mis-shaped or unexpected tensor is
+  // an error naming it.
+  void load(const io::SafetensorsCollection& files);
+
+  // Returns the predicted sample [B, out_channels, H, W]; keeps what the backward needs.
+  Tensor forward(const UNetInputs& in);
+  // dout: gradient of the scalar with respect to the forward's output. Parameter gradients
+  // accumulate (fp32) into every block's buffer; returns the gradient of the input sample.
+  Tensor backward(const Tensor& dout);
+
+  struct Stage;  // one down, mid or up block (defined in unet.cpp)
+
+ private:
+  struct State;  // the activations of the last forward
+
+  UNetConfig cfg_;
+  nn::Ctx ctx_;
+  std::unique_ptr<nn::ParamBlock> stem_, head_;
+  nn::Conv2d conv_in_, conv_out_;
+  nn::Linear time_1_, time_2_, add_1_, add_2_;
+  nn::GroupNorm norm_out_;
+  std::vector<std::unique_ptr<Stage>> down_, up_;
+  std::unique_ptr<Stage> mid_;
+  std::unique_ptr<State> st_;
+};
+
+// Timesteps(dim, flip_sin_to_cos, freq_shift) as diffusers computes it, in float32 (the reference
+// casts timesteps to float32 before the sinusoids even in a float64 model): out[B, dim].
+std::vector<float> timestep_embedding(const std::vector<float>& t, int64_t dim, bool flip_sin_to_cos,
+                                      double freq_shift);
+
+}  // namespace zp::models
