@@ -1,5 +1,6 @@
 #include "app/parity.h"
 #include "app/parity_report.h"
+#include "app/unet_parity.h"
 
 #include <cmath>
 #include <cstdio>
@@ -38,9 +39,11 @@ ParityReport run_parity(const ParityOptions& opt, bool print) {
   } catch (const std::exception& e) {
     throw Error(cfg_path.string() + ": not valid JSON: " + e.what());
   }
-  if (cfg_json.contains("_class_name"))
-    throw Error(cfg_path.string() + ": a diffusers " + cfg_json["_class_name"].dump() +
-                " folder: UNet parity is not implemented yet (only transformer LMs: gpt2, llama, qwen2)");
+  if (cfg_json.contains("_class_name")) {
+    ZP_REQUIRE(cfg_json["_class_name"] == "UNet2DConditionModel", cfg_path.string(), ": _class_name ",
+               cfg_json["_class_name"].dump(), " is not supported (UNet2DConditionModel or a transformer LM)");
+    return run_unet_parity(dir.string(), dev, dt, print);
+  }
   auto cfg = models::TransformerConfig::from_hub_json(cfg_json, cfg_path.string());
   const fs::path io_path = dir / "io.safetensors";
   ZP_REQUIRE(fs::exists(io_path), io_path.string(), ": missing (the reference inputs and outputs)");

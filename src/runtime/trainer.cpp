@@ -77,12 +77,22 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt) {
              cfg.train_batch_size, " != train_micro_batch_size_per_gpu ", cfg.micro_batch,
              " x gradient_accumulation_steps ", cfg.grad_accum, " x world size ", world);
 
+  // Data first: a missing or bad file is reported before any model memory is allocated.
+  io::TokenDataset train_ds(cfg.train_files, cfg.seq_len, 0.0, 1.0 - cfg.val_fraction);
+  std::unique_ptr<io::TokenDataset> val_ds;
+  if (!cfg.val_files.empty())
+    val_ds = std::make_unique<io::TokenDataset>(cfg.val_files, cfg.seq_len);
+  else if (cfg.val_fraction > 0)
+    val_ds = std::make_unique<io::TokenDataset>(cfg.train_files, cfg.seq_len, 1.0 - cfg.val_fraction, 1.0);
   // Model.
   std::string source;
   const io::json hub = load_hub_config(cfg, source);
   auto mcfg = models::TransformerConfig::from_hub_json(hub, source);
   ZP_REQUIRE(cfg.seq_len <= mcfg.max_positions || !mcfg.learned_positions, "data.seq_len ", cfg.seq_len,
              " exceeds the model's ", mcfg.max_positions, " positions");
+  const int32_t file_vocab = train_ds.max_token_seen_bound();
+  ZP_REQUIRE(file_vocab == 0 || file_vocab <= mcfg.vocab, cfg.train_files[0], ": the token file's vocabulary (",
+             file_vocab, ") is larger than the model's (", mcfg.vocab, ")");
   std::unique_ptr<Stream> stream = dev.is_cuda() ? std::make_unique<Stream>(dev) : nullptr;
   const StreamHandle s = stream ? stream->handle() : nullptr;
   models::Transformer model(mcfg, dev, cfg.dtype, s);
@@ -90,17 +100,6 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt) {
     model.load(io::SafetensorsCollection::open_dir(cfg.hub_dir, "model"));
   else
     model.init_random(cfg.seed, cfg.init_std);
-
-  // Data.
-  io::TokenDataset train_ds(cfg.train_files, cfg.seq_len, 0.0, 1.0 - cfg.val_fraction);
-  std::unique_ptr<io::TokenDataset> val_ds;
-  if (!cfg.val_files.empty())
-    val_ds = std::make_unique<io::TokenDataset>(cfg.val_files, cfg.seq_len);
-  else if (cfg.val_fraction > 0)
-    val_ds = std::make_unique<io::TokenDataset>(cfg.train_files, cfg.seq_len, 1.0 - cfg.val_fraction, 1.0);
-  const int32_t file_vocab = train_ds.max_token_seen_bound();
-  ZP_REQUIRE(file_vocab == 0 || file_vocab <= mcfg.vocab, cfg.train_files[0], ": the token file's vocabulary (",
-             file_vocab, ") is larger than the model's (", mcfg.vocab, ")");
 
   // Communication and optimizer.
   std::unique_ptr<comm::Communicator> dp;  // tensors, on the device's backend
