@@ -5,23 +5,31 @@
 namespace zp::nn {
 using namespace zp::kernels;
 
-void Mlp::forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved) const {
+void Mlp::activate(const Ctx& c, void* h, const void* pre, int64_t N) const {
   const int64_t F = hidden();
-  saved.pre = c.act({N, up_.out()});
-  saved.h = c.act({N, F});
-  up_.forward(c, saved.pre.data(), x, N);
   if (kind_ == MlpKind::GeluTanh)
-    ZP_KERNEL_CALL(c.dev, gelu_forward, c.s, c.dt, saved.h.data(), saved.pre.data(), N * F, GeluKind::Tanh);
+    ZP_KERNEL_CALL(c.dev, gelu_forward, c.s, c.dt, h, pre, N * F, GeluKind::Tanh);
   else
-    ZP_KERNEL_CALL(c.dev, swiglu_forward_packed, c.s, c.dt, saved.h.data(), saved.pre.data(), N, F);
-  down_.forward(c, y, saved.h.data(), N);
+    ZP_KERNEL_CALL(c.dev, swiglu_forward_packed, c.s, c.dt, h, pre, N, F);
+}
+
+void Mlp::forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved) const {
+  saved.pre = c.act({N, up_.out()});
+  up_.forward(c, saved.pre.data(), x, N);
+  Tensor h = c.act({N, hidden()});
+  activate(c, h.data(), saved.pre.data(), N);
+  down_.forward(c, y, h.data(), N);
 }
 
 void Mlp::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, const Saved& saved,
                    bool accumulate_dx) const {
   const int64_t F = hidden();
   Tensor dh = c.act({N, F});
-  down_.backward(c, dh.data(), dy, saved.h.data(), N);
+  {
+    Tensor h = c.act({N, F});
+    activate(c, h.data(), saved.pre.data(), N);
+    down_.backward(c, dh.data(), dy, h.data(), N);
+  }
   Tensor dpre = c.act({N, up_.out()});
   if (kind_ == MlpKind::GeluTanh)
     ZP_KERNEL_CALL(c.dev, gelu_backward, c.s, c.dt, dpre.data(), dh.data(), saved.pre.data(), N * F, GeluKind::Tanh);
