@@ -1,5 +1,7 @@
 #include "nn/parameter.h"
 
+#include <algorithm>
+
 namespace zp::nn {
 
 Parameter* ParamBlock::add(const std::string& name, Shape shape, bool decay, bool packed) {
@@ -14,14 +16,27 @@ Parameter* ParamBlock::add(const std::string& name, Shape shape, bool decay, boo
   return params_.back().get();
 }
 
-void ParamBlock::allocate(Device dev, DType dt, StreamHandle s) {
-  int64_t n = (numel_ + kAlign - 1) / kAlign * kAlign;
-  values_ = Tensor::zeros({n}, dt, dev, "params", s);
-  grads_ = Tensor::zeros({n}, DType::F32, dev, "grads", s);
-  for (auto& p : params_) {
-    p->value = values_.flat(p->offset, p->numel()).view(p->shape);
-    p->grad = grads_.flat(p->offset, p->numel()).view(p->shape);
-  }
+void ParamBlock::allocate(Device dev, DType dt, StreamHandle s, int64_t pad_multiple) {
+  const int64_t m = std::max<int64_t>(kAlign, pad_multiple);
+  padded_ = (numel_ + m - 1) / m * m;
+  dev_ = dev;
+  dt_ = dt;
+  bind_values(Tensor::zeros({padded_}, dt, dev, "params", s));
+  bind_grads(Tensor::zeros({padded_}, DType::F32, dev, "grads", s));
+}
+
+void ParamBlock::bind_values(Tensor full) {
+  ZP_CHECK(!full.defined() || (full.numel() == padded_ && full.dtype() == dt_), "block ", name_, ": binding ",
+           full.str(), " as values of ", padded_, " ", dtype_name(dt_));
+  values_ = std::move(full);
+  for (auto& p : params_) p->value = values_.defined() ? values_.flat(p->offset, p->numel()).view(p->shape) : Tensor();
+}
+
+void ParamBlock::bind_grads(Tensor full) {
+  ZP_CHECK(!full.defined() || (full.numel() == padded_ && full.dtype() == DType::F32), "block ", name_,
+           ": binding ", full.str(), " as gradients of ", padded_);
+  grads_ = std::move(full);
+  for (auto& p : params_) p->grad = grads_.defined() ? grads_.flat(p->offset, p->numel()).view(p->shape) : Tensor();
 }
 
 }  // namespace zp::nn

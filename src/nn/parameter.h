@@ -2,6 +2,9 @@
 // are slices of one flat buffer of compute values (dt) and one flat fp32 gradient buffer. Each
 // parameter starts at an aligned offset, except that a parameter added with `packed = true` follows
 // the previous one with no gap, so a group such as q/k/v weights forms one matrix for a fused GEMM.
+// The flat size is padded to a multiple of `pad_multiple` (the ZeRO engine asks for world x align,
+// so every rank owns an equal, aligned slice). The buffers can be re-bound: ZeRO-3 binds a gathered
+// full buffer around a block's forward and backward and unbinds it after.
 #pragma once
 #include <memory>
 #include <string>
@@ -35,18 +38,28 @@ class ParamBlock {
   Parameter* add(const std::string& name, Shape shape, bool decay, bool packed = false);
   // Allocates the flat buffers on `dev`, values in `dt`, and points every parameter at its slice.
   // Gradients start at zero.
-  void allocate(Device dev, DType dt, StreamHandle s = nullptr);
+  void allocate(Device dev, DType dt, StreamHandle s = nullptr, int64_t pad_multiple = 1);
 
-  int64_t numel() const { return numel_; }  // including alignment gaps
+  int64_t numel() const { return numel_; }     // parameters and alignment gaps
+  int64_t padded() const { return padded_; }   // the flat buffers' size
+  Device device() const { return dev_; }
+  DType dtype() const { return dt_; }
   const Tensor& values() const { return values_; }
   const Tensor& grads() const { return grads_; }
   const std::vector<std::unique_ptr<Parameter>>& params() const { return params_; }
   void zero_grad(StreamHandle s = nullptr) { grads_.zero_(s); }
 
+  // Points every parameter at `full` (padded() elements of dtype(), or fp32 for grads); an undefined
+  // tensor unbinds (the views become undefined, so a use outside a bound window fails loudly).
+  void bind_values(Tensor full);
+  void bind_grads(Tensor full);
+
  private:
   std::string name_;
   std::vector<std::unique_ptr<Parameter>> params_;
-  int64_t numel_ = 0;
+  int64_t numel_ = 0, padded_ = 0;
+  Device dev_;
+  DType dt_ = DType::F32;
   Tensor values_, grads_;
 };
 
