@@ -1,0 +1,519 @@
+// The trick worth knowing here is agreed(): each collective step runs on every rank, then the ranks
+// all-reduce whether any of them failed, and the first failing rank's message is broadcast, so either
+// every rank goes on to the next collective call or every rank throws the same error and cleans up.
+#include "io/checkpoint_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "kernels/elementwise.h"
+
+namespace zp::io {
+namespace fs = std::filesystem;
+
+// --- crc32 (slicing by 8: eight table lookups per 8 input bytes) -------------------------------
+
+namespace {
+constexpr std::array<std::array<uint32_t, 256>, 8> make_crc_tables() {
+  std::array<std::array<uint32_t, 256>, 8> t{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    t[0][i] = c;
+  }
+  for (uint32_t i = 0; i < 256; ++i)
+    for (int k = 1; k < 8; ++k) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xff];
+  return t;
+}
+constexpr auto kCrcTables = make_crc_tables();
+}  // namespace
+
+uint32_t crc32(const void* data, size_t bytes, uint32_t crc) {
+  const auto& T = kCrcTables;
+  const auto* p = static_cast<const uint8_t*>(data);
+  crc = ~crc;
+  for (; bytes >= 8; bytes -= 8, p += 8) {
+    uint32_t lo, hi;
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + 4, 4);
+    lo ^= crc;
+    crc = T[7][lo & 0xff] ^ T[6][(lo >> 8) & 0xff] ^ T[5][(lo >> 16) & 0xff] ^ T[4][lo >> 24] ^
+          T[3][hi & 0xff] ^ T[2][(hi >> 8) & 0xff] ^ T[1][(hi >> 16) & 0xff] ^ T[0][hi >> 24];
+  }
+  for (; bytes > 0; --bytes, ++p) crc = T[0][(crc ^ *p) & 0xff] ^ (crc >> 8);
+  return ~crc;
+}
+
+// --- helpers -----------------------------------------------------------------------------------
+
+namespace {
+
+struct RankInfo {
+  int rank = 0, size = 1;
+};
+// rank/size of comm, or 0/1 when it is null or MPI is not running (serial use).
+RankInfo rank_info(MPI_Comm comm) {
+  RankInfo r;
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (comm == MPI_COMM_NULL || !init || fin) return r;
+  ZP_MPI_CHECK(MPI_Comm_rank(comm, &r.rank));
+  ZP_MPI_CHECK(MPI_Comm_size(comm, &r.size));
+  return r;
+}
+
+std::string norm_name(const std::string& n) { return n.empty() || n[0] != '/' ? "/" + n : n; }
+
+// CRC of `count` elements of `mem_dtype` as they are stored in `file_dtype`.
+uint32_t stored_crc(DType file_dtype, DType mem_dtype, const void* data, int64_t count) {
+  if (file_dtype == mem_dtype) return crc32(data, size_t(count) * dtype_size(file_dtype));
+  constexpr int64_t kPiece = 1 << 20;
+  std::vector<char> buf(size_t(std::min(count, kPiece)) * dtype_size(file_dtype));
+  uint32_t crc = 0;
+  for (int64_t i = 0; i < count; i += kPiece) {
+    int64_t c = std::min(kPiece, count - i);
+    kernels::cpu::cast(nullptr, file_dtype, buf.data(), mem_dtype,
+                       static_cast<const char*>(data) + size_t(i) * dtype_size(mem_dtype), c);
+    crc = crc32(buf.data(), size_t(c) * dtype_size(file_dtype), crc);
+  }
+  return crc;
+}
+
+void fsync_path(const std::string& p, bool directory) {
+  int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | (directory ? O_DIRECTORY : 0));
+  ZP_REQUIRE(fd >= 0, p, ": cannot open for fsync: ", std::strerror(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  ZP_REQUIRE(rc == 0, p, ": fsync failed: ", std::strerror(err));
+}
+
+// Every dataset below `group`, in name order.
+void walk_datasets(const H5File& f, const std::string& group, std::vector<std::string>& out) {
+  for (const std::string& c : f.children(group)) {
+    std::string p = group == "/" ? "/" + c : group + "/" + c;
+    if (f.is_group(p)) walk_datasets(f, p, out);
+    else if (f.is_dataset(p)) out.push_back(p);
+  }
+}
+
+// Concatenates every rank's strings (to every rank).
+std::vector<std::string> allgather_strings(const std::vector<std::string>& mine, MPI_Comm comm, int size) {
+  if (size <= 1) return mine;
+  std::string packed;
+  for (const auto& s : mine) packed += s + '\n';
+  int len = int(packed.size());
+  std::vector<int> lens(static_cast<size_t>(size)), displs(static_cast<size_t>(size));
+  ZP_MPI_CHECK(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm));
+  int total = 0;
+  for (int r = 0; r < size; ++r) { displs[size_t(r)] = total; total += lens[size_t(r)]; }
+  std::string all(size_t(total), '\0');
+  ZP_MPI_CHECK(MPI_Allgatherv(packed.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, comm));
+  std::vector<std::string> out;
+  std::istringstream in(all);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+// --- CheckpointWriter --------------------------------------------------------------------------
+
+template <class F> void CheckpointWriter::agreed(F&& step) {
+  std::string err;
+  try {
+    step();
+  } catch (const std::exception& e) {
+    err = *e.what() ? e.what() : "unknown error";
+  }
+  if (size_ <= 1) {
+    if (!err.empty()) throw Error(err);
+    return;
+  }
+  int first = err.empty() ? size_ : rank_;
+  ZP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm_));
+  if (first == size_) return;
+  int64_t len = int64_t(err.size());
+  ZP_MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT64_T, first, comm_));
+  std::string msg = err;
+  msg.resize(size_t(len));
+  ZP_MPI_CHECK(MPI_Bcast(msg.data(), int(len), MPI_CHAR, first, comm_));
+  throw Error(rank_ == first ? err : msg + " [reported by rank " + std::to_string(first) + "]");
+}
+
+CheckpointWriter::CheckpointWriter(const std::string& path, MPI_Comm comm) : path_(path), comm_(comm) {
+  RankInfo ri = rank_info(comm);
+  rank_ = ri.rank;
+  size_ = ri.size;
+  try {
+    agreed([&] {
+      fs::path parent = fs::path(path_).parent_path();
+      if (rank_ == 0 && !parent.empty()) {
+        std::error_code ec;
+        fs::create_directories(parent, ec);
+        ZP_REQUIRE(!ec, path_, ": cannot create directory ", parent.string(), ": ", ec.message());
+      }
+    });
+    agreed([&] { file_ = H5File::create(tmp_path(), comm_); });
+    agreed([&] {
+      file_.set_attr_int("/", "zeropipe_format", kCheckpointFormat);
+      file_.set_attr_string("/", "checksum", "crc32");
+    });
+  } catch (...) {
+    discard();
+    throw;
+  }
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (!committed_) discard();
+}
+
+void CheckpointWriter::discard() {
+  if (discarded_) return;
+  discarded_ = true;
+  // Closing flushes HDF5's metadata. On a full disk that flush fails too, and HDF5 1.10 then frees
+  // the file but keeps its id, and crashes on it at exit (HDFGroup/hdf5#2291, fixed in 1.14). Emptying
+  // the partial file first gives the few KiB of metadata room (and frees the space at once).
+  if (rank_ == 0 && file_.is_open()) ::truncate(tmp_path().c_str(), 0);
+  try {
+    file_.close();
+  } catch (const Error& e) {
+    ZP_LOG_WARN("abandoning checkpoint ", path_, ": ", e.what(),
+                " (HDF5 1.10 may crash at exit after a failed close)");
+  }
+  file_ = H5File();
+  if (rank_ == 0) {
+    std::error_code ec;
+    fs::remove(tmp_path(), ec);
+  }
+}
+
+void CheckpointWriter::write(const std::string& name, DType file_dtype, const Shape& shape, DType mem_dtype,
+                             const void* data, int64_t offset, int64_t count, const Shape& chunk) {
+  std::string n = norm_name(name);
+  ZP_REQUIRE(!committed_ && !discarded_, path_, ": write of '", n, "' after the checkpoint was ",
+             committed_ ? "committed" : "abandoned after an error");
+  try {
+    agreed([&] {
+      if (!slices_.count(n)) {
+        file_.create_dataset(n, file_dtype, shape, chunk);
+        order_.push_back(n);
+        slices_[n];
+      } else {
+        DatasetInfo info = file_.dataset_info(n);
+        ZP_REQUIRE(info.dtype == file_dtype && info.shape == shape, file_.path(), ": dataset '", n,
+                   "': written as ", dtype_name(info.dtype), shape_str(info.shape), ", now as ",
+                   dtype_name(file_dtype), shape_str(shape));
+      }
+    });
+    file_.write_slice(n, mem_dtype, data, offset, count);  // agrees on failure itself
+    if (count > 0) slices_[n].push_back({offset, count, stored_crc(file_dtype, mem_dtype, data, count)});
+  } catch (...) {
+    discard();
+    throw;
+  }
+}
+
+void CheckpointWriter::commit() {
+  ZP_REQUIRE(!committed_ && !discarded_, path_, ": commit of a checkpoint that was ",
+             committed_ ? "already committed" : "abandoned after an error");
+  try {
+    // Every rank's (dataset index, offset, count, crc) records, to every rank.
+    std::vector<int64_t> mine;
+    for (size_t i = 0; i < order_.size(); ++i)
+      for (const Slice& s : slices_[order_[i]]) mine.insert(mine.end(), {int64_t(i), s.offset, s.count, int64_t(s.crc)});
+    std::vector<int64_t> all = mine;
+    if (size_ > 1) {
+      int len = int(mine.size());
+      std::vector<int> lens(static_cast<size_t>(size_)), displs(static_cast<size_t>(size_));
+      ZP_MPI_CHECK(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_));
+      int total = 0;
+      for (int r = 0; r < size_; ++r) { displs[size_t(r)] = total; total += lens[size_t(r)]; }
+      all.resize(size_t(total));
+      ZP_MPI_CHECK(MPI_Allgatherv(mine.data(), len, MPI_INT64_T, all.data(), lens.data(), displs.data(),
+                                  MPI_INT64_T, comm_));
+    }
+    std::vector<std::vector<std::array<int64_t, 3>>> rows(order_.size());
+    for (size_t k = 0; k + 3 < all.size(); k += 4) rows[size_t(all[k])].push_back({all[k + 1], all[k + 2], all[k + 3]});
+    agreed([&] {
+      for (size_t i = 0; i < order_.size(); ++i) {
+        std::sort(rows[i].begin(), rows[i].end());
+        std::vector<int64_t> flat;
+        for (const auto& r : rows[i]) flat.insert(flat.end(), r.begin(), r.end());
+        file_.set_attr_ints(order_[i], "slice_checksums", flat, {int64_t(rows[i].size()), 3});
+      }
+    });
+    agreed([&] {
+      file_.flush();
+      file_.close();
+    });
+    agreed([&] {  // also the barrier: every rank has closed the file before rank 0 renames it
+      if (rank_ != 0) return;
+      fsync_path(tmp_path(), false);
+      ZP_REQUIRE(std::rename(tmp_path().c_str(), path_.c_str()) == 0, path_, ": cannot rename ", tmp_path(),
+                 " to it: ", std::strerror(errno));
+      std::string dir = fs::path(path_).parent_path().string();
+      try {
+        fsync_path(dir.empty() ? "." : dir, true);
+      } catch (const Error& e) {  // the file is complete and in place; only the rename's durability is unsure
+        ZP_LOG_WARN(e.what());
+      }
+    });
+    committed_ = true;
+  } catch (...) {
+    discard();
+    throw;
+  }
+}
+
+// --- CheckpointReader --------------------------------------------------------------------------
+
+CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm) : file_(H5File::open(path, false, comm)) {
+  ZP_REQUIRE(file_.has_attr("/", "zeropipe_format"), path,
+             ": not a ZeRO-Pipe checkpoint (no 'zeropipe_format' attribute on the root group)");
+  format_ = file_.attr_int("/", "zeropipe_format");
+  ZP_REQUIRE(format_ >= 1 && format_ <= kCheckpointFormat, path, ": zeropipe_format ", format_,
+             " is not one this build reads (1..", kCheckpointFormat, ")");
+}
+
+void CheckpointReader::read(const std::string& name, const Shape& expected_shape, DType mem_dtype, void* data,
+                            int64_t offset, int64_t count) const {
+  std::string n = norm_name(name);
+  DatasetInfo info = file_.dataset_info(n);
+  ZP_REQUIRE(info.shape == expected_shape, path(), ": dataset '", n, "': shape ", shape_str(info.shape),
+             " in the file, expected ", shape_str(expected_shape));
+  file_.read_slice(n, mem_dtype, data, offset, count);
+}
+
+// --- verification and inspection ---------------------------------------------------------------
+
+ChecksumReport verify_checksums(const std::string& path, MPI_Comm comm) {
+  H5File f = H5File::open(path, false, comm);
+  RankInfo ri = f.parallel() ? rank_info(comm) : RankInfo{};
+  ChecksumReport rep;
+  std::vector<std::string> shared, mine;  // shared: found identically by every rank
+  std::vector<std::string> datasets;
+  walk_datasets(f, "/", datasets);
+  constexpr size_t kPieceBytes = 64 << 20;
+  std::vector<char> buf;
+  for (const std::string& ds : datasets) {
+    if (!f.has_attr(ds, "slice_checksums")) { ++rep.unchecked; continue; }
+    DatasetInfo info = f.dataset_info(ds);
+    std::vector<int64_t> rows = f.attr_ints(ds, "slice_checksums");
+    if (rows.size() % 3 != 0) {
+      shared.push_back(ds + ": slice_checksums holds " + std::to_string(rows.size()) + " values, not rows of 3");
+      continue;
+    }
+    ++rep.datasets;
+    int64_t nslices = int64_t(rows.size() / 3);
+    rep.slices += nslices;
+    // Rows are sorted by offset: gaps and overlaps show between neighbours.
+    int64_t covered = 0;
+    for (int64_t s = 0; s < nslices; ++s) {
+      int64_t off = rows[size_t(3 * s)], cnt = rows[size_t(3 * s + 1)];
+      if (off > covered)
+        shared.push_back(ds + ": elements [" + std::to_string(covered) + ", " + std::to_string(off) + ") were never written");
+      else if (off < covered)
+        shared.push_back(ds + ": written slices overlap at element " + std::to_string(off));
+      covered = std::max(covered, off + cnt);
+    }
+    if (covered < info.numel())
+      shared.push_back(ds + ": elements [" + std::to_string(covered) + ", " + std::to_string(info.numel()) +
+                       ") were never written");
+    // Round r: rank k re-reads slice r*size + k, in pieces; all ranks join every collective read.
+    const size_t esize = dtype_size(info.dtype);
+    const int64_t piece = int64_t(kPieceBytes / esize);
+    for (int64_t round = 0; round * ri.size < nslices; ++round) {
+      int64_t s = round * ri.size + ri.rank;
+      bool have = s < nslices;
+      int64_t off = have ? rows[size_t(3 * s)] : 0, cnt = have ? rows[size_t(3 * s + 1)] : 0;
+      bool in_range = off >= 0 && cnt >= 0 && off + cnt <= info.numel();
+      if (have && !in_range) {
+        mine.push_back(ds + ": recorded slice [" + std::to_string(off) + ", " + std::to_string(off + cnt) +
+                       ") lies outside the dataset");
+        cnt = 0;
+      }
+      int64_t pieces = (cnt + piece - 1) / piece;
+      if (f.parallel()) ZP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &pieces, 1, MPI_INT64_T, MPI_MAX, comm));
+      uint32_t crc = 0;
+      for (int64_t p = 0; p < pieces; ++p) {
+        int64_t c = std::clamp<int64_t>(cnt - p * piece, 0, piece);
+        buf.resize(size_t(std::max<int64_t>(c, 1)) * esize);
+        f.read_slice(ds, info.dtype, buf.data(), off + p * piece, c);
+        crc = crc32(buf.data(), size_t(c) * esize, crc);
+      }
+      uint32_t want = have ? uint32_t(rows[size_t(3 * s + 2)]) : 0;
+      if (have && cnt > 0 && crc != want) {
+        char line[160];
+        std::snprintf(line, sizeof line, ": elements [%lld, %lld): crc32 %08x in the file, %08x recorded",
+                      (long long)off, (long long)(off + cnt), crc, want);
+        mine.push_back(ds + line);
+      }
+    }
+  }
+  rep.problems = allgather_strings(mine, comm, ri.size);
+  rep.problems.insert(rep.problems.end(), shared.begin(), shared.end());
+  std::sort(rep.problems.begin(), rep.problems.end());
+  return rep;
+}
+
+namespace {
+
+void print_attrs(std::ostream& o, const H5File& f, const std::string& obj, const std::string& indent) {
+  for (const std::string& a : f.attr_names(obj)) {
+    if (a == "slice_checksums") continue;  // summarised on the dataset line
+    o << indent << "@" << a << " = ";
+    switch (f.attr_kind(obj, a)) {
+      case AttrKind::String: {
+        std::string s = f.attr_string(obj, a);
+        if (s.find('\n') == std::string::npos) {
+          o << s;
+        } else {  // multi-line (pretty JSON): indent the continuation lines
+          std::istringstream in(s);
+          bool first = true;
+          for (std::string line; std::getline(in, line); first = false) o << (first ? "" : "\n" + indent + "    ") << line;
+        }
+        break;
+      }
+      case AttrKind::Int64: o << f.attr_int(obj, a); break;
+      case AttrKind::Double: {
+        char b[40];
+        std::snprintf(b, sizeof b, "%.17g", f.attr_double(obj, a));
+        o << b;
+        break;
+      }
+      case AttrKind::Bytes: o << "<" << f.attr_bytes(obj, a).size() << " bytes>"; break;
+      case AttrKind::Int64Array: {
+        std::vector<int64_t> v = f.attr_ints(obj, a);
+        if (v.size() > 16) {
+          o << "int64" << shape_str(f.attr_shape(obj, a));
+        } else {
+          o << "[";
+          for (size_t i = 0; i < v.size(); ++i) o << (i ? ", " : "") << v[i];
+          o << "]";
+        }
+        break;
+      }
+      case AttrKind::Other: o << "(attribute of a type this tool does not show)"; break;
+    }
+    o << "\n";
+  }
+}
+
+void print_tree(std::ostream& o, const H5File& f, const std::string& group, int depth) {
+  std::string indent(size_t(2 * depth), ' ');
+  for (const std::string& c : f.children(group)) {
+    std::string p = group == "/" ? "/" + c : group + "/" + c;
+    if (f.is_group(p)) {
+      o << indent << p << "/\n";
+      print_attrs(o, f, p, indent + "  ");
+      print_tree(o, f, p, depth + 1);
+    } else if (f.is_dataset(p)) {
+      o << indent << p << "  ";
+      try {
+        DatasetInfo info = f.dataset_info(p);
+        o << dtype_name(info.dtype) << shape_str(info.shape);
+        if (!info.chunk.empty()) o << "  chunks " << shape_str(info.chunk);
+        if (f.has_attr(p, "slice_checksums")) o << "  " << f.attr_ints(p, "slice_checksums").size() / 3 << " checksummed slices";
+      } catch (const Error& e) {
+        o << "(" << e.what() << ")";
+      }
+      o << "\n";
+      print_attrs(o, f, p, indent + "  ");
+    } else {
+      o << indent << p << "  (link to nothing or to another kind of object)\n";
+    }
+  }
+}
+
+}  // namespace
+
+std::string inspect(const std::string& path, bool verify) {
+  std::ostringstream o;
+  {
+    H5File f = H5File::open(path);
+    std::error_code ec;
+    o << path << "  (" << fs::file_size(path, ec) << " bytes)\n";
+    if (f.has_attr("/", "zeropipe_format"))
+      o << "ZeRO-Pipe format " << f.attr_int("/", "zeropipe_format") << "\n";
+    else
+      o << "not a ZeRO-Pipe file (no zeropipe_format attribute)\n";
+    o << "/\n";
+    print_attrs(o, f, "/", "  ");
+    print_tree(o, f, "/", 1);
+  }
+  if (verify) {
+    ChecksumReport rep = verify_checksums(path);
+    o << "checksums: " << (rep.ok() ? "ok" : "FAILED") << " (" << rep.datasets << " datasets, " << rep.slices
+      << " slices";
+    if (rep.unchecked) o << ", " << rep.unchecked << " datasets without checksums";
+    o << ")\n";
+    for (const auto& p : rep.problems) o << "  " << p << "\n";
+  }
+  return o.str();
+}
+
+// --- rotation ----------------------------------------------------------------------------------
+
+std::string checkpoint_filename(int64_t step, const std::string& prefix) {
+  char digits[32];
+  std::snprintf(digits, sizeof digits, "%08lld", (long long)step);
+  return prefix + digits + ".h5";
+}
+
+std::vector<CheckpointEntry> list_checkpoints(const std::string& dir, const std::string& prefix) {
+  std::vector<CheckpointEntry> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::string name = e.path().filename().string();
+    if (!e.is_regular_file(ec) || name.size() <= prefix.size() + 3 || name.compare(0, prefix.size(), prefix) != 0 ||
+        name.compare(name.size() - 3, 3, ".h5") != 0)
+      continue;
+    std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - 3);
+    if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    out.push_back({std::stoll(digits), e.path().string()});
+  }
+  std::sort(out.begin(), out.end(), [](const CheckpointEntry& a, const CheckpointEntry& b) {
+    return a.step != b.step ? a.step < b.step : a.path < b.path;
+  });
+  return out;
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& dir, const std::string& prefix) {
+  auto all = list_checkpoints(dir, prefix);
+  if (all.empty()) return std::nullopt;
+  return all.back().path;
+}
+
+std::vector<std::string> keep_last_checkpoints(const std::string& dir, const std::string& prefix, int keep,
+                                               MPI_Comm comm) {
+  ZP_REQUIRE(keep >= 1, "keep_last_checkpoints: keep must be at least 1, got ", keep);
+  RankInfo ri = rank_info(comm);
+  std::vector<std::string> deleted;
+  if (ri.rank == 0) {
+    auto all = list_checkpoints(dir, prefix);
+    for (size_t i = 0; i + size_t(keep) < all.size(); ++i) {
+      std::error_code ec;
+      if (fs::remove(all[i].path, ec)) deleted.push_back(all[i].path);
+      else if (ec) ZP_LOG_WARN(all[i].path, ": cannot delete old checkpoint: ", ec.message());
+    }
+  }
+  if (ri.size > 1) ZP_MPI_CHECK(MPI_Barrier(comm));
+  return deleted;
+}
+
+}  // namespace zp::io

@@ -1,0 +1,133 @@
+// The checkpoint / weights file format (DESIGN decisions 6 and 7), on top of H5File.
+//
+// Layout: one HDF5 file written collectively by all ranks. Every tensor is a dataset with its full
+// logical shape (parameters under /model/<name>, Adam moments under /optimizer/<name>/exp_avg and
+// exp_avg_sq, by the caller's choice of names); the root carries "zeropipe_format" = 1 and
+// "checksum" = "crc32", and the caller adds step, config JSON, RNG states and data position as
+// attributes. Each rank writes and reads only the contiguous flat ranges it owns, so any world size
+// can resume any checkpoint.
+//
+// Checksums. A rank only ever sees its own slice, and a whole-dataset checksum would need either a
+// second full read or a combinable hash. So each dataset carries an int64 attribute
+// "slice_checksums" of shape [n, 3]: rows (flat offset, element count, crc32) for every range a
+// writer wrote, sorted by offset. The CRC is zlib's crc32 of the slice's bytes as stored in the file
+// (little-endian, in the file dtype), so h5py + zlib can check a file too. verify_checksums() re-reads
+// each recorded range and also reports elements no writer covered (a rank that never wrote).
+//
+// Atomic save. CheckpointWriter writes <path>.tmp; commit() records the checksums, flushes and
+// closes the file, then rank 0 fsyncs it, renames it to <path> and fsyncs the directory, between
+// barriers. Any failure on any rank (out of space, a bad shape) is agreed on by all ranks, so they
+// all throw the same zp::Error naming the file; the temporary file is removed and a previous file at
+// <path> is never touched. A failure that only some ranks see outside the writer's own calls (an
+// exception in the caller's code on one rank) cannot be recovered collectively: don't do that.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/h5file.h"
+
+namespace zp::io {
+
+constexpr int64_t kCheckpointFormat = 1;
+
+// CRC-32 as zlib computes it (IEEE polynomial, reflected): crc32(b, n, crc32(a, m)) continues a run.
+uint32_t crc32(const void* data, size_t bytes, uint32_t crc = 0);
+
+class CheckpointWriter {
+ public:
+  // Collective. Creates <path>.tmp (and missing parent directories), replacing a stale one.
+  explicit CheckpointWriter(const std::string& path, MPI_Comm comm = MPI_COMM_NULL);
+  ~CheckpointWriter();  // not committed: closes and removes the temporary file
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::string tmp_path() const { return path_ + ".tmp"; }
+  // For attributes: collective, identical values on every rank.
+  H5File& file() { return file_; }
+
+  // Collective. Creates dataset `name` (stored as `file_dtype`, full logical `shape`) on the first
+  // call for that name, then writes elements [offset, offset+count) of its flattened data from `data`
+  // (`count` elements of `mem_dtype`; count may be 0). A rank may write several ranges of a dataset
+  // over several calls, but every rank must make every call.
+  void write(const std::string& name, DType file_dtype, const Shape& shape, DType mem_dtype, const void* data,
+             int64_t offset, int64_t count, const Shape& chunk = {});
+  // Collective: checksums, flush, close, fsync, rename. Throws zp::Error (on every rank) on failure.
+  void commit();
+  bool committed() const { return committed_; }
+
+ private:
+  struct Slice {
+    int64_t offset, count;
+    uint32_t crc;
+  };
+  void discard();  // closes quietly and removes the temporary file (rank 0)
+  template <class F> void agreed(F&& step);
+
+  std::string path_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  H5File file_;
+  std::vector<std::string> order_;  // datasets in creation order (identical on every rank)
+  std::map<std::string, std::vector<Slice>> slices_;
+  bool committed_ = false, discarded_ = false;
+};
+
+class CheckpointReader {
+ public:
+  // Collective in parallel mode. Throws zp::Error naming the file when it is missing, damaged or
+  // not a ZeRO-Pipe file of a format this build reads.
+  explicit CheckpointReader(const std::string& path, MPI_Comm comm = MPI_COMM_NULL);
+  const H5File& file() const { return file_; }
+  const std::string& path() const { return file_.path(); }
+  int64_t format() const { return format_; }
+  bool contains(const std::string& name) const { return file_.is_dataset(name); }
+  DatasetInfo info(const std::string& name) const { return file_.dataset_info(name); }
+  // Collective. Reads elements [offset, offset+count) of the flattened dataset `name` as `mem_dtype`.
+  // Throws zp::Error naming file and dataset when it is missing, its shape is not `expected_shape`,
+  // or its dtype cannot be read as `mem_dtype`.
+  void read(const std::string& name, const Shape& expected_shape, DType mem_dtype, void* data, int64_t offset,
+            int64_t count) const;
+
+ private:
+  H5File file_;
+  int64_t format_ = 0;
+};
+
+struct ChecksumReport {
+  int64_t datasets = 0;   // datasets that carry slice checksums
+  int64_t slices = 0;     // slices re-read and compared
+  int64_t unchecked = 0;  // datasets without checksums (written by another tool)
+  std::vector<std::string> problems;  // one line per mismatch, gap or overlap
+  bool ok() const { return problems.empty(); }
+};
+
+// Re-reads every recorded slice and compares its CRC; collective over comm (the slices are spread
+// over the ranks), and every rank gets the full report.
+ChecksumReport verify_checksums(const std::string& path, MPI_Comm comm = MPI_COMM_NULL);
+
+// A printable summary of any HDF5 file (serial): groups, datasets with dtype, shape and layout,
+// attributes (strings in full, so the config JSON shows), and with `verify` the checksum report.
+std::string inspect(const std::string& path, bool verify);
+
+// Rotation. Checkpoints are named <prefix><step, 8+ digits>.h5 ("step-00000123.h5"); a
+// <name>.h5.tmp is never complete and never listed.
+std::string checkpoint_filename(int64_t step, const std::string& prefix = "step-");
+struct CheckpointEntry {
+  int64_t step = 0;
+  std::string path;
+};
+std::vector<CheckpointEntry> list_checkpoints(const std::string& dir, const std::string& prefix = "step-");
+// The newest complete checkpoint, if any.
+std::optional<std::string> latest_checkpoint(const std::string& dir, const std::string& prefix = "step-");
+// Deletes all but the newest `keep` (>= 1) checkpoints. Collective: rank 0 deletes, then a barrier.
+// Returns the deleted paths (on rank 0; empty elsewhere).
+std::vector<std::string> keep_last_checkpoints(const std::string& dir, const std::string& prefix, int keep,
+                                               MPI_Comm comm = MPI_COMM_NULL);
+
+}  // namespace zp::io
