@@ -107,6 +107,15 @@ TransformerConfig TransformerConfig::from_hub_json(const json& j, const std::str
   return c;
 }
 
+bool TransformerConfig::hub_transposed(const std::string& name) const {
+  if (model_type != "gpt2") return false;
+  for (const char* suffix : {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"}) {
+    const std::string t = suffix;
+    if (name.size() >= t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0) return true;
+  }
+  return false;
+}
+
 int64_t TransformerConfig::num_parameters() const {
   int64_t C = hidden, D = head_dim, qkv = (heads + 2 * kv_heads) * D;
   int64_t per_layer = qkv * C + (qkv_bias ? qkv : 0) + heads * D * C + (out_bias ? C : 0);
@@ -154,7 +163,7 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
       up_b = {upb};
       dw = b.add(p + "mlp.c_proj.weight", {C, F}, true);
       db = b.add(p + "mlp.c_proj.bias", {C}, false);
-      for (Parameter* w : {qkv_w[0], ow, upw, dw}) w->file_transposed = true;
+      for (Parameter* w : {qkv_w[0], ow, upw, dw}) w->file_transposed = cfg.hub_transposed(w->name);
     } else {
       const int64_t Hq = cfg.heads, Hkv = cfg.kv_heads;
       qkv_w = {b.add(p + "self_attn.q_proj.weight", {Hq * D, C}, true),

@@ -33,6 +33,9 @@ struct TransformerConfig {
   // Throws zp::Error naming `source` and the key for a missing key or an unsupported feature.
   static TransformerConfig from_hub_json(const nlohmann::json& j, const std::string& source);
   int64_t num_parameters() const;  // unique parameters (a tied head counted once)
+  // True for weights that hub files store [in, out] (GPT-2's Conv1D: attn.c_attn, attn.c_proj,
+  // mlp.c_fc, mlp.c_proj) while the engine, its checkpoints and weights files keep [out, in].
+  bool hub_transposed(const std::string& name) const;
 };
 
 class Transformer {
