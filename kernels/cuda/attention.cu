@@ -14,12 +14,14 @@
 // tile of 32 queries and loops over keys for dQ. Both recompute p = exp(s - lse) and
 // delta_i = dout_i . out_i (cheap next to the tile products).
 //
-// Plain fp32 FMA tiles for now; a tensor-core flash kernel will replace this.
+// These kernels are the general path (f32, any head dim up to 256, any strides). bf16 / f16 with a head
+// dim and strides the tensor-core kernels support go to kernels/cuda/flash_attention.cu instead.
 #include <algorithm>
 #include <type_traits>
 
 #include "kernels/attention.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/flash_attention.cuh"
 
 namespace zp::kernels::cuda {
 namespace {
@@ -383,6 +385,11 @@ void attention_forward(StreamHandle s, DType dt, void* out, float* lse, const vo
                        int64_t k_stride, int64_t v_stride, int64_t o_stride, float scale, bool causal) {
   Dims p = make_dims(B, Tq, Tk, Hq, Hkv, D, q_stride, k_stride, v_stride, o_stride, scale, causal);
   if (B == 0 || Tq == 0) return;
+  // The flash kernels track the running max on unscaled scores, hence scale > 0.
+  if (scale > 0.f && attention_uses_flash(dt, D, p.qs, p.ks, p.vs, p.os) && flash_attention_aligned({out, q, k, v})) {
+    flash_attention_forward(s, dt, out, lse, q, k, v, B, Tq, Tk, Hq, Hkv, D, p.qs, p.ks, p.vs, p.os, scale, causal);
+    return;
+  }
   ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
     dispatch_dr(p.D, [&](auto dr) {
       constexpr int DR = decltype(dr)::value;
@@ -403,6 +410,12 @@ void attention_backward(StreamHandle s, DType dt, void* dq, void* dk, void* dv, 
                         int64_t v_stride, int64_t o_stride, float scale, bool causal) {
   Dims p = make_dims(B, Tq, Tk, Hq, Hkv, D, q_stride, k_stride, v_stride, o_stride, scale, causal);
   if (B == 0) return;
+  if (scale > 0.f && attention_uses_flash(dt, D, p.qs, p.ks, p.vs, p.os) &&
+      flash_attention_aligned({dq, dk, dv, dout, q, k, v, out})) {
+    flash_attention_backward(s, dt, dq, dk, dv, dout, q, k, v, out, lse, B, Tq, Tk, Hq, Hkv, D, p.qs, p.ks, p.vs,
+                             p.os, scale, causal);
+    return;
+  }
   ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
     dispatch_dr(p.D, [&](auto dr) {
       constexpr int DR = decltype(dr)::value;

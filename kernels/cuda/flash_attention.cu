@@ -1,0 +1,853 @@
+// FlashAttention-2 on tensor cores (sm_80+) for bf16 / f16 and head dims 64, 80 and 128: warp-level
+// mma.sync m16n8k16 with fp32 accumulators, ldmatrix from shared memory, cp.async double buffering of
+// the streamed tiles. Layout, masking, GQA and results are those of kernels/attention.h.
+//
+// The trick everything leans on: the accumulator fragment mma.sync leaves for a 16x16 score tile (two
+// 16x8 tiles) holds, register pair by register pair, exactly the A-operand fragment of the next
+// product. So P (forward) and P^T, dS^T (backward) go from accumulators to operands with a bf16/f16
+// pack and no trip through shared memory; each warp owns 16 rows of the tile being reduced (queries in
+// the forward, keys in the backward) and only dS crosses warps, through shared memory, for dQ.
+//
+// Shared-memory rows are D + 8 elements long: an odd number of 16-byte chunks, so the eight row
+// addresses of every ldmatrix phase fall in eight distinct bank groups without any swizzle.
+//
+// Forward: a CTA owns 16 * kWarps query rows of one (b, head) and streams key/value tiles; the online
+// softmax keeps the running max on raw scores and exponentiates with one FFMA + ex2 (scores times
+// scale * log2 e, hence scale > 0). Backward: a small kernel computes delta = rowsum(dO * O), the
+// base-2 lse and zeroes an fp32 dQ accumulator (stream-ordered scratch, freed after the last launch);
+// the main kernel owns 16 * kWarps keys of one (b, kv head), loops over every query tile of every
+// query head sharing that kv head (dK, dV stay in registers, no atomics) and adds its dQ contribution
+// with fp32 atomics; a last kernel scales dQ and converts it to the storage type.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/allocator.h"
+#include "kernels/attention.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/flash_attention.cuh"
+
+namespace zp::kernels::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define ZP_FLASH_ARCH_OK 1
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// 16 bytes global -> shared, asynchronously; zero-filled (nothing read) when !valid.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+#ifdef ZP_FLASH_ARCH_OK
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#ifdef ZP_FLASH_ARCH_OK
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Wait until at most N committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#ifdef ZP_FLASH_ARCH_OK
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p))
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p))
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x2_t(uint32_t (&r)[2], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_u32(p))
+               : "memory");
+}
+
+// c += a (16x16, row-major fragment) * b (16x8, column-major fragment b0, b1), fp32 accumulators.
+template <class T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                         uint32_t b1) {
+#ifdef ZP_FLASH_ARCH_OK
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#ifdef ZP_FLASH_ARCH_OK
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Two floats as one register of two 16-bit values (lo in the low half, as the fragments want).
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// 2^x on the SFU; 2^-inf = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The A fragment of a 16x16 tile from accumulators of its two 16x8 halves (c0: columns 0-7, c1: 8-15).
+template <class T>
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = pack2<T>(c0[0], c0[1]);
+  a[1] = pack2<T>(c0[2], c0[3]);
+  a[2] = pack2<T>(c1[0], c1[1]);
+  a[3] = pack2<T>(c1[2], c1[3]);
+}
+
+// Where lane `lane` points ldmatrix.x4 within a 16x16 block of a row-major [row][col] tile:
+//  - "A" pattern (row = lane%8 + 8*(lane/8%2), col = 8*(lane/16)): the A operand read as stored, and
+//    the B operand of a product whose k index runs along the stored rows (read with .trans);
+//  - "B" pattern (row = lane%8 + 8*(lane/16), col = 8*(lane/8%2)): the B operand of a product whose k
+//    index runs along the stored columns (registers 0,1 = n-tile 0, registers 2,3 = n-tile 1), and the
+//    A operand of the transposed stored tile (read with .trans).
+struct LaneOffsets {
+  int a_row, a_col, b_row, b_col;
+  __device__ explicit LaneOffsets(int lane)
+      : a_row((lane & 7) + ((lane >> 3) & 1) * 8), a_col((lane >> 4) * 8),
+        b_row((lane & 7) + (lane >> 4) * 8), b_col(((lane >> 3) & 1) * 8) {}
+};
+
+// Rows [row0, row0 + ROWS) x D columns of a strided tensor (`base` points at row 0 of this head) into
+// shared memory with row pitch D + 8; rows at or past `rows` are zero-filled.
+template <class T, int D, int ROWS, int THREADS>
+__device__ __forceinline__ void load_rows_async(T* dst, const T* base, int64_t stride, int row0, int rows) {
+  constexpr int kChunks = D / 8, kTotal = ROWS * kChunks;
+#pragma unroll
+  for (int i = 0; i < (kTotal + THREADS - 1) / THREADS; ++i) {
+    int c = int(threadIdx.x) + i * THREADS;
+    if (kTotal % THREADS == 0 || c < kTotal) {
+      int r = c / kChunks, ch = c % kChunks;
+      bool ok = row0 + r < rows;
+      const T* src = ok ? base + int64_t(row0 + r) * stride + ch * 8 : base;
+      cp_async_16(dst + r * (D + 8) + ch * 8, src, ok);
+    }
+  }
+}
+
+struct Shape {
+  int Tq, Tk, Hq, Hkv, group;
+  int64_t qs, ks, vs, os;  // row strides in elements
+  float scale, scale_log2;
+  bool causal;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+// Forward tiling: head dim, warps per CTA, 16-row tiles per warp (a warp reuses every K / V fragment it
+// loads for all of them), keys per streamed tile, CTAs per SM to aim for, and whether each warp keeps
+// its Q fragments in registers for the whole key loop.
+template <int HEAD_DIM, int WARPS, int ROW_TILES, int BLOCK_N, int MIN_BLOCKS, bool Q_IN_REGS>
+struct FwdTile {
+  static constexpr int D = HEAD_DIM, kWarps = WARPS, kRowTiles = ROW_TILES, kBlockN = BLOCK_N;
+  static constexpr int kMinBlocks = MIN_BLOCKS, kBlockM = 16 * ROW_TILES * WARPS;
+  static constexpr bool kQInRegs = Q_IN_REGS;
+  static constexpr size_t smem_bytes() { return size_t(kBlockM + 4 * kBlockN) * (D + 8) * 2; }
+};
+// Picked among a few candidates on an H100 (B=32 T=1024 H=12 D=64 and B=16 T=1024 H=16 D=128, causal
+// and not): two row tiles per warp beat one by ~15%; 4 warps with 2 CTAs per SM beat 8 warps with 1.
+template <int D> struct FwdTileFor;
+template <> struct FwdTileFor<64> { using type = FwdTile<64, 4, 2, 64, 2, true>; };
+template <> struct FwdTileFor<80> { using type = FwdTile<80, 4, 2, 64, 2, false>; };
+template <> struct FwdTileFor<128> { using type = FwdTile<128, 4, 2, 32, 2, false>; };
+
+// Grid (B * Hq, query tiles), the query tile reversed along y so that, under causal masking, the
+// longest tiles are scheduled first and the short ones fill the tail.
+template <class T, class Tile>
+__global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
+    flash_forward_kernel(T* out, float* lse, const T* q, const T* k, const T* v, Shape p) {
+  constexpr int D = Tile::D, kRT = Tile::kRowTiles;
+  constexpr int kWarps = Tile::kWarps, kThreads = kWarps * 32, kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
+  constexpr int kPitch = D + 8, kKT = D / 16, kNT = kBlockN / 8, kDT = D / 8, kWarpRows = 16 * kRT;
+  static_assert(D % 16 == 0 && kBlockN % 16 == 0);
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* Qs = reinterpret_cast<T*>(smem);  // [kBlockM][kPitch]; reused for the output tile
+  T* Ks = Qs + kBlockM * kPitch;       // [2][kBlockN][kPitch]
+  T* Vs = Ks + 2 * kBlockN * kPitch;   // [2][kBlockN][kPitch]
+
+  const int q0 = (int(gridDim.y) - 1 - int(blockIdx.y)) * kBlockM;
+  const int h = int(blockIdx.x) % p.Hq, b = int(blockIdx.x) / p.Hq, hk = h / p.group;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const LaneOffsets lo(lane);
+  const int off = p.Tk - p.Tq;  // causal: key j is visible to query i iff j <= i + off
+  const T* qb = q + int64_t(b) * p.Tq * p.qs + int64_t(h) * D;
+  const T* kb = k + int64_t(b) * p.Tk * p.ks + int64_t(hk) * D;
+  const T* vb = v + int64_t(b) * p.Tk * p.vs + int64_t(hk) * D;
+
+  const int n_end = p.causal ? min(p.Tk, min(q0 + kBlockM, p.Tq) + off) : p.Tk;
+  const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+
+  load_rows_async<T, D, kBlockM, kThreads>(Qs, qb, p.qs, q0, p.Tq);
+  if (n_blocks > 0) {
+    load_rows_async<T, D, kBlockN, kThreads>(Ks, kb, p.ks, 0, p.Tk);
+    load_rows_async<T, D, kBlockN, kThreads>(Vs, vb, p.vs, 0, p.Tk);
+  }
+  cp_async_commit();
+
+  float o[kRT][kDT][4];
+#pragma unroll
+  for (int mt = 0; mt < kRT; ++mt)
+#pragma unroll
+    for (int i = 0; i < kDT; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+  float m[kRT][2], l[kRT][2];  // raw-score running max; this thread's partial row sums
+#pragma unroll
+  for (int mt = 0; mt < kRT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
+  uint32_t qf[kRT][Tile::kQInRegs ? kKT : 1][4];
+  const int warp_row0 = q0 + warp * kWarpRows;  // row tile mt: rows warp_row0 + 16 mt + g (+ 8)
+  const T* q_warp = Qs + warp * kWarpRows * kPitch;
+
+  for (int nb = 0; nb < n_blocks; ++nb) {
+    const int buf = nb & 1, j0 = nb * kBlockN;
+    if (nb + 1 < n_blocks) {
+      load_rows_async<T, D, kBlockN, kThreads>(Ks + (buf ^ 1) * kBlockN * kPitch, kb, p.ks, j0 + kBlockN, p.Tk);
+      load_rows_async<T, D, kBlockN, kThreads>(Vs + (buf ^ 1) * kBlockN * kPitch, vb, p.vs, j0 + kBlockN, p.Tk);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if constexpr (Tile::kQInRegs) {
+      if (nb == 0) {
+#pragma unroll
+        for (int mt = 0; mt < kRT; ++mt)
+#pragma unroll
+          for (int kk = 0; kk < kKT; ++kk)
+            ldsm_x4(qf[mt][kk], q_warp + (mt * 16 + lo.a_row) * kPitch + kk * 16 + lo.a_col);
+      }
+    }
+    // A warp whose rows all lie above the tile's first key has nothing to add (exactly: p = 0, alpha = 1).
+    if (!p.causal || j0 <= warp_row0 + kWarpRows - 1 + off) {
+      const T* Kb = Ks + buf * kBlockN * kPitch;
+      const T* Vb = Vs + buf * kBlockN * kPitch;
+
+      // S = Q K^T for this warp's rows and the tile's kBlockN keys.
+      float s[kRT][kNT][4];
+#pragma unroll
+      for (int mt = 0; mt < kRT; ++mt)
+#pragma unroll
+        for (int i = 0; i < kNT; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kKT; ++kk) {
+        uint32_t a[kRT][4];
+#pragma unroll
+        for (int mt = 0; mt < kRT; ++mt) {
+          if constexpr (Tile::kQInRegs) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) a[mt][r] = qf[mt][kk][r];
+          } else {
+            ldsm_x4(a[mt], q_warp + (mt * 16 + lo.a_row) * kPitch + kk * 16 + lo.a_col);
+          }
+        }
+#pragma unroll
+        for (int np = 0; np < kNT / 2; ++np) {
+          uint32_t bb[4];
+          ldsm_x4(bb, Kb + (np * 16 + lo.b_row) * kPitch + kk * 16 + lo.b_col);
+#pragma unroll
+          for (int mt = 0; mt < kRT; ++mt) {
+            mma_16816<T>(s[mt][2 * np], a[mt], bb[0], bb[1]);
+            mma_16816<T>(s[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+          }
+        }
+      }
+
+      // Mask keys past Tk and (causal) above the diagonal; only tiles that touch either need it.
+      if (j0 + kBlockN > p.Tk || (p.causal && j0 + kBlockN - 1 > warp_row0 + off)) {
+#pragma unroll
+        for (int mt = 0; mt < kRT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              int col = j0 + nt * 8 + 2 * t + (e & 1), row = warp_row0 + mt * 16 + g + (e >> 1) * 8;
+              if (col >= p.Tk || (p.causal && col > row + off)) s[mt][nt][e] = -INFINITY;
+            }
+      }
+
+      // Online softmax; each row's 4 threads (a quad) combine their maxima with two shuffles.
+#pragma unroll
+      for (int mt = 0; mt < kRT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float mx = m[mt][r];
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          // Nothing visible yet (mx = -inf): every exponential below must come out 0, not NaN.
+          const float base = mx == -INFINITY ? 0.f : mx * p.scale_log2;
+          const float alpha = fast_exp2(m[mt][r] * p.scale_log2 - base);
+          m[mt][r] = mx;
+          float sum = 0.f;
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+            s[mt][nt][2 * r] = fast_exp2(fmaf(s[mt][nt][2 * r], p.scale_log2, -base));
+            s[mt][nt][2 * r + 1] = fast_exp2(fmaf(s[mt][nt][2 * r + 1], p.scale_log2, -base));
+            sum += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
+          }
+          l[mt][r] = l[mt][r] * alpha + sum;
+#pragma unroll
+          for (int dt = 0; dt < kDT; ++dt) {
+            o[mt][dt][2 * r] *= alpha;
+            o[mt][dt][2 * r + 1] *= alpha;
+          }
+        }
+
+      // O += P V, P straight from the score accumulators.
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        uint32_t a[kRT][4];
+#pragma unroll
+        for (int mt = 0; mt < kRT; ++mt) acc_to_a<T>(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
+        for (int dp = 0; dp < kDT / 2; ++dp) {
+          uint32_t bb[4];
+          ldsm_x4_t(bb, Vb + (kk * 16 + lo.a_row) * kPitch + dp * 16 + lo.a_col);
+#pragma unroll
+          for (int mt = 0; mt < kRT; ++mt) {
+            mma_16816<T>(o[mt][2 * dp], a[mt], bb[0], bb[1]);
+            mma_16816<T>(o[mt][2 * dp + 1], a[mt], bb[2], bb[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // this buffer is refilled by the next iteration's prefetch
+  }
+
+  // Q may still be in flight when no key tile was visible.
+  cp_async_wait<0>();
+  __syncthreads();
+  // Stage this warp's output rows over its own Q rows, then write them out 16 bytes at a time.
+  T* o_warp = Qs + warp * kWarpRows * kPitch;
+  float* lse_bh = lse + (int64_t(b) * p.Hq + h) * p.Tq;
+#pragma unroll
+  for (int mt = 0; mt < kRT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = l[mt][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      const int rr = mt * 16 + g + 8 * r;
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt)
+        *reinterpret_cast<uint32_t*>(o_warp + rr * kPitch + dt * 8 + 2 * t) =
+            pack2<T>(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+      const int row = warp_row0 + rr;
+      if (t == 0 && row < p.Tq)
+        lse_bh[row] = sum > 0.f ? (m[mt][r] * p.scale_log2 + log2f(sum)) * kLn2 : -INFINITY;
+    }
+  __syncwarp();
+  T* ob = out + int64_t(b) * p.Tq * p.os + int64_t(h) * D;
+#pragma unroll
+  for (int c = lane; c < kWarpRows * kDT; c += 32) {
+    int rr = c / kDT, ch = c % kDT, row = warp_row0 + rr;
+    if (row < p.Tq)
+      *reinterpret_cast<uint4*>(ob + int64_t(row) * p.os + ch * 8) =
+          *reinterpret_cast<const uint4*>(o_warp + rr * kPitch + ch * 8);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+
+// Backward tiling: head dim, warps per CTA (16 keys each), queries per streamed tile, CTAs per SM to
+// aim for, and whether each warp keeps its K and V fragments in registers for the whole query loop.
+template <int HEAD_DIM, int WARPS, int BLOCK_M, int MIN_BLOCKS, bool KV_IN_REGS>
+struct BwdTile {
+  static constexpr int D = HEAD_DIM, kWarps = WARPS, kBlockM = BLOCK_M, kMinBlocks = MIN_BLOCKS;
+  static constexpr bool kKVInRegs = KV_IN_REGS;
+  static constexpr size_t smem_bytes() {
+    return size_t(2 * 16 * kWarps + 4 * kBlockM) * (D + 8) * 2  // K, V, 2 x (Q, dO)
+           + size_t(16 * kWarps) * (kBlockM + 8) * 2             // dS^T
+           + size_t(4 * kBlockM) * sizeof(float);                // 2 x (lse2, delta)
+  }
+};
+// Picked on an H100 like the forward tiles: 8 warps (128 keys) per CTA beat 4 warps by ~30%.
+template <int D> struct BwdTileFor;
+template <> struct BwdTileFor<64> { using type = BwdTile<64, 8, 64, 1, true>; };
+template <> struct BwdTileFor<80> { using type = BwdTile<80, 8, 64, 1, false>; };
+template <> struct BwdTileFor<128> { using type = BwdTile<128, 8, 64, 1, false>; };
+
+// lse2 and delta are padded per (b, head) to a multiple of this, so query tiles never read past them.
+constexpr int kRowPad = 128;
+
+// One group of 8 lanes per query row (b, h, i), i < Tq_pad: delta = dO . O, lse2 = lse * log2 e
+// (+inf where the row saw no key, or is padding: its probabilities come out 0), dq_acc row = 0.
+template <class T>
+__global__ void flash_backward_prep_kernel(float* delta, float* lse2, float* dq_acc, const T* dout, const T* out,
+                                           const float* lse, Shape p, int D, int Tq_pad, int64_t rows) {
+  int64_t row = int64_t(blockIdx.x) * (blockDim.x / 8) + threadIdx.x / 8;
+  const int sub = threadIdx.x & 7;
+  if (row >= rows) return;  // rows is a multiple of kRowPad: whole warps leave together
+  const int64_t bh = row / Tq_pad;
+  const int i = int(row % Tq_pad);
+  const int b = int(bh / p.Hq), h = int(bh % p.Hq);
+  float acc = 0.f;
+  if (i < p.Tq) {
+    int64_t o_off = (int64_t(b) * p.Tq + i) * p.os + int64_t(h) * D;
+    for (int c = sub; c < D / 8; c += 8) {
+      uint4 dv = *reinterpret_cast<const uint4*>(dout + o_off + c * 8);
+      uint4 ov = *reinterpret_cast<const uint4*>(out + o_off + c * 8);
+      const T* d8 = reinterpret_cast<const T*>(&dv);
+      const T* o8 = reinterpret_cast<const T*>(&ov);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc = fmaf(to_f(d8[e]), to_f(o8[e]), acc);
+    }
+    float4* z = reinterpret_cast<float4*>(dq_acc + (bh * p.Tq + i) * D);
+    for (int c = sub; c < D / 4; c += 8) z[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  if (sub == 0) {
+    delta[row] = acc;
+    float l = i < p.Tq ? lse[bh * p.Tq + i] : -INFINITY;
+    lse2[row] = l == -INFINITY ? INFINITY : l * kLog2e;
+  }
+}
+
+// Grid (B * Hkv, key tiles): under causal masking the first key tiles see the most queries, and y-major
+// scheduling starts them first.
+template <class T, class Tile>
+__global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
+    flash_backward_kernel(T* dk, T* dv, float* dq_acc, const T* dout, const T* q, const T* k, const T* v,
+                          const float* lse2, const float* delta, Shape p, int Tq_pad) {
+  constexpr int D = Tile::D;
+  constexpr int kWarps = Tile::kWarps, kThreads = kWarps * 32, kBlockN = 16 * kWarps, kBlockM = Tile::kBlockM;
+  constexpr int kPitch = D + 8, kSPitch = kBlockM + 8, kKT = D / 16, kMT = kBlockM / 8, kDT = D / 8;
+  // dQ tile [kBlockM][D]: warps split it into kRowTiles x kColGroups blocks of 16 x kCols.
+  constexpr int kRowTiles = kBlockM / 16, kColGroups = kWarps / kRowTiles, kCols = D / kColGroups, kCT = kCols / 8;
+  static_assert(D % 16 == 0 && kBlockM % 16 == 0 && kRowPad % kBlockM == 0);
+  static_assert(kWarps % kRowTiles == 0 && D % kColGroups == 0 && kCols % 8 == 0);
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* Ks = reinterpret_cast<T*>(smem);   // [kBlockN][kPitch]; dK staging at the end
+  T* Vs = Ks + kBlockN * kPitch;        // [kBlockN][kPitch]; dV staging at the end
+  T* Qs = Vs + kBlockN * kPitch;        // [2][kBlockM][kPitch]
+  T* dOs = Qs + 2 * kBlockM * kPitch;   // [2][kBlockM][kPitch]
+  T* dSs = dOs + 2 * kBlockM * kPitch;  // [kBlockN][kSPitch]: dS^T of the current tile
+  float* lse_s = reinterpret_cast<float*>(dSs + kBlockN * kSPitch);  // [2][kBlockM]
+  float* delta_s = lse_s + 2 * kBlockM;                               // [2][kBlockM]
+
+  const int j0 = int(blockIdx.y) * kBlockN, hk = int(blockIdx.x) % p.Hkv, b = int(blockIdx.x) / p.Hkv;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const LaneOffsets lo(lane);
+  const int off = p.Tk - p.Tq;
+  // Causal: queries before j0 - off see none of this tile's keys.
+  const int m_begin = p.causal ? max(0, j0 - off) / kBlockM * kBlockM : 0;
+  const int m_tiles = p.Tq > m_begin ? (p.Tq - m_begin + kBlockM - 1) / kBlockM : 0;
+  const int n_iters = m_tiles * p.group;
+
+  load_rows_async<T, D, kBlockN, kThreads>(Ks, k + int64_t(b) * p.Tk * p.ks + int64_t(hk) * D, p.ks, j0, p.Tk);
+  load_rows_async<T, D, kBlockN, kThreads>(Vs, v + int64_t(b) * p.Tk * p.vs + int64_t(hk) * D, p.vs, j0, p.Tk);
+  // Query tile `it`: head h = hk * group + it / m_tiles, rows i0 = m_begin + (it % m_tiles) * kBlockM.
+  auto load_query_tile = [&](int it, int buf) {
+    const int h = hk * p.group + it / m_tiles, i0 = m_begin + (it % m_tiles) * kBlockM;
+    load_rows_async<T, D, kBlockM, kThreads>(Qs + buf * kBlockM * kPitch,
+                                             q + int64_t(b) * p.Tq * p.qs + int64_t(h) * D, p.qs, i0, p.Tq);
+    load_rows_async<T, D, kBlockM, kThreads>(dOs + buf * kBlockM * kPitch,
+                                             dout + int64_t(b) * p.Tq * p.os + int64_t(h) * D, p.os, i0, p.Tq);
+    const int64_t row = (int64_t(b) * p.Hq + h) * Tq_pad + i0;
+    if (int(threadIdx.x) < kBlockM / 4)
+      cp_async_16(lse_s + buf * kBlockM + threadIdx.x * 4, lse2 + row + threadIdx.x * 4, true);
+    else if (int(threadIdx.x) < kBlockM / 2)
+      cp_async_16(delta_s + buf * kBlockM + (threadIdx.x - kBlockM / 4) * 4,
+                  delta + row + (threadIdx.x - kBlockM / 4) * 4, true);
+  };
+  if (n_iters > 0) load_query_tile(0, 0);
+  cp_async_commit();
+
+  float dk_acc[kDT][4], dv_acc[kDT][4];
+#pragma unroll
+  for (int i = 0; i < kDT; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk_acc[i][e] = dv_acc[i][e] = 0.f;
+  uint32_t kf[Tile::kKVInRegs ? kKT : 1][4], vf[Tile::kKVInRegs ? kKT : 1][4];
+  const int key_row0 = warp * 16;                 // this warp's keys within the tile
+  const int key_base = j0 + key_row0 + g;         // this thread's keys: key_base and key_base + 8
+  const int mq = warp % kRowTiles, cg = warp / kRowTiles;  // this warp's dQ block
+
+  for (int it = 0; it < n_iters; ++it) {
+    const int buf = it & 1;
+    const int h = hk * p.group + it / m_tiles, i0 = m_begin + (it % m_tiles) * kBlockM;
+    if (it + 1 < n_iters) {
+      load_query_tile(it + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if constexpr (Tile::kKVInRegs) {
+      if (it == 0) {
+#pragma unroll
+        for (int kk = 0; kk < kKT; ++kk) {
+          ldsm_x4(kf[kk], Ks + (key_row0 + lo.a_row) * kPitch + kk * 16 + lo.a_col);
+          ldsm_x4(vf[kk], Vs + (key_row0 + lo.a_row) * kPitch + kk * 16 + lo.a_col);
+        }
+      }
+    }
+    const T* Qb = Qs + buf * kBlockM * kPitch;
+    const T* dOb = dOs + buf * kBlockM * kPitch;
+    const float* lse_b = lse_s + buf * kBlockM;
+    const float* delta_b = delta_s + buf * kBlockM;
+
+    // S^T = K Q^T and dP^T = V dO^T: rows = this warp's 16 keys, columns = the tile's queries.
+    float st[kMT][4], dpt[kMT][4];
+#pragma unroll
+    for (int i = 0; i < kMT; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[i][e] = dpt[i][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kKT; ++kk) {
+      uint32_t ka[4], va[4];
+      if constexpr (Tile::kKVInRegs) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          ka[r] = kf[kk][r];
+          va[r] = vf[kk][r];
+        }
+      } else {
+        ldsm_x4(ka, Ks + (key_row0 + lo.a_row) * kPitch + kk * 16 + lo.a_col);
+        ldsm_x4(va, Vs + (key_row0 + lo.a_row) * kPitch + kk * 16 + lo.a_col);
+      }
+#pragma unroll
+      for (int np = 0; np < kMT / 2; ++np) {
+        uint32_t bb[4];
+        ldsm_x4(bb, Qb + (np * 16 + lo.b_row) * kPitch + kk * 16 + lo.b_col);
+        mma_16816<T>(st[2 * np], ka, bb[0], bb[1]);
+        mma_16816<T>(st[2 * np + 1], ka, bb[2], bb[3]);
+        ldsm_x4(bb, dOb + (np * 16 + lo.b_row) * kPitch + kk * 16 + lo.b_col);
+        mma_16816<T>(dpt[2 * np], va, bb[0], bb[1]);
+        mma_16816<T>(dpt[2 * np + 1], va, bb[2], bb[3]);
+      }
+    }
+
+    // P^T = exp(scale S^T - lse) and dS^T = P^T * (dP^T - delta), in place.
+    const bool edge = j0 + kBlockN > p.Tk || (p.causal && j0 + kBlockN - 1 > i0 + off);
+#pragma unroll
+    for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qi = nt * 8 + 2 * t + (e & 1);
+        float pr = fast_exp2(fmaf(st[nt][e], p.scale_log2, -lse_b[qi]));
+        if (edge) {
+          const int key = key_base + (e >> 1) * 8;
+          if (key >= p.Tk || (p.causal && key > i0 + qi + off)) pr = 0.f;
+        }
+        st[nt][e] = pr;
+        dpt[nt][e] = pr * (dpt[nt][e] - delta_b[qi]);
+      }
+
+    // dV += P^T dO and dK += dS^T Q (k index = queries).
+#pragma unroll
+    for (int kq = 0; kq < kBlockM / 16; ++kq) {
+      uint32_t pa[4], da[4];
+      acc_to_a<T>(pa, st[2 * kq], st[2 * kq + 1]);
+      acc_to_a<T>(da, dpt[2 * kq], dpt[2 * kq + 1]);
+#pragma unroll
+      for (int dp = 0; dp < kDT / 2; ++dp) {
+        uint32_t bb[4];
+        ldsm_x4_t(bb, dOb + (kq * 16 + lo.a_row) * kPitch + dp * 16 + lo.a_col);
+        mma_16816<T>(dv_acc[2 * dp], pa, bb[0], bb[1]);
+        mma_16816<T>(dv_acc[2 * dp + 1], pa, bb[2], bb[3]);
+        ldsm_x4_t(bb, Qb + (kq * 16 + lo.a_row) * kPitch + dp * 16 + lo.a_col);
+        mma_16816<T>(dk_acc[2 * dp], da, bb[0], bb[1]);
+        mma_16816<T>(dk_acc[2 * dp + 1], da, bb[2], bb[3]);
+      }
+    }
+
+    // dS^T to shared memory: dQ sums over all the tile's keys, i.e. across warps.
+#pragma unroll
+    for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<uint32_t*>(dSs + (key_row0 + g + 8 * r) * kSPitch + nt * 8 + 2 * t) =
+            pack2<T>(dpt[nt][2 * r], dpt[nt][2 * r + 1]);
+    __syncthreads();
+
+    // dQ[mq block, cg columns] += dS K (k index = keys), added into the fp32 accumulator.
+    float dq[kCT][4];
+#pragma unroll
+    for (int i = 0; i < kCT; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      uint32_t a[4];
+      ldsm_x4_t(a, dSs + (kk * 16 + lo.b_row) * kSPitch + mq * 16 + lo.b_col);
+      const T* k_rows = Ks + (kk * 16 + lo.a_row) * kPitch + cg * kCols;
+#pragma unroll
+      for (int cp = 0; cp < kCT / 2; ++cp) {
+        uint32_t bb[4];
+        ldsm_x4_t(bb, k_rows + cp * 16 + lo.a_col);
+        mma_16816<T>(dq[2 * cp], a, bb[0], bb[1]);
+        mma_16816<T>(dq[2 * cp + 1], a, bb[2], bb[3]);
+      }
+      if constexpr (kCT % 2 == 1) {
+        uint32_t b2[2];
+        ldsm_x2_t(b2, k_rows + (kCT - 1) * 8);
+        mma_16816<T>(dq[kCT - 1], a, b2[0], b2[1]);
+      }
+    }
+    float* dq_rows = dq_acc + (int64_t(b) * p.Hq + h) * p.Tq * D + cg * kCols + 2 * t;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = i0 + mq * 16 + g + 8 * r;
+      if (row < p.Tq) {
+#pragma unroll
+        for (int ct = 0; ct < kCT; ++ct) {
+          float* dst = dq_rows + int64_t(row) * D + ct * 8;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+          atomicAdd(reinterpret_cast<float2*>(dst), make_float2(dq[ct][2 * r], dq[ct][2 * r + 1]));
+#else
+          atomicAdd(dst, dq[ct][2 * r]);
+          atomicAdd(dst + 1, dq[ct][2 * r + 1]);
+#endif
+        }
+      }
+    }
+    // The next iteration's first __syncthreads keeps dSs and this buffer alive until every warp is done.
+  }
+
+  // K / V may still be in flight when there was no query tile; every warp is past its last dQ read of Ks.
+  cp_async_wait<0>();
+  __syncthreads();
+  // Stage this warp's 16 rows of dK (scaled) and dV over its own K and V rows, then write them out.
+  T* dk_warp = Ks + key_row0 * kPitch;
+  T* dv_warp = Vs + key_row0 * kPitch;
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      *reinterpret_cast<uint32_t*>(dk_warp + (g + 8 * r) * kPitch + dt * 8 + 2 * t) =
+          pack2<T>(dk_acc[dt][2 * r] * p.scale, dk_acc[dt][2 * r + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dv_warp + (g + 8 * r) * kPitch + dt * 8 + 2 * t) =
+          pack2<T>(dv_acc[dt][2 * r], dv_acc[dt][2 * r + 1]);
+    }
+  __syncwarp();
+  T* dkb = dk + int64_t(b) * p.Tk * p.ks + int64_t(hk) * D;
+  T* dvb = dv + int64_t(b) * p.Tk * p.vs + int64_t(hk) * D;
+#pragma unroll
+  for (int c = lane; c < 16 * kDT; c += 32) {
+    int rr = c / kDT, ch = c % kDT, key = j0 + key_row0 + rr;
+    if (key < p.Tk) {
+      *reinterpret_cast<uint4*>(dkb + int64_t(key) * p.ks + ch * 8) =
+          *reinterpret_cast<const uint4*>(dk_warp + rr * kPitch + ch * 8);
+      *reinterpret_cast<uint4*>(dvb + int64_t(key) * p.vs + ch * 8) =
+          *reinterpret_cast<const uint4*>(dv_warp + rr * kPitch + ch * 8);
+    }
+  }
+}
+
+// dq[b, i, h, :] = scale * dq_acc[b, h, i, :] in the storage type, 8 elements per thread.
+template <class T>
+__global__ void flash_dq_convert_kernel(T* dq, const float* dq_acc, Shape p, int D, int64_t chunks) {
+  int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= chunks) return;
+  const int per_row = D / 8;
+  const int64_t row = c / per_row;  // (b * Hq + h) * Tq + i
+  const int ch = int(c % per_row);
+  const int i = int(row % p.Tq);
+  const int64_t bh = row / p.Tq;
+  const int b = int(bh / p.Hq), h = int(bh % p.Hq);
+  const float4* src = reinterpret_cast<const float4*>(dq_acc + row * D + ch * 8);
+  float4 x0 = src[0], x1 = src[1];
+  uint4 packed;
+  packed.x = pack2<T>(x0.x * p.scale, x0.y * p.scale);
+  packed.y = pack2<T>(x0.z * p.scale, x0.w * p.scale);
+  packed.z = pack2<T>(x1.x * p.scale, x1.y * p.scale);
+  packed.w = pack2<T>(x1.z * p.scale, x1.w * p.scale);
+  *reinterpret_cast<uint4*>(dq + (int64_t(b) * p.Tq + i) * p.qs + int64_t(h) * D + ch * 8) = packed;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side
+
+Shape make_shape(int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t qs, int64_t ks, int64_t vs, int64_t os,
+                 float scale, bool causal) {
+  return Shape{int(Tq), int(Tk), int(Hq), int(Hkv), int(Hq / Hkv), qs, ks, vs, os, scale, scale * kLog2e, causal};
+}
+
+// Calls fn(std::integral_constant<int, D>) for a supported head dim.
+template <class Fn>
+void dispatch_head_dim(int64_t D, Fn&& fn) {
+  switch (D) {
+    case 64: fn(std::integral_constant<int, 64>{}); break;
+    case 80: fn(std::integral_constant<int, 80>{}); break;
+    case 128: fn(std::integral_constant<int, 128>{}); break;
+    default: ZP_FATAL("flash attention: head dim ", D, " unsupported");
+  }
+}
+
+template <class Fn>
+void dispatch_half(DType dt, Fn&& fn) {
+  switch (dt) {
+    case DType::BF16: fn(__nv_bfloat16{}); break;
+    case DType::F16: fn(__half{}); break;
+    default: ZP_FATAL("flash attention: dtype ", dtype_name(dt), " unsupported");
+  }
+}
+
+// mma.sync with bf16 operands, ldmatrix and cp.async all need sm_80.
+bool device_is_ampere_or_newer() {
+  static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
+  int dev = 0;
+  ZP_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 64 && cached[dev]) return cached[dev] == 1;
+  int major = 0;
+  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  if (dev < 64) cached[dev] = major >= 8 ? 1 : 2;
+  return major >= 8;
+}
+
+
+template <class T, class Tile>
+void launch_forward(StreamHandle s, void* out, float* lse, const void* q, const void* k, const void* v, int64_t B,
+                    int64_t Tq, int64_t Hq, const Shape& p) {
+  auto kernel = flash_forward_kernel<T, Tile>;
+  constexpr size_t bytes = Tile::smem_bytes();
+  allow_dynamic_smem(kernel, bytes, "flash attention forward");
+  dim3 grid(unsigned(B * Hq), ceil_div(Tq, Tile::kBlockM));
+  ZP_CHECK(grid.y <= 65535, "flash attention: Tq ", Tq, " too long");
+  kernel<<<grid, Tile::kWarps * 32, bytes, s>>>(static_cast<T*>(out), lse, static_cast<const T*>(q),
+                                                static_cast<const T*>(k), static_cast<const T*>(v), p);
+  ZP_CUDA_LAUNCH_CHECK();
+}
+
+template <class T, class Tile>
+void launch_backward(StreamHandle s, void* dk, void* dv, float* dq_acc, const void* dout, const void* q,
+                     const void* k, const void* v, const float* lse2, const float* delta, int64_t B, int64_t Tk,
+                     int64_t Hkv, const Shape& p, int64_t Tq_pad) {
+  auto kernel = flash_backward_kernel<T, Tile>;
+  constexpr size_t bytes = Tile::smem_bytes();
+  allow_dynamic_smem(kernel, bytes, "flash attention backward");
+  dim3 grid(unsigned(B * Hkv), ceil_div(Tk, 16 * Tile::kWarps));
+  ZP_CHECK(grid.y <= 65535, "flash attention: Tk ", Tk, " too long");
+  kernel<<<grid, Tile::kWarps * 32, bytes, s>>>(static_cast<T*>(dk), static_cast<T*>(dv), dq_acc,
+                                                static_cast<const T*>(dout), static_cast<const T*>(q),
+                                                static_cast<const T*>(k), static_cast<const T*>(v), lse2, delta, p,
+                                                int(Tq_pad));
+  ZP_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+bool attention_uses_flash(DType dt, int64_t D, int64_t q_stride, int64_t k_stride, int64_t v_stride,
+                          int64_t o_stride) {
+  if (dt != DType::BF16 && dt != DType::F16) return false;
+  if (D != 64 && D != 80 && D != 128) return false;
+  for (int64_t s : {q_stride, k_stride, v_stride, o_stride})
+    if (s % 8 != 0) return false;  // 0 (contiguous) is Hq*D or Hkv*D, a multiple of 8 for these D
+  return device_is_ampere_or_newer();
+}
+
+bool flash_attention_aligned(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+void flash_attention_forward(StreamHandle s, DType dt, void* out, float* lse, const void* q, const void* k,
+                             const void* v, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D,
+                             int64_t q_stride, int64_t k_stride, int64_t v_stride, int64_t o_stride, float scale,
+                             bool causal) {
+  if (B == 0 || Tq == 0) return;
+  Shape p = make_shape(Tq, Tk, Hq, Hkv, q_stride, k_stride, v_stride, o_stride, scale, causal);
+  dispatch_half(dt, [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_head_dim(D, [&](auto dtag) {
+      constexpr int kD = decltype(dtag)::value;
+      launch_forward<T, typename FwdTileFor<kD>::type>(s, out, lse, q, k, v, B, Tq, Hq, p);
+    });
+  });
+}
+
+void flash_attention_backward(StreamHandle s, DType dt, void* dq, void* dk, void* dv, const void* dout,
+                              const void* q, const void* k, const void* v, const void* out, const float* lse,
+                              int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D,
+                              int64_t q_stride, int64_t k_stride, int64_t v_stride, int64_t o_stride, float scale,
+                              bool causal) {
+  if (B == 0) return;
+  Shape p = make_shape(Tq, Tk, Hq, Hkv, q_stride, k_stride, v_stride, o_stride, scale, causal);
+  const int64_t Tq_pad = (Tq + kRowPad - 1) / kRowPad * kRowPad;
+  const int64_t pad_rows = B * Hq * Tq_pad;
+  // Scratch: delta and lse2 [B, Hq, Tq_pad], then the fp32 dQ accumulator [B, Hq, Tq, D].
+  const size_t scratch_floats = size_t(2 * pad_rows + B * Hq * Tq * D);
+  // Stream-ordered (the engine's caching allocator on CUDA's memory pool): freed right after the launches.
+  int dev = 0;
+  ZP_CUDA_CHECK(cudaGetDevice(&dev));
+  Allocator& alloc = device_allocator(dev);
+  const size_t scratch_bytes = scratch_floats * sizeof(float);
+  float* scratch = scratch_bytes ? static_cast<float*>(alloc.allocate(scratch_bytes, "attention_scratch", s)) : nullptr;
+  float* delta = scratch;
+  float* lse2 = scratch + pad_rows;
+  float* dq_acc = scratch + 2 * pad_rows;
+
+  dispatch_half(dt, [&](auto tag) {
+    using T = decltype(tag);
+    if (pad_rows > 0) {
+      constexpr int kThreads = 256;
+      flash_backward_prep_kernel<T><<<ceil_div(pad_rows, kThreads / 8), kThreads, 0, s>>>(
+          delta, lse2, dq_acc, static_cast<const T*>(dout), static_cast<const T*>(out), lse, p, int(D),
+          int(Tq_pad), pad_rows);
+      ZP_CUDA_LAUNCH_CHECK();
+    }
+    if (Tk > 0) {
+      dispatch_head_dim(D, [&](auto dtag) {
+        constexpr int kD = decltype(dtag)::value;
+        launch_backward<T, typename BwdTileFor<kD>::type>(s, dk, dv, dq_acc, dout, q, k, v, lse2, delta, B, Tk,
+                                                          Hkv, p, Tq_pad);
+      });
+    }
+    const int64_t chunks = B * Hq * Tq * (D / 8);
+    if (chunks > 0) {
+      flash_dq_convert_kernel<T><<<ceil_div(chunks, 256), 256, 0, s>>>(static_cast<T*>(dq), dq_acc, p, int(D),
+                                                                        chunks);
+      ZP_CUDA_LAUNCH_CHECK();
+    }
+  });
+  if (scratch) alloc.deallocate(scratch, scratch_bytes, "attention_scratch", s);
+}
+
+}  // namespace zp::kernels::cuda
