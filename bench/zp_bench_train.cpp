@@ -14,7 +14,7 @@
 #include "core/tensor.h"
 #include "kernels/reduce.h"
 #include "models/transformer.h"
-#include "runtime/adamw.h"
+#include "parallel/zero_engine.h"
 
 namespace zp::bench {
 
@@ -31,7 +31,7 @@ void BM_TrainStepGpt2(benchmark::State& st) {
   device_allocator(0).reset_peak();
   models::Transformer model(cfg, Device::cuda(0), DType::BF16, s);
   model.init_random(1234, 0.02);
-  runtime::AdamW opt(model.blocks(), {6e-4, 0.9, 0.95, 1e-8, 0.1, false}, s);
+  parallel::ZeroEngine engine(model.blocks(), 0, nullptr, {6e-4, 0.9, 0.95, 1e-8, 0.1, false}, s);
 
   std::mt19937 g(1);
   Tensor ids_h = Tensor::empty({B * T}, DType::I32, Device::cpu()), tgt_h = Tensor::empty({B * T}, DType::I32, Device::cpu());
@@ -40,24 +40,13 @@ void BM_TrainStepGpt2(benchmark::State& st) {
     tgt_h.data<int32_t>()[i] = int32_t(g() % 50257);
   }
   Tensor ids = ids_h.to(Device::cuda(0), s), tgt = tgt_h.to(Device::cuda(0), s);
-  std::vector<const void*> ptrs;
-  std::vector<int64_t> sizes;
-  for (nn::ParamBlock* b : model.blocks()) {
-    ptrs.push_back(b->grads().data());
-    sizes.push_back(b->grads().numel());
-  }
-  Tensor norm_sq = Tensor::empty({1}, DType::F32, Device::cuda(0), "metrics", s);
   size_t min_free = free0;
   auto step = [&] {
-    for (nn::ParamBlock* b : model.blocks()) b->zero_grad(s);
+    engine.begin_step();
     model.forward(ids.data<int32_t>(), tgt.data<int32_t>(), B, T, checkpoint);
     model.backward();
-    kernels::cuda::l2norm_squared(s, DType::F32, norm_sq.data<float>(), ptrs.data(), sizes.data(), int(ptrs.size()));
-    float nsq = 0;
-    cudaMemcpyAsync(&nsq, norm_sq.data(), 4, cudaMemcpyDeviceToHost, s);
-    cudaStreamSynchronize(s);
-    const double norm = std::sqrt(double(nsq));
-    opt.step(float(norm > 1.0 ? 1.0 / norm : 1.0));
+    const double norm = std::sqrt(engine.grad_norm_squared());
+    engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);
     size_t f = 0;
     cudaMemGetInfo(&f, &total);
     min_free = std::min(min_free, f);

@@ -12,7 +12,7 @@
 #include "core/log.h"
 #include "io/safetensors.h"
 #include "models/transformer.h"
-#include "runtime/adamw.h"
+#include "parallel/zero_engine.h"
 
 namespace zp::app {
 namespace fs = std::filesystem;
@@ -87,22 +87,15 @@ ParityReport run_parity(const ParityOptions& opt, bool print) {
   }
 
   if (ref.contains("train.loss")) {
-    runtime::AdamWHyper h;
-    h.lr = 1e-3;
-    h.beta1 = 0.9;
-    h.beta2 = 0.95;
-    h.eps = 1e-8;
-    h.weight_decay = 0.1;
-    h.decay_all = true;
-    for (nn::ParamBlock* b : model.blocks()) b->zero_grad();
-    runtime::AdamW opt_state(model.blocks(), h);
+    // The reference's optimizer: lr 1e-3, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on everything.
+    parallel::ZeroEngine engine(model.blocks(), 0, nullptr, {1e-3, 0.9, 0.95, 1e-8, 0.1, true});
     std::vector<double> losses;
     const int64_t steps = ref.entry("train.loss").shape.at(0);
     for (int64_t s = 0; s < steps; ++s) {
+      engine.begin_step();
       losses.push_back(model.forward(d_ids.data<int32_t>(), d_tgt.data<int32_t>(), B, T));
       model.backward();
-      opt_state.step();
-      for (nn::ParamBlock* b : model.blocks()) b->zero_grad();
+      engine.step(1.f, -1.0);
     }
     rep.check("train.loss", losses, host_values(ref.read_as("train.loss", DType::F64)));
     for (nn::Parameter* p : model.parameters()) {

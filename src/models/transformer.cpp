@@ -126,7 +126,8 @@ int64_t TransformerConfig::num_parameters() const {
   return total;
 }
 
-Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, StreamHandle s) : cfg_(cfg) {
+Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t pad_multiple)
+    : cfg_(cfg) {
   ctx_ = Ctx{dev, s, dt};
   vpad_ = (cfg.vocab + 63) / 64 * 64;  // aligned rows for the logits GEMM and the loss
   const int64_t C = cfg.hidden, D = cfg.head_dim, F = cfg.ffn;
@@ -135,7 +136,7 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
   embed_ = std::make_unique<ParamBlock>("embed");
   wte_ = embed_->add(pre + (gpt2 ? "wte.weight" : "embed_tokens.weight"), {cfg.vocab, C}, false);
   if (cfg.learned_positions) wpe_ = embed_->add(pre + "wpe.weight", {cfg.max_positions, C}, false);
-  embed_->allocate(dev, dt, s);
+  embed_->allocate(dev, dt, s, pad_multiple);
 
   for (int64_t i = 0; i < cfg.layers; ++i) {
     Layer l;
@@ -181,7 +182,7 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
       dw = b.add(p + "mlp.down_proj.weight", {C, F}, true);
       if (cfg.mlp_bias) db = b.add(p + "mlp.down_proj.bias", {C}, false);
     }
-    b.allocate(dev, dt, s);
+    b.allocate(dev, dt, s, pad_multiple);
     l.ln1 = Norm(cfg.norm, n1w, n1b, cfg.norm_eps);
     l.ln2 = Norm(cfg.norm, n2w, n2b, cfg.norm_eps);
     AttentionShape ash{cfg.heads, cfg.kv_heads, D, !gpt2, cfg.rope_theta};
@@ -194,7 +195,7 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
   Parameter* nw = head_->add(pre + (gpt2 ? "ln_f.weight" : "norm.weight"), {C}, false);
   Parameter* nb = cfg.norm == NormKind::LayerNorm ? head_->add(pre + "ln_f.bias", {C}, false) : nullptr;
   if (!cfg.tied) lm_head_ = head_->add("lm_head.weight", {cfg.vocab, C}, true);
-  head_->allocate(dev, dt, s);
+  head_->allocate(dev, dt, s, pad_multiple);
   lnf_ = Norm(cfg.norm, nw, nb, cfg.norm_eps);
   head_linear_ = Linear(cfg.tied ? wte_ : lm_head_, nullptr);
 }
@@ -312,17 +313,27 @@ double Transformer::forward(const int32_t* ids, const int32_t* targets, int64_t 
   residual_.assign(size_t(cfg_.layers + 1), Tensor());
   saved_.assign(size_t(cfg_.layers), LayerSaved());
   residual_[0] = c.act({N, C});
-  ZP_KERNEL_CALL(c.dev, embedding_forward, c.s, c.dt, residual_[0].data(), ids, wte_->v(), N, C, V,
-                 wpe_ ? wpe_->v() : nullptr, T, 0);
+  {
+    // A tied head reads the token embedding again at the end: keep the block until then.
+    if (cfg_.tied && access_) access_->acquire_params(*embed_);
+    ParamsInUse use(access_, *embed_);
+    ZP_KERNEL_CALL(c.dev, embedding_forward, c.s, c.dt, residual_[0].data(), ids, wte_->v(), N, C, V,
+                   wpe_ ? wpe_->v() : nullptr, T, 0);
+  }
   for (size_t i = 0; i < layers_.size(); ++i) {
     residual_[i + 1] = c.act({N, C});
+    ParamsInUse use(access_, *layers_[i].block);
     layer_forward(layers_[i], residual_[i], residual_[i + 1], saved_[i], B, T);
     if (checkpoint) saved_[i] = LayerSaved();  // keep only the layer input; re-run in the backward
   }
   af_ = c.act({N, C});
-  lnf_.forward(c, af_.data(), residual_.back().data(), N, nf_);
   logits_ = c.act({N, vpad_});
-  head_linear_.forward(c, logits_.data(), af_.data(), N, vpad_);
+  {
+    ParamsInUse use(access_, *head_);
+    lnf_.forward(c, af_.data(), residual_.back().data(), N, nf_);
+    head_linear_.forward(c, logits_.data(), af_.data(), N, vpad_);
+  }
+  if (cfg_.tied && access_) access_->release_params(*embed_);
   Tensor losses = c.act({N}, DType::F32);
   lse_ = c.act({N}, DType::F32);
   ZP_KERNEL_CALL(c.dev, cross_entropy_forward, c.s, c.dt, losses.data<float>(), lse_.data<float>(), logits_.data(),
@@ -353,12 +364,23 @@ void Transformer::backward(float loss_scale) {
   float dscale = num_valid_ ? loss_scale / float(num_valid_) : 0.f;
   ZP_KERNEL_CALL(c.dev, cross_entropy_backward, c.s, c.dt, logits_.data(), logits_.data(), lse_.data<float>(),
                  targets_, dscale, N, V, vpad_);
-  Tensor daf = c.act({N, C});
-  head_linear_.backward(c, daf.data(), logits_.data(), af_.data(), N, false, vpad_);
-  logits_ = Tensor();
-  Tensor dres = c.act({N, C});
-  lnf_.backward(c, dres.data(), daf.data(), residual_.back().data(), N, nf_, false);
+  Tensor daf = c.act({N, C}), dres = c.act({N, C});
+  // The tied embedding receives gradients from the head now and from the lookup at the end.
+  if (cfg_.tied && access_) {
+    access_->acquire_params(*embed_);
+    access_->acquire_grads(*embed_);
+  }
+  {
+    ParamsInUse use(access_, *head_);
+    GradsInUse grads(access_, *head_);
+    head_linear_.backward(c, daf.data(), logits_.data(), af_.data(), N, false, vpad_);
+    logits_ = Tensor();
+    lnf_.backward(c, dres.data(), daf.data(), residual_.back().data(), N, nf_, false);
+  }
+  if (cfg_.tied && access_) access_->release_params(*embed_);
   for (size_t i = layers_.size(); i-- > 0;) {
+    ParamsInUse use(access_, *layers_[i].block);
+    GradsInUse grads(access_, *layers_[i].block);
     if (checkpoint_) {
       Tensor out = c.act({N, C});
       layer_forward(layers_[i], residual_[i], out, saved_[i], B, T);
@@ -367,8 +389,12 @@ void Transformer::backward(float loss_scale) {
     saved_[i] = LayerSaved();
     residual_[i + 1] = Tensor();
   }
-  ZP_KERNEL_CALL(c.dev, embedding_backward, c.s, c.dt, wte_->g(), wpe_ ? wpe_->g() : nullptr, dres.data(), ids_, N, C,
-                 V, T, 0);
+  {
+    GradsInUse grads(access_, *embed_);
+    ZP_KERNEL_CALL(c.dev, embedding_backward, c.s, c.dt, wte_->g(), wpe_ ? wpe_->g() : nullptr, dres.data(), ids_, N,
+                   C, V, T, 0);
+  }
+  if (cfg_.tied && access_) access_->release_grads(*embed_);
   residual_.clear();
   af_ = Tensor();
   lse_ = Tensor();

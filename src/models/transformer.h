@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "nn/attention.h"
+#include "nn/block_access.h"
 #include "nn/mlp.h"
 #include "nn/norm.h"
 #include "nn/parameter.h"
@@ -40,7 +41,11 @@ struct TransformerConfig {
 
 class Transformer {
  public:
-  Transformer(const TransformerConfig& cfg, Device dev, DType dt, StreamHandle s = nullptr);
+  // pad_multiple: every block's flat size is padded to a multiple of it (the ZeRO engine's world x
+  // alignment, so each rank owns an equal slice).
+  Transformer(const TransformerConfig& cfg, Device dev, DType dt, StreamHandle s = nullptr, int64_t pad_multiple = 1);
+  // The engine told about every block's use (ZeRO); nullptr = blocks always resident.
+  void set_block_access(nn::BlockAccess* a) { access_ = a; }
   const TransformerConfig& config() const { return cfg_; }
   nn::Ctx ctx() const { return ctx_; }
   std::vector<nn::ParamBlock*> blocks();
@@ -85,6 +90,7 @@ class Transformer {
 
   TransformerConfig cfg_;
   nn::Ctx ctx_;
+  nn::BlockAccess* access_ = nullptr;
   int64_t vpad_ = 0;
   std::unique_ptr<nn::ParamBlock> embed_, head_;
   nn::Parameter *wte_ = nullptr, *wpe_ = nullptr, *lm_head_ = nullptr;

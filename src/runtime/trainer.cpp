@@ -15,7 +15,7 @@
 #include "io/token_dataset.h"
 #include "kernels/reduce.h"
 #include "models/transformer.h"
-#include "runtime/adamw.h"
+#include "parallel/zero_engine.h"
 #include "runtime/loss_scaler.h"
 #include "runtime/lr_schedule.h"
 
@@ -65,13 +65,14 @@ Batch make_batch(const io::TokenDataset& ds, uint64_t seed, bool shuffle, int64_
 
 }  // namespace
 
-TrainResult train(const TrainConfig& cfg, comm::Runtime& rt) {
-  const int world = rt.world_size(), rank = rt.rank();
+TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, bool return_params) {
+  if (group == MPI_COMM_NULL) group = rt.world();
+  int world = 1, rank = 0;
+  ZP_MPI_CHECK(MPI_Comm_size(group, &world));
+  ZP_MPI_CHECK(MPI_Comm_rank(group, &rank));
   Device dev = rt.device();
   if (cfg.device == "cpu") dev = Device::cpu();
   if (cfg.device == "cuda") ZP_REQUIRE(dev.is_cuda(), "training.device = \"cuda\": ", cuda_unavailable_reason());
-  ZP_REQUIRE(cfg.zero_stage == 0, "zero_optimization.stage ", cfg.zero_stage,
-             ": ZeRO stages 1-3 are not implemented yet (stage 0 = plain data parallel)");
   const int64_t global_batch = cfg.micro_batch * cfg.grad_accum * world;
   ZP_REQUIRE(cfg.train_batch_size == 0 || cfg.train_batch_size == global_batch, "train_batch_size ",
              cfg.train_batch_size, " != train_micro_batch_size_per_gpu ", cfg.micro_batch,
@@ -84,6 +85,14 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt) {
     val_ds = std::make_unique<io::TokenDataset>(cfg.val_files, cfg.seq_len);
   else if (cfg.val_fraction > 0)
     val_ds = std::make_unique<io::TokenDataset>(cfg.train_files, cfg.seq_len, 1.0 - cfg.val_fraction, 1.0);
+  // Communicators: tensors on the device's backend, host scalars (losses) over MPI.
+  std::unique_ptr<comm::Communicator> dp;
+  std::unique_ptr<comm::MpiComm> ctrl;
+  if (world > 1) {
+    dp = comm::make_communicator(dev.is_cuda() ? comm::Backend::Nccl : comm::Backend::Mpi, group);
+    ctrl = std::make_unique<comm::MpiComm>(group);
+  }
+
   // Model.
   std::string source;
   const io::json hub = load_hub_config(cfg, source);
@@ -95,31 +104,19 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt) {
              file_vocab, ") is larger than the model's (", mcfg.vocab, ")");
   std::unique_ptr<Stream> stream = dev.is_cuda() ? std::make_unique<Stream>(dev) : nullptr;
   const StreamHandle s = stream ? stream->handle() : nullptr;
-  models::Transformer model(mcfg, dev, cfg.dtype, s);
+  models::Transformer model(mcfg, dev, cfg.dtype, s, parallel::shard_pad_multiple(world));
   if (cfg.init == "hub")
     model.load(io::SafetensorsCollection::open_dir(cfg.hub_dir, "model"));
   else
     model.init_random(cfg.seed, cfg.init_std);
 
-  // Communication and optimizer.
-  std::unique_ptr<comm::Communicator> dp;  // tensors, on the device's backend
-  std::unique_ptr<comm::MpiComm> ctrl;      // host scalars (losses) for reporting
-  if (world > 1) {
-    dp = comm::make_communicator(dev.is_cuda() ? comm::Backend::Nccl : comm::Backend::Mpi, rt.world());
-    ctrl = std::make_unique<comm::MpiComm>(rt.world());
-  }
-  AdamWHyper hyper{cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.decay_all};
-  AdamW opt(model.blocks(), hyper, s);
+  // The ZeRO engine: optimizer state, gradient reduction and (stage 3) parameter gathering.
+  parallel::ZeroEngine engine(model.blocks(), cfg.zero_stage, dp.get(),
+                              {cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.decay_all}, s);
+  model.set_block_access(&engine);
   LrSchedule sched{cfg.scheduler, cfg.lr, cfg.min_lr_ratio, cfg.warmup_steps, cfg.total_steps};
   LossScaler scaler(cfg.fp16, cfg.initial_scale, cfg.min_scale, cfg.scale_window, cfg.hysteresis);
 
-  std::vector<const void*> grad_ptrs;
-  std::vector<int64_t> grad_sizes;
-  for (nn::ParamBlock* b : model.blocks()) {
-    grad_ptrs.push_back(b->grads().data());
-    grad_sizes.push_back(b->grads().numel());
-  }
-  Tensor norm_sq = Tensor::empty({1}, DType::F32, dev, "metrics", s);
 
   std::ofstream metrics;
   if (!cfg.metrics_file.empty()) {
@@ -130,6 +127,7 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt) {
     ZP_REQUIRE(metrics.good(), path, ": cannot write the metrics file");
   }
 
+  ZP_LOG_INFO(engine.memory_plan().str(cfg.zero_stage, world));
   const double flops_token = model.flops_per_token(cfg.seq_len);
   const double peak_tflops = dev.is_cuda() ? cuda_peak_bf16_tflops(dev.index) : 0.0;
   const int64_t tokens_per_step = global_batch * cfg.seq_len;
@@ -157,7 +155,7 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt) {
   TrainResult result;
   for (int64_t step = 0; step < cfg.max_steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    for (nn::ParamBlock* b : model.blocks()) b->zero_grad(s);
+    engine.begin_step();
     const float loss_scale = float(scaler.scale());
     double loss = 0;
     for (int64_t m = 0; m < cfg.grad_accum; ++m) {
@@ -165,18 +163,14 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt) {
       loss += run_micro(train_ds, cfg.seed, cfg.shuffle, first, true, loss_scale / float(cfg.grad_accum)) /
               double(cfg.grad_accum);
     }
-    if (dp)
-      for (nn::ParamBlock* b : model.blocks())
-        dp->all_reduce(b->grads().data(), b->grads().data(), b->grads().numel(), DType::F32, comm::ReduceOp::Avg, s);
-    ZP_KERNEL_CALL(dev, l2norm_squared, s, DType::F32, norm_sq.data<float>(), grad_ptrs.data(), grad_sizes.data(),
-                   int(grad_ptrs.size()));
-    const double grad_norm = std::sqrt(double(norm_sq.to(Device::cpu(), s).data<float>()[0])) / loss_scale;
+    engine.finish_gradients();
+    const double grad_norm = std::sqrt(engine.grad_norm_squared()) / loss_scale;
     const bool overflow = !std::isfinite(grad_norm);
     const bool skip = scaler.update(overflow);
-    const double lr = sched.at(opt.steps());
+    const double lr = sched.at(engine.optimizer_steps());
     if (!skip) {
       const double clip = cfg.grad_clip > 0 && grad_norm > cfg.grad_clip ? cfg.grad_clip / grad_norm : 1.0;
-      opt.step(float(clip / loss_scale), lr);
+      engine.step(float(clip / loss_scale), lr);
     }
     if (s) stream_synchronize(s);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -214,6 +208,7 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt) {
     }
   }
   result.skipped_steps = scaler.skipped();
+  if (return_params) result.final_params = engine.gather_master();
   return result;
 }
 

@@ -18,8 +18,12 @@ struct TrainResult {
   std::vector<double> losses;  // mean training loss per optimizer step
   std::vector<double> val_losses;
   int64_t skipped_steps = 0;
+  std::vector<float> final_params;  // fp32 master weights after the last step, when asked for
 };
 
-TrainResult train(const TrainConfig& cfg, comm::Runtime& rt);
+// Trains on the ranks of `group` (default: the world). With `return_params`, every rank gets the
+// final fp32 master weights (tests; small models only).
+TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group = MPI_COMM_NULL,
+                  bool return_params = false);
 
 }  // namespace zp::runtime

@@ -1,0 +1,193 @@
+#include "parallel/zero_engine.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "kernels/elementwise.h"
+#include "kernels/reduce.h"
+
+namespace zp::parallel {
+using namespace zp::kernels;
+
+int64_t shard_pad_multiple(int world) { return int64_t(world) * nn::ParamBlock::kAlign; }
+
+ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, int stage, comm::Communicator* dp, const AdamWHyper& h,
+                       StreamHandle s)
+    : stage_(stage), dp_(dp), s_(s) {
+  ZP_CHECK(stage >= 0 && stage <= 3, "ZeRO stage ", stage);
+  if (dp_) {
+    world_ = dp_->size();
+    rank_ = dp_->rank();
+  }
+  std::vector<OwnedRange> ranges;
+  std::vector<const void*> initial;
+  for (nn::ParamBlock* b : blocks) {
+    ZP_CHECK(b->padded() % shard_pad_multiple(world_) == 0, "block ", b->name(), " is padded to ", b->padded(),
+             ", not a multiple of ", shard_pad_multiple(world_));
+    Unit u{b, b->padded() / world_, {}, {}, 0, 0};
+    const int64_t begin = stage_ == 0 ? 0 : rank_ * u.shard, end = stage_ == 0 ? b->padded() : begin + u.shard;
+    const size_t esz = dtype_size(b->dtype());
+    if (stage_ == 3) {  // keep only the owned slice of the compute weights
+      u.values_shard = Tensor::empty({u.shard}, b->dtype(), b->device(), "params", s);
+      u.values_shard.copy_from(b->values().flat(begin, u.shard), s);
+    }
+    if (stage_ >= 2) {
+      u.grad_shard = Tensor::zeros({u.shard}, DType::F32, b->device(), "grads", s);
+      b->bind_grads(Tensor());
+    }
+    ranges.push_back({b, begin, end});
+    initial.push_back(stage_ == 3 ? u.values_shard.data()
+                                  : static_cast<const char*>(b->values().data()) + size_t(begin) * esz);
+    units_.push_back(std::move(u));
+  }
+  opt_ = std::make_unique<ShardedAdamW>(ranges, initial, h, s);
+  if (stage_ == 3)
+    for (Unit& u : units_) u.block->bind_values(Tensor());  // frees the full buffer
+  if (!units_.empty()) norm_sq_ = Tensor::empty({1}, DType::F32, units_[0].block->device(), "metrics", s);
+}
+
+ZeroEngine::~ZeroEngine() = default;
+
+ZeroEngine::Unit& ZeroEngine::unit(nn::ParamBlock& b) {
+  for (Unit& u : units_)
+    if (u.block == &b) return u;
+  ZP_FATAL("block ", b.name(), " is not managed by the ZeRO engine");
+}
+
+void ZeroEngine::acquire_params(nn::ParamBlock& b) {
+  if (stage_ < 3) return;
+  Unit& u = unit(b);
+  if (u.params_refs++ > 0) return;
+  Tensor full = Tensor::empty({b.padded()}, b.dtype(), b.device(), "gathered params", s_);
+  if (dp_)
+    dp_->all_gather(u.values_shard.data(), full.data(), u.shard, b.dtype(), s_);
+  else
+    full.copy_from(u.values_shard, s_);
+  b.bind_values(std::move(full));
+}
+
+void ZeroEngine::release_params(nn::ParamBlock& b) {
+  if (stage_ < 3) return;
+  Unit& u = unit(b);
+  ZP_CHECK(u.params_refs > 0, "block ", b.name(), ": params released more often than acquired");
+  if (--u.params_refs == 0) b.bind_values(Tensor());
+}
+
+void ZeroEngine::acquire_grads(nn::ParamBlock& b) {
+  if (stage_ < 2) return;
+  Unit& u = unit(b);
+  if (u.grads_refs++ > 0) return;
+  b.bind_grads(Tensor::zeros({b.padded()}, DType::F32, b.device(), "gradients in flight", s_));
+}
+
+void ZeroEngine::release_grads(nn::ParamBlock& b) {
+  if (stage_ < 2) return;
+  Unit& u = unit(b);
+  ZP_CHECK(u.grads_refs > 0, "block ", b.name(), ": gradients released more often than acquired");
+  if (--u.grads_refs > 0) return;
+  // The block's gradients of this micro-step are complete: average them into the owners' slices.
+  Tensor mine = b.grads().flat(rank_ * u.shard, u.shard);
+  if (dp_) {
+    mine = Tensor::empty({u.shard}, DType::F32, b.device(), "gradients in flight", s_);
+    dp_->reduce_scatter(b.grads().data(), mine.data(), u.shard, DType::F32, comm::ReduceOp::Avg, s_);
+  }
+  ZP_KERNEL_CALL(b.device(), axpy, s_, DType::F32, u.grad_shard.data(), 1.f, mine.data(), u.shard);
+  b.bind_grads(Tensor());
+}
+
+void ZeroEngine::begin_step() {
+  for (Unit& u : units_) {
+    if (stage_ >= 2)
+      u.grad_shard.zero_(s_);
+    else
+      u.block->zero_grad(s_);
+  }
+}
+
+void ZeroEngine::finish_gradients() {
+  if (stage_ >= 2 || !dp_) return;
+  for (Unit& u : units_)
+    dp_->all_reduce(u.block->grads().data(), u.block->grads().data(), u.block->padded(), DType::F32,
+                    comm::ReduceOp::Avg, s_);
+}
+
+double ZeroEngine::grad_norm_squared() {
+  if (units_.empty()) return 0;
+  std::vector<const void*> ptrs;
+  std::vector<int64_t> sizes;
+  for (Unit& u : units_) {
+    ptrs.push_back(stage_ >= 2 ? u.grad_shard.data() : u.block->grads().data());
+    sizes.push_back(stage_ >= 2 ? u.shard : u.block->padded());
+  }
+  const Device dev = units_[0].block->device();
+  ZP_KERNEL_CALL(dev, l2norm_squared, s_, DType::F32, norm_sq_.data<float>(), ptrs.data(), sizes.data(),
+                 int(ptrs.size()));
+  if (stage_ >= 2 && dp_)  // each rank holds a part of the sum
+    dp_->all_reduce(norm_sq_.data(), norm_sq_.data(), 1, DType::F32, comm::ReduceOp::Sum, s_);
+  return double(norm_sq_.to(Device::cpu(), s_).data<float>()[0]);
+}
+
+void ZeroEngine::step(float grad_scale, double lr) {
+  std::vector<const float*> grads;
+  std::vector<void*> out;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = units_[i];
+    const OwnedRange& r = opt_->ranges()[i];
+    const size_t esz = dtype_size(u.block->dtype());
+    grads.push_back(stage_ >= 2 ? u.grad_shard.data<float>() : u.block->grads().data<float>() + r.begin);
+    out.push_back(stage_ == 3 ? u.values_shard.data() : static_cast<char*>(u.block->values().data()) + size_t(r.begin) * esz);
+  }
+  opt_->step(grads, out, grad_scale, lr);
+  if ((stage_ == 1 || stage_ == 2) && dp_)
+    for (size_t i = 0; i < units_.size(); ++i) {
+      Unit& u = units_[i];
+      dp_->all_gather(out[i], u.block->values().data(), u.shard, u.block->dtype(), s_);
+    }
+}
+
+std::vector<float> ZeroEngine::gather_master() {
+  std::vector<float> all;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = units_[i];
+    Tensor full = opt_->master(i);
+    if (stage_ > 0 && dp_) {
+      full = Tensor::empty({u.block->padded()}, DType::F32, u.block->device(), "gather", s_);
+      dp_->all_gather(opt_->master(i).data(), full.data(), u.shard, DType::F32, s_);
+    }
+    Tensor h = full.to(Device::cpu(), s_);
+    for (const auto& p : u.block->params())  // parameters only: padding depends on the world size
+      all.insert(all.end(), h.data<float>() + p->offset, h.data<float>() + p->offset + p->numel());
+  }
+  return all;
+}
+
+MemoryPlan ZeroEngine::memory_plan() const {
+  MemoryPlan p;
+  int64_t largest = 0;
+  size_t k = 2;
+  for (const Unit& u : units_) {
+    p.params += u.block->padded();
+    largest = std::max(largest, u.block->padded());
+    k = dtype_size(u.block->dtype());
+  }
+  const double psi = double(p.params), n = double(world_);
+  p.param_bytes = (stage_ == 3 ? psi / n + 2.0 * double(largest) : psi) * double(k);
+  p.grad_bytes = (stage_ >= 2 ? psi / n + 2.0 * double(largest) : psi) * 4.0;
+  p.optimizer_bytes = (stage_ == 0 ? psi : psi / n) * 12.0;
+  return p;
+}
+
+std::string MemoryPlan::str(int stage, int world) const {
+  char buf[512];
+  const double mib = double(1ull << 20);
+  std::snprintf(buf, sizeof(buf),
+                "memory plan (ZeRO stage %d, %d rank%s, per rank): parameters %.1f MiB + gradients %.1f MiB (fp32) + "
+                "optimizer %.1f MiB (fp32 master and moments) = %.1f MiB for %.2fM parameters (the ZeRO paper's "
+                "2Ψ + 2Ψ + 12Ψ/N, 16-bit gradients: %.1f MiB); activations come on top",
+                stage, world, world == 1 ? "" : "s", param_bytes / mib, grad_bytes / mib, optimizer_bytes / mib,
+                (param_bytes + grad_bytes + optimizer_bytes) / mib, double(params) / 1e6,
+                (4.0 * double(params) + 12.0 * double(params) / world) / mib);
+  return buf;
+}
+
+}  // namespace zp::parallel

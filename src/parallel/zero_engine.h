@@ -1,0 +1,87 @@
+// ZeRO data parallelism over sharding units (DESIGN decision 2). Every parameter block is padded so
+// that each of the N ranks of the data group owns a contiguous, aligned 1/N slice of it.
+//   stage 0: every rank holds everything; gradients are all-reduced after the last micro-step.
+//   stage 1: fp32 master weights and AdamW moments exist only for the owned slice; gradients are
+//            all-reduced; each rank updates its slice and the compute weights are all-gathered.
+//   stage 2: as 1, and a block's full-size gradient buffer exists only while its backward runs: when
+//            the block's gradients are complete they are reduce-scattered into the owner's fp32
+//            slice (accumulated over micro-steps) and the buffer is freed.
+//   stage 3: as 2, and the compute weights are sharded too: a block is all-gathered into a
+//            temporary full buffer when the model acquires it (forward and backward) and freed when
+//            the model releases it.
+// The model reports block use through nn::BlockAccess; this engine implements it. Collectives run
+// on the compute stream (ordered with the kernels that produce and consume their buffers).
+// Averaging over the data group makes the result independent of the world size for the same
+// global batch: the trajectories of stages 0-3 at any world size agree to rounding.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "nn/block_access.h"
+#include "parallel/sharded_adamw.h"
+
+namespace zp::parallel {
+
+// The padding every block needs: its flat size must be a multiple of this.
+int64_t shard_pad_multiple(int world);
+
+struct MemoryPlan {
+  int64_t params = 0;             // Ψ: parameters (all blocks, padded)
+  double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;  // per rank, resident
+  std::string str(int stage, int world) const;
+};
+
+class ZeroEngine : public nn::BlockAccess {
+ public:
+  // `dp` may be nullptr for a single rank. The blocks must be allocated (full values bound and
+  // initialised or loaded) with a pad multiple of shard_pad_multiple(world). Stage 3 keeps only the
+  // owned slice of the values after this constructor.
+  ZeroEngine(std::vector<nn::ParamBlock*> blocks, int stage, comm::Communicator* dp, const AdamWHyper& h,
+             StreamHandle s = nullptr);
+  ~ZeroEngine() override;
+
+  int stage() const { return stage_; }
+  int world() const { return world_; }
+  int rank() const { return rank_; }
+
+  // Before the first micro-step of a step: clears the gradient accumulators.
+  void begin_step();
+  // After the last micro-step: stages 0/1 average the full gradients over the data group.
+  void finish_gradients();
+  // Squared global L2 norm of the averaged gradients (identical on every rank); inf/nan when a
+  // gradient is not finite.
+  double grad_norm_squared();
+  // AdamW on the owned slices; then stages 1/2 all-gather the new compute weights.
+  void step(float grad_scale, double lr);
+  int64_t optimizer_steps() const { return opt_->steps(); }
+  ShardedAdamW& optimizer() { return *opt_; }
+  MemoryPlan memory_plan() const;
+  // Every block's fp32 master weights (padded flat buffers, concatenated in block order), gathered
+  // from the owners onto every rank: for tests and small-model tools, not for large models.
+  std::vector<float> gather_master();
+
+  // nn::BlockAccess
+  void acquire_params(nn::ParamBlock& b) override;
+  void release_params(nn::ParamBlock& b) override;
+  void acquire_grads(nn::ParamBlock& b) override;
+  void release_grads(nn::ParamBlock& b) override;
+
+ private:
+  struct Unit {
+    nn::ParamBlock* block;
+    int64_t shard;          // elements per rank
+    Tensor values_shard;    // stage 3: the owned slice of the compute weights
+    Tensor grad_shard;      // stages 2/3: fp32 accumulator of the owned slice
+    int params_refs = 0, grads_refs = 0;
+  };
+  Unit& unit(nn::ParamBlock& b);
+  std::vector<Unit> units_;
+  int stage_, world_ = 1, rank_ = 0;
+  comm::Communicator* dp_;
+  StreamHandle s_;
+  std::unique_ptr<ShardedAdamW> opt_;
+  Tensor norm_sq_;
+};
+
+}  // namespace zp::parallel
