@@ -9,6 +9,7 @@
 #include <random>
 
 #include "comm/bootstrap.h"
+#include "core/device.h"
 #include "io/config.h"
 #include "io/token_dataset.h"
 #include "runtime/train_config.h"
@@ -45,7 +46,8 @@ std::string shared_token_file(MPI_Comm comm) {
   return p.string();
 }
 
-TrainConfig config(const std::string& data, const std::string& model_type, int stage, int world) {
+TrainConfig config(const std::string& data, const std::string& model_type, int stage, int world,
+                   const std::string& device = "cpu") {
   io::json model = model_type == "gpt2"
                        ? io::json{{"model_type", "gpt2"}, {"vocab_size", 64}, {"n_positions", 32}, {"n_embd", 32},
                                   {"n_layer", 2}, {"n_head", 2}}
@@ -60,18 +62,18 @@ TrainConfig config(const std::string& data, const std::string& model_type, int s
                    {"zero_optimization", {{"stage", stage}}},
                    {"model", {{"config", model}}},
                    {"data", {{"train_files", {data}}, {"seq_len", 16}}},
-                   {"training", {{"max_steps", 10}, {"device", "cpu"}}}};
+                   {"training", {{"max_steps", 10}, {"device", device}}}};
   return TrainConfig::from(io::Config(train_config_schema(), user, "zero-test"));
 }
 
-void check_model(const std::string& model_type) {
+void check_model(const std::string& model_type, const std::string& device = "cpu") {
   comm::Runtime rt;
   const int world = rt.world_size(), rank = rt.rank();
   if (kGlobalBatch % world != 0) GTEST_SKIP() << "global batch " << kGlobalBatch << " does not divide by " << world;
   const std::string data = shared_token_file(MPI_COMM_WORLD);
 
   TrainResult ref;
-  if (rank == 0) ref = train(config(data, model_type, 0, 1), rt, MPI_COMM_SELF, true);
+  if (rank == 0) ref = train(config(data, model_type, 0, 1, device), rt, MPI_COMM_SELF, true);
   int n_params = int(ref.final_params.size());
   MPI_Bcast(&n_params, 1, MPI_INT, 0, MPI_COMM_WORLD);
   ref.losses.resize(10);
@@ -81,7 +83,7 @@ void check_model(const std::string& model_type) {
   ASSERT_LT(ref.losses.back(), ref.losses.front()) << "the reference run must learn something";
 
   for (int stage = 0; stage <= 3; ++stage) {
-    TrainResult r = train(config(data, model_type, stage, world), rt, MPI_COMM_WORLD, true);
+    TrainResult r = train(config(data, model_type, stage, world, device), rt, MPI_COMM_WORLD, true);
     ASSERT_EQ(r.losses.size(), ref.losses.size());
     for (size_t i = 0; i < r.losses.size(); ++i)
       EXPECT_NEAR(r.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i]))
@@ -93,7 +95,22 @@ void check_model(const std::string& model_type) {
 
 }  // namespace
 
+// Every rank must have a GPU of its own; all ranks agree before skipping.
+bool each_rank_has_a_gpu() {
+  comm::Runtime rt;
+  int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size(), all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all != 0;
+}
+
 TEST(ZeroEquivalence, LlamaStages0To3MatchSingleRank) { check_model("llama"); }
 TEST(ZeroEquivalence, Gpt2TiedStages0To3MatchSingleRank) { check_model("gpt2"); }
+
+// The same on GPUs with NCCL (fp32).
+TEST(ZeroEquivalenceGpu, LlamaAndGpt2Stages0To3MatchSingleRank) {
+  if (!each_rank_has_a_gpu()) GTEST_SKIP() << "needs one GPU per rank";
+  check_model("llama", "cuda");
+  check_model("gpt2", "cuda");
+}
 
 }  // namespace zp::test
