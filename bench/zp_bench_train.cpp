@@ -43,7 +43,7 @@ void BM_TrainStepGpt2(benchmark::State& st) {
   size_t min_free = free0;
   auto step = [&] {
     engine.begin_step();
-    model.forward(ids.data<int32_t>(), tgt.data<int32_t>(), B, T, checkpoint);
+    model.forward(ids.data<int32_t>(), tgt.data<int32_t>(), B * T, B, T, checkpoint);
     model.backward();
     const double norm = std::sqrt(engine.grad_norm_squared());
     engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);

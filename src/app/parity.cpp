@@ -67,13 +67,15 @@ ParityReport run_parity(const ParityOptions& opt, bool print) {
     for (int64_t t = 0; t < T; ++t)
       tgt.data<int32_t>()[b * T + t] = t + 1 < T ? ids.data<int32_t>()[b * T + t + 1] : -1;
   Tensor d_ids = ids.to(dev), d_tgt = tgt.to(dev);
+  const int64_t num_valid = B * (T - 1);
 
   if (print) std::printf("parity: %s (%s, %lld parameters) on %s in %s, B=%lld T=%lld, tolerance %.0e\n", opt.model_dir.c_str(),
               cfg.model_type.c_str(), (long long)cfg.num_parameters(), dev.str().c_str(), opt.dtype.c_str(),
               (long long)B, (long long)T, tol);
   ParityReport rep(tol, print);
   Tensor logits;
-  double loss = model.forward(d_ids.data<int32_t>(), d_tgt.data<int32_t>(), B, T, false, &logits);
+  model.forward(d_ids.data<int32_t>(), d_tgt.data<int32_t>(), num_valid, B, T, false, &logits);
+  const double loss = model.loss();
   rep.check("output.logits", host_values(logits), host_values(ref.read_as("output.logits", DType::F64)));
   rep.check("output.loss", {loss}, host_values(ref.read_as("output.loss", DType::F64)));
   model.backward();
@@ -93,7 +95,8 @@ ParityReport run_parity(const ParityOptions& opt, bool print) {
     const int64_t steps = ref.entry("train.loss").shape.at(0);
     for (int64_t s = 0; s < steps; ++s) {
       engine.begin_step();
-      losses.push_back(model.forward(d_ids.data<int32_t>(), d_tgt.data<int32_t>(), B, T));
+      model.forward(d_ids.data<int32_t>(), d_tgt.data<int32_t>(), num_valid, B, T);
+      losses.push_back(model.loss());
       model.backward();
       engine.step(1.f, -1.0);
     }

@@ -299,14 +299,15 @@ void Transformer::layer_backward(const Layer& l, const Tensor& x_in, Tensor& dre
   l.ln1.backward(c, dres.data(), da.data(), x_in.data(), N, sv.n1, true);
 }
 
-double Transformer::forward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t T, bool checkpoint,
-                            Tensor* logits_out) {
+void Transformer::forward(const int32_t* ids, const int32_t* targets, int64_t num_valid, int64_t B, int64_t T,
+                          bool checkpoint, Tensor* logits_out) {
   const Ctx& c = ctx_;
   const int64_t N = B * T, C = cfg_.hidden, V = cfg_.vocab;
   ZP_REQUIRE(T <= cfg_.max_positions || !cfg_.learned_positions, "sequence length ", T, " exceeds the model's ",
              cfg_.max_positions, " positions");
   B_ = B;
   T_ = T;
+  num_valid_ = num_valid;
   ids_ = ids;
   targets_ = targets;
   checkpoint_ = checkpoint;
@@ -334,9 +335,9 @@ double Transformer::forward(const int32_t* ids, const int32_t* targets, int64_t 
     head_linear_.forward(c, logits_.data(), af_.data(), N, vpad_);
   }
   if (cfg_.tied && access_) access_->release_params(*embed_);
-  Tensor losses = c.act({N}, DType::F32);
+  losses_ = c.act({N}, DType::F32);
   lse_ = c.act({N}, DType::F32);
-  ZP_KERNEL_CALL(c.dev, cross_entropy_forward, c.s, c.dt, losses.data<float>(), lse_.data<float>(), logits_.data(),
+  ZP_KERNEL_CALL(c.dev, cross_entropy_forward, c.s, c.dt, losses_.data<float>(), lse_.data<float>(), logits_.data(),
                  targets, N, V, vpad_);
   if (logits_out) {
     *logits_out = Tensor::empty({N, V}, c.dt, c.dev, "logits", c.s);
@@ -345,15 +346,13 @@ double Transformer::forward(const int32_t* ids, const int32_t* targets, int64_t 
       copy_bytes(static_cast<char*>(logits_out->data()) + r * row, c.dev,
                  static_cast<const char*>(logits_.data()) + r * ld, c.dev, row, c.s);
   }
-  Tensor hl = losses.to(Device::cpu(), c.s);
-  Tensor ht = Tensor::from_blob(const_cast<int32_t*>(targets), {N}, DType::I32, c.dev).to(Device::cpu(), c.s);
-  double sum = 0;
-  num_valid_ = 0;
-  for (int64_t i = 0; i < N; ++i)
-    if (ht.data<int32_t>()[i] >= 0) {
-      sum += hl.data<float>()[i];
-      ++num_valid_;
-    }
+}
+
+double Transformer::loss() const {
+  ZP_CHECK(losses_.defined(), "loss() before a forward");
+  Tensor h = losses_.to(Device::cpu(), ctx_.s);
+  double sum = 0;  // ignored rows hold 0
+  for (int64_t i = 0; i < h.numel(); ++i) sum += h.data<float>()[i];
   return num_valid_ ? sum / double(num_valid_) : 0.0;
 }
 

@@ -61,14 +61,18 @@ class Transformer {
   // omits is fine, anything else missing or mis-shaped is an error naming the tensor).
   void load(const io::SafetensorsCollection& files);
 
-  // ids, targets: device int32 [B*T]; a target < 0 is ignored. Returns the mean loss over the valid
-  // targets. Keeps what the backward needs; `logits_out` (optional) receives [B*T, V] in dt.
   // FLOPs of one training step (forward + backward) per token at sequence length T, counting the
   // matrix multiplies (6 per parameter used in one) and causal attention (half the score matrix).
   double flops_per_token(int64_t T) const;
 
-  double forward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t T, bool checkpoint = false,
-                 Tensor* logits_out = nullptr);
+  // ids, targets: device int32 [B*T]; a target < 0 is ignored, and num_valid (counted by the caller,
+  // who has the batch on the host) is how many are not. Nothing is synchronised: the loss stays on
+  // the device until loss() is asked for. Keeps what the backward needs; `logits_out` (optional)
+  // receives [B*T, V] in dt.
+  void forward(const int32_t* ids, const int32_t* targets, int64_t num_valid, int64_t B, int64_t T,
+               bool checkpoint = false, Tensor* logits_out = nullptr);
+  // Mean loss over the valid targets of the last forward (waits for it).
+  double loss() const;
   // Gradients of (loss * loss_scale) accumulate into every block's fp32 gradient buffer.
   void backward(float loss_scale = 1.f);
 
@@ -104,7 +108,7 @@ class Transformer {
   const int32_t *ids_ = nullptr, *targets_ = nullptr;
   std::vector<Tensor> residual_;  // L+1 residual streams [N, C]: layer inputs and the final output
   std::vector<LayerSaved> saved_;
-  Tensor af_, logits_, lse_;
+  Tensor af_, logits_, lse_, losses_;
   nn::Norm::Saved nf_;
 };
 

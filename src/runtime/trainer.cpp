@@ -146,10 +146,12 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
                        float loss_scale) {
     Batch b = make_batch(ds, seed, shuffle, first, cfg.micro_batch);
     Tensor ids = b.ids.to(dev, s), tgt = b.targets.to(dev, s);
-    double loss = model.forward(ids.data<int32_t>(), tgt.data<int32_t>(), cfg.micro_batch, cfg.seq_len,
-                                train_step && cfg.activation_checkpointing);
+    int64_t valid = 0;
+    for (int64_t i = 0; i < b.targets.numel(); ++i) valid += b.targets.data<int32_t>()[i] >= 0;
+    model.forward(ids.data<int32_t>(), tgt.data<int32_t>(), valid, cfg.micro_batch, cfg.seq_len,
+                  train_step && cfg.activation_checkpointing);
     if (train_step) model.backward(loss_scale);
-    return loss;
+    return model.loss();  // read after the backward is queued, so the GPU never waits for the host
   };
 
   TrainResult result;
