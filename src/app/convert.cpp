@@ -1,0 +1,443 @@
+// The non-obvious part is keeping memory bounded: a safetensors header must list every tensor's
+// offsets before any data, so the folder writer plans the shards from the HDF5 dataset infos alone,
+// writes each header, then appends the tensors piece by piece as they are read; only the transposed
+// GPT-2 weights are held whole (one matrix at a time), since a transpose needs all of it.
+#include "app/convert.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/checkpoint_file.h"
+#include "io/safetensors.h"
+#include "kernels/elementwise.h"
+#include "models/transformer.h"
+#include "models/unet.h"
+
+namespace zp::app {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr int64_t kPieceBytes = int64_t(64) << 20;  // largest buffer of one streamed piece
+
+struct Family {
+  const char* name;  // model_family attribute
+  const char* stem;  // hub weights file stem
+};
+constexpr Family kFamilies[] = {{"transformer", "model"}, {"unet", "diffusion_pytorch_model"}};
+
+// nullopt for "keep".
+std::optional<DType> parse_dtype(const std::string& s) {
+  if (s == "keep") return std::nullopt;
+  if (s == "bf16") return DType::BF16;
+  if (s == "fp32") return DType::F32;
+  throw Error("unknown dtype '" + s + "' (expected keep, bf16 or fp32)");
+}
+
+// Integer tensors (position ids and the like) never change type.
+DType target_dtype(DType src, std::optional<DType> want) { return want && dtype_is_float(src) ? *want : src; }
+
+// dst (dst_dt) <- src (src_dt), n elements; both buffers aligned for their types.
+void convert_elements(void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) {
+  if (dst_dt == src_dt) std::memcpy(dst, src, size_t(n) * dtype_size(src_dt));
+  else kernels::cpu::cast(nullptr, dst_dt, dst, src_dt, src, n);
+}
+
+template <class T> void transpose_typed(T* dst, const T* src, int64_t rows, int64_t cols) {
+  constexpr int64_t B = 32;  // tiles keep both sides in cache
+  for (int64_t r0 = 0; r0 < rows; r0 += B)
+    for (int64_t c0 = 0; c0 < cols; c0 += B)
+      for (int64_t r = r0; r < std::min(rows, r0 + B); ++r)
+        for (int64_t c = c0; c < std::min(cols, c0 + B); ++c) dst[c * rows + r] = src[r * cols + c];
+}
+
+// src [rows, cols] -> dst [cols, rows], elements of `esize` bytes.
+void transpose(void* dst, const void* src, int64_t rows, int64_t cols, size_t esize) {
+  switch (esize) {
+    case 1: transpose_typed(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), rows, cols); break;
+    case 2: transpose_typed(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), rows, cols); break;
+    case 4: transpose_typed(static_cast<uint32_t*>(dst), static_cast<const uint32_t*>(src), rows, cols); break;
+    case 8: transpose_typed(static_cast<uint64_t*>(dst), static_cast<const uint64_t*>(src), rows, cols); break;
+    default: ZP_FATAL("transpose: element size ", esize);
+  }
+}
+
+// Storage for n elements of the widest type, 8-byte aligned (vector<uint64_t>).
+void* reserve(std::vector<uint64_t>& buf, int64_t bytes) {
+  buf.resize(size_t((bytes + 7) / 8) + 1);
+  return buf.data();
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  ZP_REQUIRE(in, path, ": cannot open: ", std::strerror(errno));
+  std::ostringstream s;
+  s << in.rdbuf();
+  ZP_REQUIRE(!in.bad(), path, ": read failed");
+  return s.str();
+}
+
+// A file that appears under its name only when complete: written to <path>.tmp, fsynced, renamed.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
+    f_ = std::fopen(tmp_.c_str(), "wb");
+    ZP_REQUIRE(f_, tmp_, ": cannot create: ", std::strerror(errno));
+  }
+  ~AtomicFile() {
+    if (f_) std::fclose(f_);
+    if (!committed_) std::remove(tmp_.c_str());
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void write(const void* data, size_t bytes) {
+    if (bytes && std::fwrite(data, 1, bytes, f_) != bytes) fail();
+  }
+  void commit() {
+    if (std::fflush(f_) != 0 || fsync(fileno(f_)) != 0) fail();
+    FILE* f = f_;
+    f_ = nullptr;
+    if (std::fclose(f) != 0) fail();
+    ZP_REQUIRE(std::rename(tmp_.c_str(), path_.c_str()) == 0, path_, ": cannot rename ", tmp_, " to it: ",
+               std::strerror(errno));
+    committed_ = true;
+  }
+
+ private:
+  [[noreturn]] void fail() { throw Error(path_ + ": write failed: " + std::strerror(errno)); }
+  std::string path_, tmp_;
+  FILE* f_ = nullptr;
+  bool committed_ = false;
+};
+
+// --- hub folder -> weights file ----------------------------------------------------------------
+
+struct HubFolder {
+  std::string dir;
+  const Family* family = nullptr;
+};
+
+HubFolder find_hub_folder(const std::string& dir) {
+  ZP_REQUIRE(fs::is_directory(dir), dir, ": no such folder");
+  ZP_REQUIRE(fs::exists(fs::path(dir) / "config.json"), dir, ": no config.json (not a hub model folder)");
+  for (const Family& fam : kFamilies) {
+    const std::string stem = fam.stem;
+    if (fs::exists(fs::path(dir) / (stem + ".safetensors")) || fs::exists(fs::path(dir) / (stem + ".safetensors.index.json")))
+      return {dir, &fam};
+  }
+  throw Error(dir + ": no weights file (model.safetensors[.index.json] or diffusion_pytorch_model.safetensors[.index.json])");
+}
+
+void check_file_destination(const std::string& to, bool force) {
+  ZP_REQUIRE(!fs::is_directory(to), to, ": is a folder; the destination of a hub folder is an .h5 file");
+  ZP_REQUIRE(force || !fs::exists(to), to, ": already exists (use --force to replace it)");
+}
+
+void hub_to_weights(const ConvertOptions& o, std::optional<DType> want) {
+  const HubFolder hub = find_hub_folder(o.from);
+  const std::string cfg_path = (fs::path(hub.dir) / "config.json").string();
+  const std::string cfg_text = read_text(cfg_path);
+  json cfg;
+  try {
+    cfg = json::parse(cfg_text);
+  } catch (const std::exception& e) {
+    throw Error(cfg_path + ": not valid JSON: " + e.what());
+  }
+  // The engine must understand the config (so the file loads later); the transformer config also
+  // says which weights the hub stores transposed.
+  const bool is_lm = std::string(hub.family->name) == "transformer";
+  models::TransformerConfig tc;
+  if (is_lm) tc = models::TransformerConfig::from_hub_json(cfg, cfg_path);
+  else models::UNetConfig::from_hub_json(cfg, cfg_path);
+  check_file_destination(o.to, o.force);
+
+  const io::SafetensorsCollection st = io::SafetensorsCollection::open_dir(hub.dir, hub.family->stem);
+  const std::vector<std::string> names = st.names();
+  json metadata = json::object();
+  if (!names.empty())
+    for (const auto& [k, v] : st.file_of(names.front()).metadata()) metadata[k] = v;
+
+  io::CheckpointWriter w(o.to);
+  w.file().set_attr_string("/", "kind", "weights");
+  w.file().set_attr_string("/", "model_family", hub.family->name);
+  w.file().set_attr_string("/", "config", cfg_text);
+  w.file().set_attr_string("/", "safetensors_metadata", metadata.dump());
+  w.file().create_group("/model");
+
+  std::vector<uint64_t> raw, converted, transposed;
+  for (const std::string& name : names) {
+    const io::SafetensorsFile& f = st.file_of(name);
+    try {
+      ZP_REQUIRE(name.find('/') == std::string::npos, "a tensor name with '/' cannot be an HDF5 dataset name");
+      const io::SafetensorsEntry& e = f.entry(name);
+      const DType dt = target_dtype(e.dtype, want);
+      const size_t src_size = dtype_size(e.dtype), dst_size = dtype_size(dt);
+      const int64_t n = shape_numel(e.shape);
+      // The mapped data section need not be aligned: copy into an aligned buffer before converting.
+      const char* src = static_cast<const char*>(f.view(name).data());
+      const std::string ds = "/model/" + name;
+      if (is_lm && tc.hub_transposed(name)) {
+        ZP_REQUIRE(e.shape.size() == 2, "hub-transposed weight has shape ", shape_str(e.shape), ", expected 2 dimensions");
+        void* a = reserve(raw, n * int64_t(src_size));
+        std::memcpy(a, src, size_t(n) * src_size);
+        void* t = reserve(transposed, n * int64_t(src_size));
+        transpose(t, a, e.shape[0], e.shape[1], src_size);
+        void* c = reserve(converted, n * int64_t(dst_size));
+        convert_elements(c, dt, t, e.dtype, n);
+        w.write(ds, dt, {e.shape[1], e.shape[0]}, dt, c, 0, n);
+        w.file().set_attr_int(ds, "hub_transposed", 1);
+      } else {
+        const int64_t piece = std::max<int64_t>(1, kPieceBytes / int64_t(std::max(src_size, dst_size)));
+        void* a = reserve(raw, std::min(n, piece) * int64_t(src_size));
+        void* c = reserve(converted, std::min(n, piece) * int64_t(dst_size));
+        if (n == 0) w.write(ds, dt, e.shape, dt, c, 0, 0);
+        for (int64_t off = 0; off < n; off += piece) {
+          const int64_t cnt = std::min(piece, n - off);
+          std::memcpy(a, src + size_t(off) * src_size, size_t(cnt) * src_size);
+          convert_elements(c, dt, a, e.dtype, cnt);
+          w.write(ds, dt, e.shape, dt, c, off, cnt);
+        }
+      }
+    } catch (const Error& err) {
+      throw Error("converting tensor '" + name + "' of " + f.path() + " to " + o.to + ": " + err.what());
+    }
+  }
+  w.commit();
+}
+
+// --- weights file -> hub folder ----------------------------------------------------------------
+
+struct OutTensor {
+  std::string name, ds;
+  DType file_dt = DType::F32, out_dt = DType::F32;
+  Shape file_shape, hub_shape;
+  bool transposed = false;
+  int64_t bytes = 0;  // in the safetensors file
+};
+
+// Files of an earlier conversion that the new one would not overwrite (a single file replacing
+// shards, or fewer shards): removed after the new files are in place.
+std::vector<fs::path> stale_model_files(const std::string& dir, const std::string& stem) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    const bool shard = n.rfind(stem + "-", 0) == 0 && n.find("-of-") != std::string::npos &&
+                       n.size() > 12 && n.compare(n.size() - 12, 12, ".safetensors") == 0;
+    if (shard || n == stem + ".safetensors" || n == stem + ".safetensors.index.json") out.push_back(e.path());
+  }
+  return out;
+}
+
+std::string shard_name(const std::string& stem, size_t i, size_t n) {
+  char b[64];
+  std::snprintf(b, sizeof b, "-%05zu-of-%05zu.safetensors", i + 1, n);
+  return stem + b;
+}
+
+// Streams tensor t from the weights file into `out` in the hub layout and dtype.
+void copy_tensor(const io::H5File& f, const OutTensor& t, AtomicFile& out, std::vector<uint64_t>& raw,
+                 std::vector<uint64_t>& converted, std::vector<uint64_t>& transposed) {
+  const size_t src_size = dtype_size(t.file_dt), dst_size = dtype_size(t.out_dt);
+  const int64_t n = shape_numel(t.file_shape);
+  if (t.transposed) {
+    void* a = reserve(raw, n * int64_t(src_size));
+    f.read_slice(t.ds, t.file_dt, a, 0, n);
+    void* c = reserve(converted, n * int64_t(dst_size));
+    convert_elements(c, t.out_dt, a, t.file_dt, n);
+    void* h = reserve(transposed, n * int64_t(dst_size));
+    transpose(h, c, t.file_shape[0], t.file_shape[1], dst_size);
+    out.write(h, size_t(n) * dst_size);
+    return;
+  }
+  const int64_t piece = std::max<int64_t>(1, kPieceBytes / int64_t(std::max(src_size, dst_size)));
+  void* a = reserve(raw, std::min(n, piece) * int64_t(src_size));
+  void* c = reserve(converted, std::min(n, piece) * int64_t(dst_size));
+  for (int64_t off = 0; off < n; off += piece) {
+    const int64_t cnt = std::min(piece, n - off);
+    f.read_slice(t.ds, t.file_dt, a, off, cnt);
+    convert_elements(c, t.out_dt, a, t.file_dt, cnt);
+    out.write(c, size_t(cnt) * dst_size);
+  }
+}
+
+void write_shard(const std::string& path, const json& metadata, const io::H5File& f,
+                 const std::vector<const OutTensor*>& tensors) {
+  json hdr = json::object();
+  hdr["__metadata__"] = metadata;
+  uint64_t off = 0;
+  for (const OutTensor* t : tensors) {
+    hdr[t->name] = {{"dtype", io::safetensors_dtype_name(t->out_dt)},
+                    {"shape", t->hub_shape},
+                    {"data_offsets", {off, off + uint64_t(t->bytes)}}};
+    off += uint64_t(t->bytes);
+  }
+  std::string h = hdr.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // keeps the data section 8-byte aligned, as the hub's writer does
+  AtomicFile out(path);
+  const uint64_t hlen = h.size();
+  out.write(&hlen, 8);
+  out.write(h.data(), h.size());
+  std::vector<uint64_t> raw, converted, transposed;
+  for (const OutTensor* t : tensors) {
+    try {
+      copy_tensor(f, *t, out, raw, converted, transposed);
+    } catch (const Error& err) {
+      throw Error("converting tensor '" + t->name + "' of " + f.path() + " to " + path + ": " + err.what());
+    }
+  }
+  out.commit();
+}
+
+void weights_to_hub(const ConvertOptions& o, std::optional<DType> want) {
+  const io::CheckpointReader r(o.from);
+  const io::H5File& f = r.file();
+  const auto string_attr = [&](const std::string& name) -> std::optional<std::string> {
+    if (!f.has_attr("/", name) || f.attr_kind("/", name) != io::AttrKind::String) return std::nullopt;
+    return f.attr_string("/", name);
+  };
+  const std::optional<std::string> kind = string_attr("kind");
+  ZP_REQUIRE(kind == "weights", o.from, ": not a weights file (",
+             kind ? "kind = '" + *kind + "'" : std::string("no 'kind' attribute"),
+             "); convert turns a hub folder into a weights file and back");
+  const std::optional<std::string> family_name = string_attr("model_family");
+  const Family* fam = nullptr;
+  for (const Family& x : kFamilies)
+    if (family_name == x.name) fam = &x;
+  ZP_REQUIRE(fam, o.from, ": model_family ", family_name ? "'" + *family_name + "'" : std::string("missing"),
+             " is not transformer or unet");
+  const std::optional<std::string> cfg_text = string_attr("config");
+  ZP_REQUIRE(cfg_text, o.from, ": no 'config' attribute (the hub config.json)");
+  json metadata = {{"format", "pt"}};
+  if (auto m = string_attr("safetensors_metadata")) {
+    try {
+      json j = json::parse(*m);
+      if (j.is_object() && !j.empty()) {
+        metadata = json::object();
+        for (auto& [k, v] : j.items()) metadata[k] = v.is_string() ? v.get<std::string>() : v.dump();
+      }
+    } catch (const std::exception& e) {
+      throw Error(o.from + ": attribute safetensors_metadata is not JSON: " + e.what());
+    }
+  }
+  ZP_REQUIRE(f.is_group("/model"), o.from, ": no /model group");
+
+  std::vector<OutTensor> tensors;
+  for (const std::string& name : f.children("/model")) {
+    OutTensor t;
+    t.name = name;
+    t.ds = "/model/" + name;
+    ZP_REQUIRE(f.is_dataset(t.ds), o.from, ": ", t.ds, " is not a dataset");
+    const io::DatasetInfo info = f.dataset_info(t.ds);
+    t.file_dt = info.dtype;
+    t.out_dt = target_dtype(info.dtype, want);
+    t.file_shape = info.shape;
+    t.hub_shape = info.shape;
+    t.transposed = f.has_attr(t.ds, "hub_transposed") && f.attr_int(t.ds, "hub_transposed") != 0;
+    if (t.transposed) {
+      ZP_REQUIRE(info.shape.size() == 2, o.from, ": ", t.ds, " is marked hub_transposed but has shape ", shape_str(info.shape));
+      t.hub_shape = {info.shape[1], info.shape[0]};
+    }
+    t.bytes = info.numel() * int64_t(dtype_size(t.out_dt));
+    tensors.push_back(std::move(t));
+  }
+
+  // Destination: a new or empty folder, or with force one whose model files get replaced.
+  if (fs::exists(o.to)) {
+    ZP_REQUIRE(fs::is_directory(o.to), o.to, ": exists and is not a folder");
+    ZP_REQUIRE(o.force || fs::is_empty(o.to), o.to, ": already exists and is not empty (use --force to replace its model files)");
+  }
+  const bool created = !fs::exists(o.to);
+  if (created) {
+    std::error_code ec;
+    fs::create_directories(o.to, ec);
+    ZP_REQUIRE(!ec, o.to, ": cannot create folder: ", ec.message());
+  }
+  const std::string stem = fam->stem;
+  std::vector<fs::path> stale = stale_model_files(o.to, stem);
+
+  // Shards in name order, a new one when the next tensor would overflow the current one (a tensor
+  // larger than the limit gets a shard of its own), as the hub's save_pretrained does.
+  ZP_REQUIRE(o.max_shard_bytes > 0, "max_shard_bytes must be positive");
+  std::vector<std::vector<const OutTensor*>> shards(1);
+  int64_t in_shard = 0, total = 0;
+  for (const OutTensor& t : tensors) {
+    if (!shards.back().empty() && in_shard + t.bytes > o.max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(&t);
+    in_shard += t.bytes;
+    total += t.bytes;
+  }
+
+  std::vector<std::string> written;
+  try {
+    if (shards.size() == 1) {
+      write_shard((fs::path(o.to) / (stem + ".safetensors")).string(), metadata, f, shards[0]);
+      written.push_back(stem + ".safetensors");
+    } else {
+      json index = {{"metadata", {{"total_size", total}}}, {"weight_map", json::object()}};
+      for (size_t i = 0; i < shards.size(); ++i) {
+        const std::string name = shard_name(stem, i, shards.size());
+        write_shard((fs::path(o.to) / name).string(), metadata, f, shards[i]);
+        written.push_back(name);
+        for (const OutTensor* t : shards[i]) index["weight_map"][t->name] = name;
+      }
+      AtomicFile idx((fs::path(o.to) / (stem + ".safetensors.index.json")).string());
+      const std::string text = index.dump(2) + "\n";
+      idx.write(text.data(), text.size());
+      idx.commit();
+      written.push_back(stem + ".safetensors.index.json");
+    }
+    AtomicFile cfg((fs::path(o.to) / "config.json").string());
+    cfg.write(cfg_text->data(), cfg_text->size());
+    cfg.commit();
+  } catch (...) {
+    // Shards already in place are complete files, but a folder missing some is no model: take back
+    // what this run wrote (a replaced file of an earlier conversion cannot come back).
+    std::error_code ec;
+    for (const std::string& n : written) fs::remove(fs::path(o.to) / n, ec);
+    if (created) fs::remove(o.to, ec);  // only if empty
+    throw;
+  }
+
+  for (const fs::path& p : stale) {
+    if (std::find(written.begin(), written.end(), p.filename().string()) != written.end()) continue;
+    std::error_code ec;
+    fs::remove(p, ec);
+    if (ec) ZP_LOG_WARN(p.string(), ": cannot remove the previous conversion's file: ", ec.message());
+  }
+}
+
+}  // namespace
+
+int run_convert(const ConvertOptions& o) {
+  ZP_REQUIRE(!o.from.empty() && !o.to.empty(), "convert needs both a source (--from) and a destination (--to)");
+  const std::optional<DType> want = parse_dtype(o.dtype);
+  try {
+    ZP_REQUIRE(fs::exists(o.from), o.from, ": no such file or folder");
+    if (fs::is_directory(o.from)) hub_to_weights(o, want);
+    else weights_to_hub(o, want);
+  } catch (const fs::filesystem_error& e) {  // e.g. a folder we may not list; its message names the paths
+    throw Error(std::string("convert: ") + e.what());
+  }
+  return 0;
+}
+
+}  // namespace zp::app

@@ -1,0 +1,100 @@
+#include "app/inspect_command.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "io/checkpoint_file.h"
+#include "io/h5file.h"
+
+namespace zp::app {
+namespace fs = std::filesystem;
+
+namespace {
+
+void count_parameters(const io::H5File& f, const std::string& group, int64_t& params, int64_t& tensors) {
+  for (const std::string& c : f.children(group)) {
+    const std::string p = group + "/" + c;
+    if (f.is_group(p)) {
+      count_parameters(f, p, params, tensors);
+    } else if (f.is_dataset(p)) {
+      params += f.dataset_info(p).numel();
+      ++tensors;
+    }
+  }
+}
+
+// 124439808 -> "124,439,808"
+std::string with_commas(int64_t v) {
+  const std::string digits = std::to_string(v < 0 ? -v : v);
+  std::string out = v < 0 ? "-" : "";
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+// The model section: ZeRO-Pipe files (weights or checkpoints) only.
+void describe_model(std::ostream& o, const std::string& path) {
+  io::H5File f = io::H5File::open(path);
+  if (!f.has_attr("/", "zeropipe_format")) return;
+  auto string_attr = [&](const char* name) -> std::string {
+    return f.has_attr("/", name) && f.attr_kind("/", name) == io::AttrKind::String ? f.attr_string("/", name) : "";
+  };
+  const std::string kind = string_attr("kind"), family = string_attr("model_family"), cfg = string_attr("config");
+  o << "\nmodel: " << (kind.empty() ? "ZeRO-Pipe file" : kind + " file");
+  if (!family.empty()) o << ", family " << family;
+  o << "\n";
+  if (f.is_group("/model")) {
+    int64_t params = 0, tensors = 0;
+    count_parameters(f, "/model", params, tensors);
+    char short_form[32];
+    std::snprintf(short_form, sizeof short_form, "%.2fM", double(params) / 1e6);
+    o << "parameters: " << with_commas(params) << " (" << short_form << ") in " << tensors << " tensors under /model\n";
+  } else {
+    o << "parameters: none (no /model group)\n";
+  }
+  if (!cfg.empty()) {
+    o << "config:\n";
+    try {
+      o << nlohmann::json::parse(cfg).dump(2) << "\n";
+    } catch (const std::exception&) {
+      o << cfg << "\n(the config attribute is not valid JSON)\n";
+    }
+  }
+}
+
+}  // namespace
+
+InspectReport inspect_report(const std::string& path, bool verify) {
+  std::error_code ec;
+  ZP_REQUIRE(fs::exists(path, ec), path, ": no such file", ec ? " (" + ec.message() + ")" : "");
+  ZP_REQUIRE(!fs::is_directory(path, ec), path, ": is a folder, not an HDF5 file");
+  InspectReport r;
+  std::ostringstream o;
+  o << io::inspect(path, false);
+  describe_model(o, path);
+  if (verify) {  // verified here rather than by io::inspect, to know the outcome without parsing text
+    const io::ChecksumReport rep = io::verify_checksums(path);
+    o << "\nchecksums: " << (rep.ok() ? "ok" : "FAILED") << " (" << rep.datasets << " datasets, " << rep.slices
+      << " slices";
+    if (rep.unchecked) o << ", " << rep.unchecked << " datasets without checksums";
+    o << ")\n";
+    for (const auto& p : rep.problems) o << "  " << p << "\n";
+    r.ok = rep.ok();
+  }
+  r.text = o.str();
+  return r;
+}
+
+int run_inspect(const std::string& path, bool verify) {
+  const InspectReport r = inspect_report(path, verify);
+  std::fputs(r.text.c_str(), stdout);
+  std::fflush(stdout);
+  return r.ok ? 0 : 1;
+}
+
+}  // namespace zp::app
