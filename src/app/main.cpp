@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "app/convert.h"
+#include "app/inspect_command.h"
 #include "app/parity.h"
 #include "comm/bootstrap.h"
 #include "core/error.h"
@@ -22,6 +24,8 @@ const char* kUsage =
     "usage: zeropipe <command> [options]\n"
     "commands:\n"
     "  train    train a model: zeropipe train --config FILE [--set key.path=value ...]\n"
+    "  convert  hub folder (safetensors) <-> weights HDF5 file: zeropipe convert --from X --to Y [--dtype bf16|fp32|keep]\n"
+    "  inspect  list and check a checkpoint or weights file: zeropipe inspect FILE [--verify]\n"
     "  parity   run a reference folder (hub config, weights, io.safetensors) and compare every tensor\n"
     "run `zeropipe <command> --help` for the command's options\n";
 
@@ -40,6 +44,43 @@ int cmd_parity(int argc, char** argv) {
   }
   po::notify(vm);
   return zp::app::run_parity(o).finish();
+}
+
+int cmd_convert(int argc, char** argv) {
+  zp::app::ConvertOptions o;
+  po::options_description desc("zeropipe convert options");
+  desc.add_options()("help,h", "show this help")("from", po::value<std::string>(&o.from)->required(),
+                                                 "hub folder or weights .h5 file")(
+      "to", po::value<std::string>(&o.to)->required(), "weights .h5 file or hub folder")(
+      "dtype", po::value<std::string>(&o.dtype)->default_value("keep"), "keep | bf16 | fp32")(
+      "force", po::bool_switch(&o.force), "replace an existing destination");
+  po::variables_map vm;
+  po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
+  po::notify(vm);
+  return zp::app::run_convert(o);
+}
+
+int cmd_inspect(int argc, char** argv) {
+  std::string path;
+  bool verify = false;
+  po::options_description desc("zeropipe inspect options");
+  desc.add_options()("help,h", "show this help")("file", po::value<std::string>(&path)->required(),
+                                                 "checkpoint or weights file")(
+      "verify", po::bool_switch(&verify), "re-read every dataset and compare its stored checksums");
+  po::positional_options_description pos;
+  pos.add("file", 1);
+  po::variables_map vm;
+  po::store(po::command_line_parser(argc, argv).options(desc).positional(pos).run(), vm);
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
+  po::notify(vm);
+  return zp::app::run_inspect(path, verify);
 }
 
 int cmd_train(int argc, char** argv) {
@@ -90,6 +131,8 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "parity") return cmd_parity(argc - 1, argv + 1);
     if (cmd == "train") return cmd_train(argc - 1, argv + 1);
+    if (cmd == "convert") return cmd_convert(argc - 1, argv + 1);
+    if (cmd == "inspect") return cmd_inspect(argc - 1, argv + 1);
     std::fprintf(stderr, "zeropipe: unknown command '%s'\n%s", cmd.c_str(), kUsage);
     return 2;
   } catch (const po::error& e) {

@@ -127,6 +127,17 @@ double ZeroEngine::grad_norm_squared() {
   return double(norm_sq_.to(Device::cpu(), s_).data<float>()[0]);
 }
 
+void ZeroEngine::refresh_compute_weights() {
+  for (size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = units_[i];
+    const OwnedRange& r = opt_->ranges()[i];
+    const size_t esz = dtype_size(u.block->dtype());
+    void* out = stage_ == 3 ? u.values_shard.data() : static_cast<char*>(u.block->values().data()) + size_t(r.begin) * esz;
+    ZP_KERNEL_CALL(u.block->device(), cast, s_, u.block->dtype(), out, DType::F32, opt_->master(i).data(), r.size());
+    if ((stage_ == 1 || stage_ == 2) && dp_) dp_->all_gather(out, u.block->values().data(), u.shard, u.block->dtype(), s_);
+  }
+}
+
 void ZeroEngine::step(float grad_scale, double lr) {
   std::vector<const float*> grads;
   std::vector<void*> out;

@@ -60,6 +60,10 @@ class ZeroEngine : public nn::BlockAccess {
   // Every block's fp32 master weights (padded flat buffers, concatenated in block order), gathered
   // from the owners onto every rank: for tests and small-model tools, not for large models.
   std::vector<float> gather_master();
+  // After the fp32 master weights of the owned ranges were overwritten (a checkpoint load): rewrites
+  // the compute weights from them (cast to the compute dtype, then all-gathered where they are
+  // replicated), so the next forward sees the loaded values.
+  void refresh_compute_weights();
 
   // nn::BlockAccess
   void acquire_params(nn::ParamBlock& b) override;
