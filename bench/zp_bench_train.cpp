@@ -26,6 +26,11 @@ void BM_TrainStepGpt2(benchmark::State& st) {
   auto cfg = models::TransformerConfig::from_hub_json(hub, "gpt2-124m");
   Stream stream(Device::cuda(0));
   const StreamHandle s = stream.handle();
+  // Give back what an earlier benchmark left cached in the pool, so the device-level peak is this one's.
+  cudaDeviceSynchronize();
+  cudaMemPool_t pool = nullptr;
+  cudaDeviceGetDefaultMemPool(&pool, 0);
+  cudaMemPoolTrimTo(pool, 0);
   size_t free0 = 0, total = 0;
   cudaMemGetInfo(&free0, &total);
   device_allocator(0).reset_peak();

@@ -142,6 +142,84 @@ __global__ void layernorm_backward_kernel(T* __restrict__ dx, float* __restrict_
   }
 }
 
+// Backward for short rows (at most 4 packs per lane): a warp per row, so the row reductions are
+// shuffles with no block barriers, and each lane keeps the dweight/dbias partial sums of its own
+// columns in registers across all the rows its warp visits. The warps of a block then merge their
+// partials with shared-memory atomics and the block adds them to the fp32 gradients once.
+template <class T, int VEC, int PPL>
+__global__ void layernorm_backward_warp_kernel(T* __restrict__ dx, float* __restrict__ dweight,
+                                               float* __restrict__ dbias, const T* __restrict__ dy,
+                                               const T* __restrict__ x, const T* __restrict__ weight,
+                                               const float* __restrict__ mean, const float* __restrict__ rstd,
+                                               int64_t N, int C, bool accumulate_dx) {
+  using P = Pack<T, VEC>;
+  extern __shared__ float partial[];  // [C] dweight, then [C] dbias
+  const int packs = C / VEC, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int i = threadIdx.x; i < (dbias ? 2 : 1) * C; i += blockDim.x) partial[i] = 0.f;
+  __syncthreads();
+  float dw_acc[PPL][VEC], db_acc[PPL][VEC];
+  P wv[PPL];
+#pragma unroll
+  for (int k = 0; k < PPL; ++k) {
+    const int p = lane + 32 * k;
+    if (p < packs) wv[k] = reinterpret_cast<const P*>(weight)[p];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dw_acc[k][j] = db_acc[k][j] = 0.f;
+  }
+  for (int64_t row = int64_t(blockIdx.x) * warps + warp; row < N; row += int64_t(gridDim.x) * warps) {
+    const float m = mean[row], r = rstd[row];
+    const P* xr = reinterpret_cast<const P*>(x + row * C);
+    const P* dyr = reinterpret_cast<const P*>(dy + row * C);
+    P xv[PPL], dv[PPL];
+    float g_sum = 0.f, gx_sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < PPL; ++k) {
+      const int p = lane + 32 * k;
+      if (p >= packs) continue;
+      xv[k] = xr[p];
+      dv[k] = dyr[p];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float xhat = (to_f(xv[k].v[j]) - m) * r, d = to_f(dv[k].v[j]), g = d * to_f(wv[k].v[j]);
+        g_sum += g;
+        gx_sum += g * xhat;
+        dw_acc[k][j] += d * xhat;
+        db_acc[k][j] += d;
+      }
+    }
+    const float g_mean = warp_sum(g_sum) / float(C), gx_mean = warp_sum(gx_sum) / float(C);
+    P* dxr = reinterpret_cast<P*>(dx + row * C);
+#pragma unroll
+    for (int k = 0; k < PPL; ++k) {
+      const int p = lane + 32 * k;
+      if (p >= packs) continue;
+      P out = accumulate_dx ? dxr[p] : P{};
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float xhat = (to_f(xv[k].v[j]) - m) * r;
+        const float v = r * (to_f(dv[k].v[j]) * to_f(wv[k].v[j]) - g_mean - xhat * gx_mean);
+        out.v[j] = from_f<T>(accumulate_dx ? to_f(out.v[j]) + v : v);
+      }
+      dxr[p] = out;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < PPL; ++k) {
+    const int p = lane + 32 * k;
+    if (p >= packs) continue;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      atomicAdd(&partial[p * VEC + j], dw_acc[k][j]);
+      if (dbias) atomicAdd(&partial[C + p * VEC + j], db_acc[k][j]);
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < C; i += blockDim.x) {
+    atomicAdd(dweight + i, partial[i]);
+    if (dbias) atomicAdd(dbias + i, partial[C + i]);
+  }
+}
+
 // Rows of at most this many packs get a warp each; longer rows get a block.
 constexpr int kWarpRowMaxPacks = 256;
 constexpr int kForwardWarpsPerBlock = 8;
@@ -176,8 +254,26 @@ void launch_forward(StreamHandle s, T* y, float* mean, float* rstd, const T* x, 
 template <class T, int VEC>
 void launch_backward(StreamHandle s, T* dx, float* dw, float* db, const T* dy, const T* x, const T* w,
                      const float* mean, const float* rstd, int64_t N, int C, bool accumulate_dx) {
-  auto kernel = layernorm_backward_kernel<T, VEC>;
   const int packs = C / VEC;
+  if (packs <= 4 * 32) {
+    const size_t smem = size_t(db ? 2 : 1) * size_t(C) * sizeof(float);
+    auto launch = [&](auto kernel) {
+      allow_dynamic_smem(kernel, smem, "layernorm_backward");
+      constexpr int kThreads = 256;
+      int per_sm = 0;
+      ZP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+      const int64_t grid = std::max<int64_t>(
+          1, std::min<int64_t>(int64_t(sm_count()) * std::max(per_sm, 1),
+                               (N + 8 * kBackwardMinRowsPerBlock - 1) / (8 * kBackwardMinRowsPerBlock)));
+      kernel<<<unsigned(grid), kThreads, smem, s>>>(dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate_dx);
+    };
+    if (packs <= 32) launch(layernorm_backward_warp_kernel<T, VEC, 1>);
+    else if (packs <= 64) launch(layernorm_backward_warp_kernel<T, VEC, 2>);
+    else if (packs <= 96) launch(layernorm_backward_warp_kernel<T, VEC, 3>);
+    else launch(layernorm_backward_warp_kernel<T, VEC, 4>);
+    return;
+  }
+  auto kernel = layernorm_backward_kernel<T, VEC>;
   const int threads = std::clamp((packs + 31) / 32 * 32, 32, 512);
   const size_t smem = size_t(db ? 2 : 1) * size_t(C) * sizeof(float);
   allow_dynamic_smem(kernel, smem, "layernorm_backward");
