@@ -1,5 +1,6 @@
 #include "parallel/zero_engine.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 
@@ -48,6 +49,33 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, int stage, comm::Com
 
 ZeroEngine::~ZeroEngine() = default;
 
+template <class F>
+void ZeroEngine::timed(F&& collective) {
+  if (!timing_) return collective();
+  if (!dp_ || dp_->device().is_cpu()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    collective();
+    host_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return;
+  }
+  while (events_.size() < events_used_ + 2) events_.push_back(std::make_unique<Event>());
+  events_[events_used_]->record(s_);
+  collective();
+  events_[events_used_ + 1]->record(s_);
+  events_used_ += 2;
+}
+
+double ZeroEngine::comm_ms() {
+  double ms = host_ms_;
+  for (size_t i = 0; i + 1 < events_used_; i += 2) {
+    events_[i + 1]->synchronize();
+    ms += events_[i + 1]->elapsed_ms_since(*events_[i]);
+  }
+  events_used_ = 0;
+  host_ms_ = 0;
+  return ms;
+}
+
 ZeroEngine::Unit& ZeroEngine::unit(nn::ParamBlock& b) {
   for (Unit& u : units_)
     if (u.block == &b) return u;
@@ -60,7 +88,7 @@ void ZeroEngine::acquire_params(nn::ParamBlock& b) {
   if (u.params_refs++ > 0) return;
   Tensor full = Tensor::empty({b.padded()}, b.dtype(), b.device(), "gathered params", s_);
   if (dp_)
-    dp_->all_gather(u.values_shard.data(), full.data(), u.shard, b.dtype(), s_);
+    timed([&] { dp_->all_gather(u.values_shard.data(), full.data(), u.shard, b.dtype(), s_); });
   else
     full.copy_from(u.values_shard, s_);
   b.bind_values(std::move(full));
@@ -89,7 +117,7 @@ void ZeroEngine::release_grads(nn::ParamBlock& b) {
   Tensor mine = b.grads().flat(rank_ * u.shard, u.shard);
   if (dp_) {
     mine = Tensor::empty({u.shard}, DType::F32, b.device(), "gradients in flight", s_);
-    dp_->reduce_scatter(b.grads().data(), mine.data(), u.shard, DType::F32, comm::ReduceOp::Avg, s_);
+    timed([&] { dp_->reduce_scatter(b.grads().data(), mine.data(), u.shard, DType::F32, comm::ReduceOp::Avg, s_); });
   }
   ZP_KERNEL_CALL(b.device(), axpy, s_, DType::F32, u.grad_shard.data(), 1.f, mine.data(), u.shard);
   b.bind_grads(Tensor());
@@ -107,8 +135,10 @@ void ZeroEngine::begin_step() {
 void ZeroEngine::finish_gradients() {
   if (stage_ >= 2 || !dp_) return;
   for (Unit& u : units_)
-    dp_->all_reduce(u.block->grads().data(), u.block->grads().data(), u.block->padded(), DType::F32,
-                    comm::ReduceOp::Avg, s_);
+    timed([&] {
+      dp_->all_reduce(u.block->grads().data(), u.block->grads().data(), u.block->padded(), DType::F32,
+                      comm::ReduceOp::Avg, s_);
+    });
 }
 
 double ZeroEngine::grad_norm_squared() {
@@ -152,7 +182,7 @@ void ZeroEngine::step(float grad_scale, double lr) {
   if ((stage_ == 1 || stage_ == 2) && dp_)
     for (size_t i = 0; i < units_.size(); ++i) {
       Unit& u = units_[i];
-      dp_->all_gather(out[i], u.block->values().data(), u.shard, u.block->dtype(), s_);
+      timed([&] { dp_->all_gather(out[i], u.block->values().data(), u.shard, u.block->dtype(), s_); });
     }
 }
 

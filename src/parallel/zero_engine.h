@@ -65,6 +65,12 @@ class ZeroEngine : public nn::BlockAccess {
   // replicated), so the next forward sees the loaded values.
   void refresh_compute_weights();
 
+  // Communication time: with timing on, every collective is bracketed by CUDA events on the engine's
+  // stream (or timed on the host for MPI); comm_ms() returns the total since its last call. The
+  // collectives run on the compute stream, so this is time the step spends communicating.
+  void set_timing(bool on) { timing_ = on; }
+  double comm_ms();
+
   // nn::BlockAccess
   void acquire_params(nn::ParamBlock& b) override;
   void release_params(nn::ParamBlock& b) override;
@@ -86,6 +92,11 @@ class ZeroEngine : public nn::BlockAccess {
   StreamHandle s_;
   std::unique_ptr<ShardedAdamW> opt_;
   Tensor norm_sq_;
+  template <class F> void timed(F&& collective);
+  bool timing_ = false;
+  std::vector<std::unique_ptr<Event>> events_;
+  size_t events_used_ = 0;
+  double host_ms_ = 0;
 };
 
 }  // namespace zp::parallel
