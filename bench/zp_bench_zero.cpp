@@ -23,13 +23,13 @@ namespace zp::bench {
 
 comm::Runtime* g_rt = nullptr;
 
-void fill_random(models::Transformer& model, StreamHandle s) {
+void fill_random(models::Transformer& model, Device dev, StreamHandle s) {
   const int64_t tile = 1 << 22;
   std::mt19937 g(1);
   std::normal_distribution<float> d(0.f, 0.02f);
   Tensor h = Tensor::empty({tile}, DType::F32, Device::cpu());
   for (int64_t i = 0; i < tile; ++i) h.data<float>()[i] = d(g);
-  Tensor f = h.to(Device::cuda(0), s), b = Tensor::empty({tile}, DType::BF16, Device::cuda(0), "bench", s);
+  Tensor f = h.to(dev, s), b = Tensor::empty({tile}, DType::BF16, dev, "bench", s);
   kernels::cuda::cast(s, DType::BF16, b.data(), DType::F32, f.data(), tile);
   for (nn::ParamBlock* blk : model.blocks())
     for (int64_t o = 0; o < blk->padded(); o += tile)
@@ -54,7 +54,7 @@ void BM_ZeroStep(benchmark::State& st) {
   double tok_s = 0, comm = 0, mfu = 0, peak = 0;
   {
     models::Transformer model(cfg, rt.device(), DType::BF16, s, parallel::shard_pad_multiple(world));
-    fill_random(model, s);
+    fill_random(model, rt.device(), s);
     parallel::ZeroEngine engine(model.blocks(), stage, dp.get(), {3e-4, 0.9, 0.95, 1e-8, 0.1, false}, s);
     model.set_block_access(&engine);
     engine.set_timing(true);

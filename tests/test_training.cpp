@@ -32,9 +32,9 @@ static comm::Runtime& runtime() {
 
 static io::Config tiny_config(const std::string& data, const std::string& model_type = "llama") {
   io::json model = model_type == "gpt2"
-                       ? io::json{{"model_type", "gpt2"}, {"vocab_size", 64}, {"n_positions", 32}, {"n_embd", 32},
+                       ? io::json{{"model_type", "gpt2"}, {"vocab_size", 100}, {"n_positions", 32}, {"n_embd", 32},
                                   {"n_layer", 2}, {"n_head", 2}}
-                       : io::json{{"model_type", "llama"}, {"vocab_size", 64}, {"hidden_size", 32},
+                       : io::json{{"model_type", "llama"}, {"vocab_size", 70}, {"hidden_size", 32},
                                   {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
                                   {"num_key_value_heads", 2}, {"max_position_embeddings", 32}};
   io::json user = {{"train_micro_batch_size_per_gpu", 4},
@@ -54,7 +54,7 @@ TEST(Training, TinyModelOverfitsOneBatch) {
     io::Config c = tiny_config(data, type);
     TrainResult r = train(TrainConfig::from(c), runtime());
     ASSERT_EQ(r.losses.size(), 60u);
-    EXPECT_GT(r.losses.front(), 3.5) << type << ": starts near log(64) = 4.16";
+    EXPECT_GT(r.losses.front(), 3.5) << type << ": starts near log(vocabulary) >= 4.2";
     EXPECT_LT(r.losses.back(), 0.1) << type << ": memorises the batch";
   }
 }

@@ -135,6 +135,7 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
   const std::string pre = gpt2 ? "transformer." : "model.";
   embed_ = std::make_unique<ParamBlock>("embed");
   wte_ = embed_->add(pre + (gpt2 ? "wte.weight" : "embed_tokens.weight"), {cfg.vocab, C}, false);
+  if (cfg.tied) embed_->add_gap((vpad_ - cfg.vocab) * C);  // the head GEMM reads vpad rows
   if (cfg.learned_positions) wpe_ = embed_->add(pre + "wpe.weight", {cfg.max_positions, C}, false);
   embed_->allocate(dev, dt, s, pad_multiple);
 
@@ -194,10 +195,13 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
   head_ = std::make_unique<ParamBlock>("head");
   Parameter* nw = head_->add(pre + (gpt2 ? "ln_f.weight" : "norm.weight"), {C}, false);
   Parameter* nb = cfg.norm == NormKind::LayerNorm ? head_->add(pre + "ln_f.bias", {C}, false) : nullptr;
-  if (!cfg.tied) lm_head_ = head_->add("lm_head.weight", {cfg.vocab, C}, true);
+  if (!cfg.tied) {
+    lm_head_ = head_->add("lm_head.weight", {cfg.vocab, C}, true);
+    head_->add_gap((vpad_ - cfg.vocab) * C);
+  }
   head_->allocate(dev, dt, s, pad_multiple);
   lnf_ = Norm(cfg.norm, nw, nb, cfg.norm_eps);
-  head_linear_ = Linear(cfg.tied ? wte_ : lm_head_, nullptr);
+  head_linear_ = Linear::padded(cfg.tied ? wte_ : lm_head_, vpad_);
 }
 
 std::vector<ParamBlock*> Transformer::blocks() {

@@ -29,6 +29,13 @@ Linear::Linear(std::vector<Parameter*> weights, std::vector<Parameter*> biases) 
   }
 }
 
+Linear Linear::padded(Parameter* weight, int64_t padded_rows) {
+  Linear l(weight, nullptr);
+  ZP_CHECK(padded_rows >= l.out_, "Linear ", weight->name, ": padded rows ", padded_rows, " < ", l.out_);
+  l.out_ = padded_rows;
+  return l;
+}
+
 void Linear::forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t ldy) const {
   ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, c.dt, false, true, N, out_, in_, 1.f, x, in_, w_->v(), in_, 0.f, y,
                  ldy ? ldy : out_, b_ ? GemmEpilogue::Bias : GemmEpilogue::None, b_ ? b_->v() : nullptr);

@@ -14,6 +14,9 @@ class Linear {
   // `weights` (and `biases`, empty for none) must be packed back to back in one block.
   Linear(std::vector<Parameter*> weights, std::vector<Parameter*> biases);
   Linear(Parameter* weight, Parameter* bias) : Linear(std::vector<Parameter*>{weight}, bias ? std::vector<Parameter*>{bias} : std::vector<Parameter*>{}) {}
+  // A bias-free weight whose block holds zero rows after it up to `padded_rows` (ParamBlock::add_gap):
+  // the GEMMs run over all padded rows, so their sizes stay aligned (a 50257-token vocabulary as 50304).
+  static Linear padded(Parameter* weight, int64_t padded_rows);
 
   int64_t in() const { return in_; }
   int64_t out() const { return out_; }

@@ -36,6 +36,9 @@ class ParamBlock {
 
   // Declares a parameter (before allocate()). The returned pointer stays valid for the block's life.
   Parameter* add(const std::string& name, Shape shape, bool decay, bool packed = false);
+  // Leaves `elements` zeros after the last parameter added (rows a GEMM may read past the tensor, e.g.
+  // a vocabulary padded to a multiple of 64); they stay zero: no optimizer or loader touches them.
+  void add_gap(int64_t elements) { numel_ += elements; }
   // Allocates the flat buffers on `dev`, values in `dt`, and points every parameter at its slice.
   // Gradients start at zero.
   void allocate(Device dev, DType dt, StreamHandle s = nullptr, int64_t pad_multiple = 1);

@@ -49,9 +49,9 @@ std::string shared_token_file(MPI_Comm comm) {
 TrainConfig config(const std::string& data, const std::string& model_type, int stage, int world,
                    const std::string& device = "cpu") {
   io::json model = model_type == "gpt2"
-                       ? io::json{{"model_type", "gpt2"}, {"vocab_size", 64}, {"n_positions", 32}, {"n_embd", 32},
+                       ? io::json{{"model_type", "gpt2"}, {"vocab_size", 100}, {"n_positions", 32}, {"n_embd", 32},
                                   {"n_layer", 2}, {"n_head", 2}}
-                       : io::json{{"model_type", "llama"}, {"vocab_size", 64}, {"hidden_size", 32},
+                       : io::json{{"model_type", "llama"}, {"vocab_size", 70}, {"hidden_size", 32},
                                   {"intermediate_size", 48}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
                                   {"num_key_value_heads", 2}, {"max_position_embeddings", 32}};
   io::json user = {{"train_micro_batch_size_per_gpu", kGlobalBatch / world},
