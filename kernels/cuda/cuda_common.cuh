@@ -4,6 +4,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <initializer_list>
+
 #include "core/cuda_check.h"
 #include "core/dtype.h"
 
@@ -46,6 +49,23 @@ __device__ __forceinline__ float block_sum(float v) {
 }
 
 inline unsigned ceil_div(long long a, long long b) { return unsigned((a + b - 1) / b); }
+
+// VEC consecutive elements moved as one load/store.
+template <class T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack {
+  T v[VEC];
+};
+
+// Whether rows of `width` elements of T can move as 16-byte packs: the width divides and every
+// (non-null) pointer is 16-byte aligned.
+template <class T>
+bool can_vectorise(int64_t width, std::initializer_list<const void*> ptrs) {
+  constexpr int vec = 16 / int(sizeof(T));
+  if (width % vec != 0) return false;
+  for (const void* p : ptrs)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
 
 // Multiprocessors of the current device (cached per device).
 inline int sm_count() {

@@ -17,12 +17,6 @@
 namespace zp::kernels::cuda {
 namespace {
 
-// VEC consecutive elements moved as one load/store.
-template <class T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-  T v[VEC];
-};
-
 __device__ __forceinline__ float sigmoid(float z) { return 1.f / (1.f + expf(-z)); }
 
 template <class T, int VEC>
@@ -151,15 +145,6 @@ __global__ void groupnorm_backward_kernel(T* __restrict__ dx, float* __restrict_
 
 constexpr int kApplyThreads = 256;
 constexpr int kMaxBlockThreads = 512;
-
-template <class T>
-bool can_vectorise(int64_t HW, std::initializer_list<const void*> ptrs) {
-  constexpr int vec = 16 / int(sizeof(T));
-  if (HW % vec != 0) return false;
-  for (const void* p : ptrs)
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  return true;
-}
 
 // Threads for a block that reduces `packs` packs: a multiple of 32, no more than there is work for.
 int block_threads(int64_t packs) {

@@ -15,12 +15,6 @@
 namespace zp::kernels::cuda {
 namespace {
 
-// VEC consecutive elements moved as one load/store.
-template <class T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-  T v[VEC];
-};
-
 template <bool kBlockPerRow>
 __device__ __forceinline__ float row_sum(float v) {
   if constexpr (kBlockPerRow) return block_sum(v);
@@ -119,15 +113,6 @@ constexpr int kForwardBlockThreads = 256;
 // A backward block handles at least this many rows (when there are enough), so that its one flush of
 // C atomics is spread over several rows of work.
 constexpr int64_t kBackwardMinRowsPerBlock = 8;
-
-template <class T>
-bool can_vectorise(int64_t C, std::initializer_list<const void*> ptrs) {
-  constexpr int vec = 16 / int(sizeof(T));
-  if (C % vec != 0) return false;
-  for (const void* p : ptrs)
-    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  return true;
-}
 
 
 
