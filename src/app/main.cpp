@@ -23,7 +23,7 @@ namespace {
 const char* kUsage =
     "usage: zeropipe <command> [options]\n"
     "commands:\n"
-    "  train    train a model: zeropipe train --config FILE [--set key.path=value ...]\n"
+    "  train    train a model: zeropipe train --config FILE [--set key.path=value ...] [--resume FILE|latest]\n"
     "  convert  hub folder (safetensors) <-> weights HDF5 file: zeropipe convert --from X --to Y [--dtype bf16|fp32|keep]\n"
     "  inspect  list and check a checkpoint or weights file: zeropipe inspect FILE [--verify]\n"
     "  parity   run a reference folder (hub config, weights, io.safetensors) and compare every tensor\n"
@@ -86,11 +86,14 @@ int cmd_inspect(int argc, char** argv) {
 int cmd_train(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> sets;
+  std::string resume;
   po::options_description desc("zeropipe train options");
   desc.add_options()("help,h", "show this help")("config", po::value<std::string>(&config_path),
                                                  "training configuration (JSON; DeepSpeed key names)")(
       "set", po::value<std::vector<std::string>>(&sets)->composing(), "override a key: --set key.path=value (repeatable)")(
-      "print-defaults", "print every configuration key with its default and exit");
+      "print-defaults", "print every configuration key with its default and exit")(
+      "resume", po::value<std::string>(&resume),
+      "continue from a checkpoint: FILE, or latest (the newest in checkpoint.dir; none there: start fresh)");
   po::variables_map vm;
   po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
   po::notify(vm);
@@ -106,7 +109,8 @@ int cmd_train(int argc, char** argv) {
   // Parse and validate before MPI starts, so a bad config fails the same way on every rank, at once.
   zp::io::Config cfg = zp::io::Config::from_file(zp::runtime::train_config_schema(), config_path);
   for (const auto& s : sets) cfg.set(s);
-  const zp::runtime::TrainConfig tc = zp::runtime::TrainConfig::from(cfg);
+  zp::runtime::TrainConfig tc = zp::runtime::TrainConfig::from(cfg);
+  tc.resume = resume;
   zp::comm::Runtime rt(&argc, &argv);
   try {
     zp::runtime::train(tc, rt);

@@ -115,8 +115,14 @@ TrainConfig TrainConfig::from(const io::Config& c) {
   t.total_steps = total.is_number() ? total.get<int64_t>() : t.max_steps;
   ZP_REQUIRE(t.max_steps >= 0, "training.max_steps must be >= 0");
   ZP_REQUIRE(t.warmup_steps >= 0, "scheduler.params.warmup_num_steps must be >= 0");
-  ZP_REQUIRE(c.get<std::string>("checkpoint.dir").empty() && c.get<int64_t>("checkpoint.save_every") == 0,
-             "checkpoint.*: checkpointing is not implemented yet (leave checkpoint.dir empty)");
+  t.checkpoint_dir = c.get<std::string>("checkpoint.dir");
+  t.save_every = c.get<int64_t>("checkpoint.save_every");
+  t.keep_last = c.get<int64_t>("checkpoint.keep_last");
+  ZP_REQUIRE(t.save_every >= 0, "checkpoint.save_every must be >= 0 (0 = never), got ", t.save_every);
+  ZP_REQUIRE(t.keep_last >= 0, "checkpoint.keep_last must be >= 0 (0 = keep all), got ", t.keep_last);
+  ZP_REQUIRE(t.save_every == 0 || !t.checkpoint_dir.empty(), "checkpoint.save_every = ", t.save_every,
+             " needs checkpoint.dir (where to save)");
+  t.config_json = c.dump();
   return t;
 }
 

@@ -46,6 +46,12 @@ struct TrainConfig {
   uint64_t seed = 1234;
   std::string device = "auto";  // auto | cpu | cuda
   std::string metrics_file;      // JSONL, "" = none; "{rank}" is replaced by the rank
+  // checkpoints (runtime/checkpoint.h)
+  std::string checkpoint_dir;    // where step-<N>.h5 files go; "" = no checkpoints
+  int64_t save_every = 0;        // save after every N steps and after the last one; 0 = never
+  int64_t keep_last = 3;         // keep the newest K checkpoints in checkpoint_dir; 0 = keep all
+  std::string resume;            // not a config key (`zeropipe train --resume`): "" | "latest" | a file
+  std::string config_json;       // the whole configuration as given, recorded in every checkpoint
 
   // Reads and validates; throws zp::Error naming the key.
   static TrainConfig from(const io::Config& c);

@@ -6,6 +6,14 @@
 // Global batch order: step s, micro-step m, rank r and row i read the window at position
 // s*G + m*(micro*world) + r*micro + i of the seeded epoch order (G = the global batch), so the
 // same global batch is seen whatever the world size, for the same global batch size.
+//
+// Checkpoints (runtime/checkpoint.h): with checkpoint.save_every = N, every N steps and after the
+// last step the ranks save <checkpoint.dir>/step-<step>.h5 together and keep the newest
+// checkpoint.keep_last. cfg.resume ("latest" or a file) continues from a checkpoint: the weights,
+// moments, optimizer step (bias correction, LR schedule), loss scaler and data position are
+// restored, so that an fp32 run resumed at the same world size and stage reproduces the
+// uninterrupted run bit for bit; another world size or stage continues to rounding (the reduction
+// order changes). The data position moves by one global batch per step from the saved one.
 #pragma once
 #include <memory>
 
@@ -19,6 +27,9 @@ struct TrainResult {
   std::vector<double> val_losses;
   int64_t skipped_steps = 0;
   std::vector<float> final_params;  // fp32 master weights after the last step, when asked for
+  int64_t first_step = 0;           // steps done before this run (> 0 when resumed)
+  std::string resumed_from;         // the checkpoint it resumed from, "" when it started fresh
+  std::vector<std::string> saved;   // checkpoints written, in order
 };
 
 // Trains on the ranks of `group` (default: the world). With `return_params`, every rank gets the

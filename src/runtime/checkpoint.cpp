@@ -1,0 +1,241 @@
+// The one thing to know: every dataset is a whole logical tensor, and a rank's part of a parameter is
+// always one flat range of it (the parameter's slice of a block buffer intersected with a contiguous
+// range of that buffer), so saving and loading are a list of flat-range writes and reads in which
+// every rank takes part in every call, possibly with nothing to move.
+#include "runtime/checkpoint.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/checkpoint_file.h"
+
+namespace zp::runtime {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kKind = "checkpoint";
+
+std::string model_ds(const std::string& name) { return "/model/" + name; }
+std::string moment_ds(const std::string& name, const char* which) { return "/optimizer/" + name + "/" + which; }
+
+int comm_rank(MPI_Comm comm) {
+  int r = 0;
+  if (comm != MPI_COMM_NULL) ZP_MPI_CHECK(MPI_Comm_rank(comm, &r));
+  return r;
+}
+int comm_size(MPI_Comm comm) {
+  int n = 1;
+  if (comm != MPI_COMM_NULL) ZP_MPI_CHECK(MPI_Comm_size(comm, &n));
+  return n;
+}
+
+// Hub keys that describe how a config was produced rather than the model.
+bool informational_key(const std::string& k) {
+  static const std::set<std::string> keys = {"architectures", "torch_dtype", "transformers_version", "_name_or_path",
+                                             "use_cache", "auto_map"};
+  return keys.count(k) > 0;
+}
+
+// "" when the two hub configs describe the same model, else the first differing key and both values.
+std::string config_difference(const io::json& in_file, const io::json& now) {
+  std::set<std::string> keys;
+  for (const auto& [k, v] : in_file.items()) keys.insert(k);
+  for (const auto& [k, v] : now.items()) keys.insert(k);
+  for (const std::string& k : keys) {
+    if (informational_key(k)) continue;
+    const bool a = in_file.contains(k), b = now.contains(k);
+    if (a && b && in_file[k] == now[k]) continue;
+    return "'" + k + "' is " + (a ? in_file[k].dump() : std::string("absent")) + " in the checkpoint, " +
+           (b ? now[k].dump() : std::string("absent")) + " in this run";
+  }
+  return "";
+}
+
+// The three datasets of a parameter and the engine tensor of range i that holds each.
+struct StateTensor {
+  const char* what;
+  Tensor& (*of)(parallel::ShardedAdamW&, size_t);
+};
+const StateTensor kStates[3] = {
+    {"weights", [](parallel::ShardedAdamW& o, size_t i) -> Tensor& { return o.master(i); }},
+    {"exp_avg", [](parallel::ShardedAdamW& o, size_t i) -> Tensor& { return o.exp_avg(i); }},
+    {"exp_avg_sq", [](parallel::ShardedAdamW& o, size_t i) -> Tensor& { return o.exp_avg_sq(i); }},
+};
+std::string dataset_of(int k, const std::string& name) {
+  return k == 0 ? model_ds(name) : moment_ds(name, kStates[k].what);
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngine& engine, const CheckpointModel& model,
+                     TrainState state, StreamHandle s) {
+  parallel::ShardedAdamW& opt = engine.optimizer();
+  const int world = engine.world(), rank = engine.rank();
+  state.world_size = world;
+  state.zero_stage = engine.stage();
+  state.optimizer_steps = opt.steps();
+
+  io::CheckpointWriter w(path, comm);
+  io::H5File& f = w.file();
+  f.set_attr_string("/", "kind", kKind);
+  f.set_attr_string("/", "model_family", model.model_family);
+  f.set_attr_string("/", "config", model.config_json);
+  f.set_attr_string("/", "model_config", model.model_config.dump(2));
+  f.set_attr_int("/", "step", state.step);
+  f.set_attr_int("/", "optimizer_steps", state.optimizer_steps);
+  f.set_attr_int("/", "data_position", state.data_position);
+  f.set_attr_int("/", "global_batch", state.global_batch);
+  f.set_attr_int("/", "seed", int64_t(state.seed));  // the bit pattern; seeds above 2^63 read back negative
+  f.set_attr_int("/", "world_size", state.world_size);
+  f.set_attr_int("/", "zero_stage", state.zero_stage);
+  f.set_attr_int("/", "loss_scaling", state.scaler.enabled ? 1 : 0);
+  f.set_attr_double("/", "loss_scale", state.scaler.scale);
+  f.set_attr_int("/", "loss_scale_clean_steps", state.scaler.clean_steps);
+  f.set_attr_int("/", "loss_scale_overflows_left", state.scaler.overflows_left);
+  f.set_attr_int("/", "skipped_steps", state.scaler.skipped);
+
+  for (size_t i = 0; i < opt.ranges().size(); ++i) {
+    const parallel::OwnedRange& r = opt.ranges()[i];
+    const int64_t share = r.block->padded() / world, begin = rank * share, end = begin + share;
+    ZP_CHECK(begin >= r.begin && end <= r.end, "block ", r.block->name(), ": rank ", rank, " writes [", begin, ", ",
+             end, ") but owns [", r.begin, ", ", r.end, ")");
+    // One download per tensor of the range: the part this rank writes.
+    Tensor host[3];
+    for (int k = 0; k < 3; ++k) host[k] = kStates[k].of(opt, i).flat(begin - r.begin, share).to(Device::cpu(), s);
+    for (const auto& p : r.block->params()) {
+      ZP_CHECK(p->name.find('/') == std::string::npos, "parameter name '", p->name, "' holds a '/'");
+      const int64_t lo = std::max(begin, p->offset), hi = std::min(end, p->offset + p->numel());
+      const int64_t count = std::max<int64_t>(0, hi - lo);
+      for (int k = 0; k < 3; ++k)
+        w.write(dataset_of(k, p->name), DType::F32, p->shape, DType::F32,
+                host[k].data<float>() + (count ? lo - begin : 0), count ? lo - p->offset : 0, count);
+      if (p->file_transposed) f.set_attr_int(model_ds(p->name), "hub_transposed", 1);
+    }
+  }
+  w.commit();
+}
+
+TrainState load_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngine& engine,
+                           const io::json& model_config, StreamHandle s) {
+  io::CheckpointReader reader(path, comm);
+  const io::H5File& f = reader.file();
+  auto string_attr = [&](const char* name) -> std::string {
+    ZP_REQUIRE(f.has_attr("/", name) && f.attr_kind("/", name) == io::AttrKind::String, path,
+               ": not a training checkpoint (no string attribute '", name, "' on the root group)");
+    return f.attr_string("/", name);
+  };
+  const std::string kind = string_attr("kind");
+  ZP_REQUIRE(kind == kKind, path, ": not a training checkpoint (kind = '", kind, "'",
+             kind == "weights" ? "; a weights file initialises a model through model.hub_dir, it cannot be resumed" : "",
+             ")");
+  io::json file_config;
+  try {
+    file_config = io::json::parse(string_attr("model_config"));
+  } catch (const io::json::exception& e) {
+    throw Error(path + ": the model_config attribute is not valid JSON: " + e.what());
+  }
+  const std::string diff = config_difference(file_config, model_config);
+  const std::string hint = diff.empty() ? "" : " (the checkpoint's model config differs: " + diff + ")";
+
+  // Everything is checked before anything is read, identically on every rank (metadata queries are
+  // local), so a mismatch makes every rank throw at the same point.
+  parallel::ShardedAdamW& opt = engine.optimizer();
+  std::set<std::string> names;
+  for (const parallel::OwnedRange& r : opt.ranges())
+    for (const auto& p : r.block->params()) {
+      names.insert(p->name);
+      for (int k = 0; k < 3; ++k) {
+        const std::string ds = dataset_of(k, p->name);
+        ZP_REQUIRE(f.is_dataset(ds), path, ": dataset '", ds, "' is missing (this model has parameter ", p->name,
+                   shape_str(p->shape), ")", hint);
+        const io::DatasetInfo info = f.dataset_info(ds);
+        ZP_REQUIRE(info.shape == p->shape, path, ": dataset '", ds, "': shape ", shape_str(info.shape),
+                   " in the checkpoint, this model's parameter is ", shape_str(p->shape), hint);
+        ZP_REQUIRE(info.dtype == DType::F32, path, ": dataset '", ds, "' is ", dtype_name(info.dtype),
+                   ", a checkpoint keeps f32");
+      }
+    }
+  if (f.is_group("/model"))
+    for (const std::string& c : f.children("/model"))
+      ZP_REQUIRE(names.count(c), path, ": dataset '", model_ds(c), "' is not a parameter of this model", hint);
+  ZP_REQUIRE(diff.empty(), path, ": the checkpoint's model config differs from this run's: ", diff);
+
+  TrainState st;
+  st.step = f.attr_int("/", "step");
+  st.optimizer_steps = f.attr_int("/", "optimizer_steps");
+  st.data_position = f.attr_int("/", "data_position");
+  st.global_batch = f.attr_int("/", "global_batch");
+  st.seed = uint64_t(f.attr_int("/", "seed"));
+  st.world_size = int(f.attr_int("/", "world_size"));
+  st.zero_stage = int(f.attr_int("/", "zero_stage"));
+  st.scaler.enabled = f.attr_int("/", "loss_scaling") != 0;
+  st.scaler.scale = f.attr_double("/", "loss_scale");
+  st.scaler.clean_steps = f.attr_int("/", "loss_scale_clean_steps");
+  st.scaler.overflows_left = f.attr_int("/", "loss_scale_overflows_left");
+  st.scaler.skipped = f.attr_int("/", "skipped_steps");
+  ZP_REQUIRE(st.step >= 0 && st.optimizer_steps >= 0 && st.optimizer_steps <= st.step && st.data_position >= 0, path,
+             ": inconsistent step attributes (step ", st.step, ", optimizer_steps ", st.optimizer_steps,
+             ", data_position ", st.data_position, ")");
+
+  for (size_t i = 0; i < opt.ranges().size(); ++i) {
+    const parallel::OwnedRange& r = opt.ranges()[i];
+    for (int k = 0; k < 3; ++k) {
+      Tensor& t = kStates[k].of(opt, i);
+      Tensor host = t.to(Device::cpu(), s);  // alignment gaps keep their values
+      for (const auto& p : r.block->params()) {
+        const int64_t lo = std::max(r.begin, p->offset), hi = std::min(r.end, p->offset + p->numel());
+        const int64_t count = std::max<int64_t>(0, hi - lo);
+        reader.read(dataset_of(k, p->name), p->shape, DType::F32, host.data<float>() + (count ? lo - r.begin : 0),
+                    count ? lo - p->offset : 0, count);
+      }
+      t.copy_from(host, s);
+      if (s) stream_synchronize(s);  // `host` dies here
+    }
+  }
+  engine.refresh_compute_weights();
+  opt.set_steps(st.optimizer_steps);
+  return st;
+}
+
+std::string resolve_resume(const std::string& resume, const std::string& dir, MPI_Comm comm) {
+  if (resume.empty()) return "";
+  // Rank 0 decides; the outcome (0: path, 1: error) and its text go to every rank.
+  int outcome = 0;
+  std::string text;
+  if (comm_rank(comm) == 0) {
+    if (resume == "latest") {
+      if (dir.empty()) {
+        outcome = 1;
+        text = "--resume latest needs checkpoint.dir (the folder to look in)";
+      } else if (auto p = io::latest_checkpoint(dir)) {
+        text = *p;
+      } else {
+        ZP_LOG_INFO("--resume latest: no checkpoint in ", dir, " yet, starting from scratch");
+      }
+    } else {
+      std::error_code ec;
+      if (!fs::is_regular_file(resume, ec)) {
+        outcome = 1;
+        text = resume + ": no such checkpoint file (--resume)";
+      } else {
+        text = resume;
+      }
+    }
+  }
+  if (comm_size(comm) > 1) {
+    int64_t len = int64_t(text.size());
+    ZP_MPI_CHECK(MPI_Bcast(&outcome, 1, MPI_INT, 0, comm));
+    ZP_MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT64_T, 0, comm));
+    text.resize(size_t(len));
+    ZP_MPI_CHECK(MPI_Bcast(text.data(), int(len), MPI_CHAR, 0, comm));
+  }
+  ZP_REQUIRE(outcome == 0, text);
+  return text;
+}
+
+}  // namespace zp::runtime

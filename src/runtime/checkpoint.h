@@ -1,0 +1,85 @@
+// Training checkpoints (DESIGN decision 6): the ZeRO engine's fp32 master weights and AdamW moments,
+// plus what the loop needs to continue exactly, in one HDF5 file written collectively by the ranks
+// of the data group through io::CheckpointWriter (<path>.tmp, renamed when complete).
+//
+// File layout (on top of io::CheckpointWriter's zeropipe_format and per-slice checksums):
+//   root attributes
+//     kind               "checkpoint" (a weights file from `zeropipe convert` says "weights")
+//     model_family       "transformer"
+//     config             the training configuration JSON, as given (after --set)
+//     model_config       the hub config.json object of the model
+//     step               training steps done (steps skipped for an fp16 overflow included)
+//     optimizer_steps    AdamW updates done (bias correction and the LR schedule follow it)
+//     data_position      global index of the first sample the next step reads
+//     global_batch, seed the data order's parameters when the file was written
+//     world_size, zero_stage   how it was written (informational: any world and stage can resume)
+//     loss_scaling, loss_scale, loss_scale_clean_steps, loss_scale_overflows_left, skipped_steps
+//                        the fp16 loss scaler (loss_scaling = 0: off)
+//   /model/<name>                      fp32 master weights, full logical shape in the engine layout
+//                                      ([out, in]); weights the hub stores transposed (GPT-2's
+//                                      Conv1D) carry hub_transposed = 1, as in a weights file
+//   /optimizer/<name>/exp_avg, exp_avg_sq   fp32 Adam moments, same shape
+//
+// Sharded I/O. Parameter p of a block occupies elements [p.offset, p.offset + numel) of the block's
+// padded flat buffer, and a rank owns a range of that buffer (ShardedAdamW::ranges()). Saving, rank
+// r writes the intersection of every parameter with [r, r+1) * padded / N of its block (inside its
+// owned range at every stage; at stage 0, where every rank owns everything, this splits the writes
+// so each element is written once). Loading, every rank reads the intersection of every parameter
+// with the range it owns now. Datasets hold whole logical tensors, so the intersections are just
+// flat ranges of them and the reading world size and stage need not be the writing ones. Nothing is
+// gathered on one rank; host memory is one block's range (times three) at a time.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/device.h"
+#include "io/config.h"
+#include "parallel/zero_engine.h"
+
+namespace zp::runtime {
+
+// The fp16 loss scaler's state (see runtime::LossScaler).
+struct LossScalerState {
+  bool enabled = false;         // fp16 dynamic scaling was on
+  double scale = 1.0;
+  int64_t clean_steps = 0;      // clean steps since the scale last changed or overflowed
+  int64_t overflows_left = 0;   // overflows still absorbed before the scale halves
+  int64_t skipped = 0;          // steps skipped so far
+};
+
+// Everything besides the tensors.
+struct TrainState {
+  int64_t step = 0, optimizer_steps = 0, data_position = 0, global_batch = 0;
+  uint64_t seed = 0;
+  LossScalerState scaler;
+  int world_size = 1, zero_stage = 0;  // of the writer; filled in by save_checkpoint
+};
+
+struct CheckpointModel {
+  std::string config_json;   // the training configuration
+  io::json model_config;     // the hub config.json object
+  std::string model_family = "transformer";
+};
+
+// Collective over `comm` (the engine's data group; a null or one-rank communicator writes serially).
+// Writes `path` atomically; on any failure every rank throws the same zp::Error naming the file and
+// an existing file at `path` is left as it was.
+void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngine& engine, const CheckpointModel& model,
+                     TrainState state, StreamHandle s = nullptr);
+
+// Collective over `comm`. Checks that `path` is a checkpoint of this model (kind "checkpoint"; every
+// parameter present as f32 with the model's shape, under /model and /optimizer, and no other; the
+// same hub config), reads the owned ranges into the engine's master weights and moments, refreshes
+// the compute weights and sets the optimizer step count. Returns the loop state. Throws zp::Error
+// naming the file (and the dataset or config key) on any mismatch, before anything is loaded.
+TrainState load_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngine& engine,
+                           const io::json& model_config, StreamHandle s = nullptr);
+
+// What `--resume` names: "latest" is the newest complete checkpoint in `dir` ("" when there is none:
+// start fresh), anything else a file that must exist. Decided on rank 0 of `comm` and broadcast, so
+// every rank resumes from the same file or throws the same zp::Error.
+std::string resolve_resume(const std::string& resume, const std::string& dir, MPI_Comm comm);
+
+}  // namespace zp::runtime

@@ -1,0 +1,263 @@
+// Checkpoints in the training loop, one process: what --resume refuses (a truncated file, a file that
+// is not HDF5, a checkpoint of another model, a weights file, a missing file), each with an error
+// naming the file and, where one is at fault, the dataset or config key; a save that fails leaves
+// the previous checkpoint intact and no temporary file; and on one rank an fp16 run with loss
+// scaling resumes bit for bit, overflow-skipped steps and all.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <random>
+
+#include "comm/bootstrap.h"
+#include "core/error.h"
+#include "io/checkpoint_file.h"
+#include "io/config.h"
+#include "io/token_dataset.h"
+#include "runtime/train_config.h"
+#include "runtime/trainer.h"
+
+namespace zp::test {
+using namespace zp::runtime;
+namespace fs = std::filesystem;
+
+namespace {
+
+// One comm::Runtime may live at a time, and MPI initialises once per process. Another test file may
+// keep a Runtime alive for the whole binary; use it when it exists. Otherwise MPI is initialised here
+// (finalised at exit), so that a Runtime made for one test does not finalise it when it goes.
+class RuntimeLease {
+ public:
+  RuntimeLease() {
+    if (comm::Runtime::current()) return;
+    int init = 0;
+    MPI_Initialized(&init);
+    if (!init) {
+      int provided = 0;
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+      std::atexit([] {
+        int fin = 0;
+        MPI_Finalized(&fin);
+        if (!fin) MPI_Finalize();
+      });
+    }
+    own_ = std::make_unique<comm::Runtime>();
+  }
+  comm::Runtime& operator*() const { return *comm::Runtime::current(); }
+
+ private:
+  std::unique_ptr<comm::Runtime> own_;
+};
+
+class Dir {
+ public:
+  explicit Dir(const std::string& name)
+      : path_(fs::temp_directory_path() / ("zp_ckpt_err_" + name + "_" + std::to_string(::getpid()))) {
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~Dir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string operator/(const std::string& f) const { return (path_ / f).string(); }
+  std::string str() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+std::string token_file(const Dir& d) {
+  std::mt19937_64 g(5);
+  std::vector<int32_t> t(8 * 16 * 12 + 1);
+  for (auto& x : t) x = int32_t(g() % 64);
+  const std::string p = d / "tokens.bin";
+  io::write_token_file(p, t, 64);
+  return p;
+}
+
+io::json llama(int hidden = 32, int layers = 2) {
+  return {{"model_type", "llama"}, {"vocab_size", 64}, {"hidden_size", hidden}, {"intermediate_size", 48},
+          {"num_hidden_layers", layers}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+          {"max_position_embeddings", 32}};
+}
+
+io::Config user_config(const std::string& data, const io::json& model, const std::string& dir, int64_t steps,
+                       int64_t save_every) {
+  io::json user = {{"train_micro_batch_size_per_gpu", 8},
+                   {"steps_per_print", 1000},
+                   {"optimizer", {{"params", {{"lr", 3e-3}}}}},
+                   {"scheduler", {{"params", {{"warmup_num_steps", 2}, {"total_num_steps", 12}}}}},
+                   {"model", {{"config", model}}},
+                   {"data", {{"train_files", {data}}, {"seq_len", 16}}},
+                   {"checkpoint", {{"dir", dir}, {"save_every", save_every}, {"keep_last", 0}}},
+                   {"training", {{"max_steps", steps}, {"device", "cpu"}}}};
+  return io::Config(train_config_schema(), user, "checkpoint-errors-test");
+}
+
+TrainConfig config(const std::string& data, const io::json& model, const std::string& dir, int64_t steps,
+                   int64_t save_every, const std::string& resume = "") {
+  TrainConfig c = TrainConfig::from(user_config(data, model, dir, steps, save_every));
+  c.resume = resume;
+  return c;
+}
+
+template <class F> void expect_error(F&& f, const std::vector<std::string>& fragments) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning " << fragments.front();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const auto& frag : fragments) EXPECT_NE(msg.find(frag), std::string::npos) << "'" << frag << "' not in: " << msg;
+  }
+}
+
+std::string file_bytes(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+TEST(CheckpointErrors, ResumeRefusesBadFilesNamingThem) {
+  RuntimeLease rt;
+  Dir d("refuse");
+  const std::string data = token_file(d), dir = d / "ckpt";
+  const TrainResult first = train(config(data, llama(), dir, 2, 2), *rt);
+  ASSERT_EQ(first.saved.size(), 1u);
+  const std::string good = first.saved[0];
+  ASSERT_TRUE(io::verify_checksums(good).ok());
+  auto resume = [&](const std::string& file, const io::json& model = llama()) {
+    return [&, file, model] { train(config(data, model, "", 4, 0, file), *rt); };
+  };
+
+  // A truncated file (a copy cut in half).
+  const std::string truncated = d / "truncated.h5";
+  fs::copy_file(good, truncated);
+  fs::resize_file(truncated, fs::file_size(good) / 2);
+  expect_error(resume(truncated), {truncated});
+  // A file that is not HDF5.
+  const std::string text = d / "notes.h5";
+  std::ofstream(text) << "not an HDF5 file\n";
+  expect_error(resume(text), {text});
+  // A missing file.
+  expect_error(resume(d / "absent.h5"), {d / "absent.h5", "no such checkpoint"});
+  // Another model: wider (the first parameter's shape differs), deeper (a layer is missing), shallower
+  // (the file has a layer too many), or the same shapes with another rope_theta.
+  expect_error(resume(good, llama(48)),
+               {good, "dataset '/model/model.embed_tokens.weight'", "shape [64, 32]", "[64, 48]", "hidden_size"});
+  expect_error(resume(good, llama(32, 3)), {good, "/model/model.layers.2.", "is missing", "num_hidden_layers"});
+  expect_error(resume(good, llama(32, 1)), {good, "/model/model.layers.1.", "not a parameter of this model"});
+  io::json rope = llama();
+  rope["rope_theta"] = 500000.0;
+  expect_error(resume(good, rope), {good, "'rope_theta'", "absent in the checkpoint"});
+  // A weights file (what `zeropipe convert` writes) is not a checkpoint.
+  const std::string weights = d / "weights.h5";
+  {
+    io::CheckpointWriter w(weights);
+    w.file().set_attr_string("/", "kind", "weights");
+    w.file().set_attr_string("/", "config", llama().dump());
+    std::vector<float> x(64 * 32, 0.5f);
+    w.write("/model/model.embed_tokens.weight", DType::F32, {64, 32}, DType::F32, x.data(), 0, 64 * 32);
+    w.commit();
+  }
+  expect_error(resume(weights), {weights, "kind = 'weights'", "not a training checkpoint"});
+  // "latest" needs a folder to look in.
+  expect_error(resume("latest"), {"--resume latest needs checkpoint.dir"});
+
+  // None of that touched the good checkpoint, which still resumes.
+  EXPECT_TRUE(io::verify_checksums(good).ok());
+  const TrainResult again = train(config(data, llama(), "", 4, 0, good), *rt);
+  EXPECT_EQ(again.first_step, 2);
+  EXPECT_EQ(again.losses.size(), 2u);
+}
+
+TEST(CheckpointErrors, LatestWithNoCheckpointStartsFresh) {
+  RuntimeLease rt;
+  Dir d("fresh");
+  const std::string data = token_file(d);
+  const TrainResult r = train(config(data, llama(), d / "empty", 2, 0, "latest"), *rt);
+  EXPECT_EQ(r.first_step, 0);
+  EXPECT_EQ(r.resumed_from, "");
+  EXPECT_EQ(r.losses.size(), 2u);
+}
+
+TEST(CheckpointErrors, FailedSaveKeepsThePreviousCheckpoint) {
+  RuntimeLease rt;
+  Dir d("failsave");
+  const std::string data = token_file(d), dir = d / "ckpt";
+  const TrainResult first = train(config(data, llama(), dir, 1, 1), *rt);
+  ASSERT_EQ(first.saved.size(), 1u);
+  const std::string good = first.saved[0], before = file_bytes(good);
+
+  // The save of step 2 cannot be renamed into place (a folder holds its name): the error names it,
+  // the temporary file is gone, step 1 is untouched and still the latest complete checkpoint.
+  const std::string blocked = dir + "/" + io::checkpoint_filename(2);
+  fs::create_directories(blocked + "/keep");
+  expect_error([&] { train(config(data, llama(), dir, 2, 1, "latest"), *rt); }, {blocked});
+  EXPECT_FALSE(fs::exists(blocked + ".tmp"));
+  EXPECT_EQ(file_bytes(good), before);
+  EXPECT_EQ(io::latest_checkpoint(dir).value_or(""), good);
+
+  // checkpoint.dir below a file: nothing can be created; the error names the path.
+  const std::string file = d / "a_file";
+  std::ofstream(file) << "x";
+  expect_error([&] { train(config(data, llama(), file + "/ckpt", 1, 1), *rt); }, {file + "/ckpt"});
+
+  // Once the way is clear, resuming from step 1 saves step 2.
+  fs::remove_all(blocked);
+  const TrainResult r = train(config(data, llama(), dir, 2, 1, "latest"), *rt);
+  EXPECT_EQ(r.first_step, 1);
+  ASSERT_EQ(r.saved.size(), 1u);
+  EXPECT_EQ(r.saved[0], blocked);
+  EXPECT_TRUE(io::verify_checksums(blocked).ok());
+  EXPECT_EQ(file_bytes(good), before);
+}
+
+TEST(CheckpointErrors, ConfigKeysAreChecked) {
+  Dir d("keys");
+  const std::string data = d / "tokens.bin";
+  expect_error([&] { TrainConfig::from(user_config(data, llama(), "", 2, 5)); },
+               {"checkpoint.save_every", "checkpoint.dir"});
+  io::Config c = user_config(data, llama(), d.str(), 2, 1);
+  c.set("checkpoint.keep_last=-1");
+  expect_error([&] { TrainConfig::from(c); }, {"checkpoint.keep_last"});
+}
+
+// fp16 with a scale too large: steps overflow and are skipped, the scale halves after every second
+// overflow (hysteresis) and doubles after 3 clean steps (the 12 steps go O O O . O O . . . O O .),
+// so the scaler's hidden counters matter. Resumed after each kind of run, the result matches the
+// straight run bit for bit, skipped steps included.
+TEST(CheckpointErrors, Fp16LossScalerResumesExactly) {
+  RuntimeLease rt;
+  Dir d("fp16");
+  const std::string data = token_file(d);
+  auto fp16 = [&](const std::string& dir, int64_t steps, int64_t save_every, const std::string& resume) {
+    io::Config c = user_config(data, llama(), dir, steps, save_every);
+    c.set("fp16.enabled=true");
+    c.set("fp16.initial_scale_power=22");
+    c.set("fp16.hysteresis=2");
+    c.set("fp16.loss_scale_window=3");
+    TrainConfig t = TrainConfig::from(c);
+    t.resume = resume;
+    return train(t, *rt);
+  };
+  const TrainResult straight = fp16("", 12, 0, "");
+  ASSERT_EQ(straight.losses.size(), 12u);
+  EXPECT_GT(straight.skipped_steps, 0);
+  for (int64_t at : {1, 3, 4, 5, 6, 9, 10}) {
+    const std::string dir = d / ("at" + std::to_string(at));
+    fp16(dir, at, at, "");
+    const TrainResult rest = fp16(dir, 12, 0, "latest");
+    EXPECT_EQ(rest.first_step, at);
+    EXPECT_EQ(rest.losses, std::vector<double>(straight.losses.begin() + at, straight.losses.end())) << "resumed at " << at;
+    EXPECT_EQ(rest.skipped_steps, straight.skipped_steps) << "resumed at " << at;
+  }
+}
+
+}  // namespace zp::test
