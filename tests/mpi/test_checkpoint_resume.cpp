@@ -20,6 +20,7 @@
 #include <random>
 
 #include "comm/bootstrap.h"
+#include "core/device.h"
 #include "io/checkpoint_file.h"
 #include "io/config.h"
 #include "io/token_dataset.h"
@@ -97,6 +98,7 @@ struct Run {
   int stage = 0, world = 1;
   int64_t max_steps = kSteps, save_every = 0;
   std::string dir, resume;
+  std::string device = "cpu";
 };
 
 TrainConfig config(const std::string& data, const Run& r) {
@@ -110,7 +112,7 @@ TrainConfig config(const std::string& data, const Run& r) {
                    {"model", {{"config", model_json(r.model)}}},
                    {"data", {{"train_files", {data}}, {"seq_len", 16}}},
                    {"checkpoint", {{"dir", r.dir}, {"save_every", r.save_every}, {"keep_last", 0}}},
-                   {"training", {{"max_steps", r.max_steps}, {"device", "cpu"}}}};
+                   {"training", {{"max_steps", r.max_steps}, {"device", r.device}}}};
   TrainConfig c = TrainConfig::from(io::Config(train_config_schema(), user, "resume-test"));
   c.resume = r.resume;
   return c;
@@ -127,31 +129,50 @@ std::vector<double> tail(const std::vector<double>& v, size_t from) {
   return from <= v.size() ? std::vector<double>(v.begin() + long(from), v.end()) : std::vector<double>{};
 }
 
-void check_same_world(const std::string& model, int stage) {
+// On GPUs the embedding's backward adds rows with fp32 atomics, whose order (and so the last bits)
+// varies from run to run: there the resumed run must agree to 1e-5 instead of bit for bit.
+void check_same_world(const std::string& model, int stage, const std::string& device = "cpu") {
   comm::Runtime rt;
+  const bool bitwise = device == "cpu";
   const int world = world_size();
   SharedDir dir("same_" + model + std::to_string(stage));
   const std::string data = token_file(dir);
   const std::string ckpt = dir / "ckpt";
   const std::string what = model + " stage " + std::to_string(stage) + " world " + std::to_string(world);
 
-  const TrainResult straight = train(config(data, {model, stage, world}), rt, MPI_COMM_WORLD, true);
-  const TrainResult first = train(config(data, {model, stage, world, kSaveAt, kSaveAt, ckpt}), rt, MPI_COMM_WORLD);
+  const TrainResult straight =
+      train(config(data, {model, stage, world, kSteps, 0, "", "", device}), rt, MPI_COMM_WORLD, true);
+  const TrainResult first =
+      train(config(data, {model, stage, world, kSaveAt, kSaveAt, ckpt, "", device}), rt, MPI_COMM_WORLD);
   const TrainResult second =
-      train(config(data, {model, stage, world, kSteps, kSaveAt, ckpt, "latest"}), rt, MPI_COMM_WORLD, true);
+      train(config(data, {model, stage, world, kSteps, kSaveAt, ckpt, "latest", device}), rt, MPI_COMM_WORLD, true);
 
   ASSERT_EQ(straight.losses.size(), size_t(kSteps));
   ASSERT_EQ(first.saved.size(), 1u) << what;
   EXPECT_EQ(first.saved[0], ckpt + "/" + io::checkpoint_filename(kSaveAt));
-  EXPECT_EQ(first.losses, std::vector<double>(straight.losses.begin(), straight.losses.begin() + kSaveAt)) << what;
   EXPECT_EQ(second.resumed_from, first.saved[0]) << what;
   EXPECT_EQ(second.first_step, kSaveAt) << what;
-  EXPECT_EQ(second.losses, tail(straight.losses, kSaveAt)) << what << ": losses after the resume, bit for bit";
   ASSERT_EQ(second.final_params.size(), straight.final_params.size());
-  size_t differ = 0;
-  for (size_t i = 0; i < straight.final_params.size(); ++i)
-    differ += std::memcmp(&second.final_params[i], &straight.final_params[i], sizeof(float)) != 0;
-  EXPECT_EQ(differ, 0u) << what << ": final parameters, bit for bit";
+  if (bitwise) {
+    EXPECT_EQ(first.losses, std::vector<double>(straight.losses.begin(), straight.losses.begin() + kSaveAt)) << what;
+    EXPECT_EQ(second.losses, tail(straight.losses, kSaveAt)) << what << ": losses after the resume, bit for bit";
+    size_t differ = 0;
+    for (size_t i = 0; i < straight.final_params.size(); ++i)
+      differ += std::memcmp(&second.final_params[i], &straight.final_params[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << what << ": final parameters, bit for bit";
+  } else {
+    const std::vector<double> after = tail(straight.losses, kSaveAt);
+    ASSERT_EQ(second.losses.size(), after.size());
+    for (size_t i = 0; i < after.size(); ++i)
+      EXPECT_NEAR(second.losses[i], after[i], 1e-5 * std::abs(after[i])) << what << " step " << kSaveAt + i + 1;
+    double num = 0, den = 0;
+    for (size_t i = 0; i < straight.final_params.size(); ++i) {
+      const double d = double(second.final_params[i]) - straight.final_params[i];
+      num += d * d;
+      den += double(straight.final_params[i]) * straight.final_params[i];
+    }
+    EXPECT_LE(std::sqrt(num / den), 1e-5) << what << ": final parameters";
+  }
   ASSERT_EQ(second.saved.size(), 1u) << what << ": the end of training saves";
   EXPECT_EQ(second.saved[0], ckpt + "/" + io::checkpoint_filename(kSteps));
   EXPECT_TRUE(io::verify_checksums(second.saved[0], MPI_COMM_WORLD).ok());
@@ -162,6 +183,16 @@ void check_same_world(const std::string& model, int stage) {
 TEST(CheckpointResume, LlamaStage0BitwiseAtSameWorld) { check_same_world("llama", 0); }
 TEST(CheckpointResume, LlamaStage3BitwiseAtSameWorld) { check_same_world("llama", 3); }
 TEST(CheckpointResume, Gpt2Stage2BitwiseAtSameWorld) { check_same_world("gpt2", 2); }
+
+// The same save and resume on GPUs with NCCL (one GPU per rank).
+TEST(CheckpointResumeGpu, Stages0And3OnGpus) {
+  comm::Runtime rt;
+  int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size(), all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!all) GTEST_SKIP() << "needs one GPU per rank";
+  check_same_world("llama", 0, "cuda");
+  check_same_world("gpt2", 3, "cuda");
+}
 
 // Saved by 3 ranks at stage 2 (2 when that is all there is), resumed by 2 ranks at stage 3 and by
 // every rank at stage 1: at np = 5 that is the "np=3 stage 2 -> np=2 stage 3 and np=5 stage 1".
