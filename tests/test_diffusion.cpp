@@ -46,7 +46,7 @@ void with_runtime(const std::function<void(comm::Runtime&)>& f) {
   f(rt);
 }
 
-TrainResult train_on_cpu(const io::Config& c) {
+TrainResult train_with_runtime(const io::Config& c) {
   TrainResult r;
   with_runtime([&](comm::Runtime& rt) { r = train_unet(UNetTrainConfig::from(c), rt); });
   return r;
@@ -352,7 +352,7 @@ TEST(MakeLatents, ResolvesConfigsAndRejectsBadSizes) {
 TEST(DiffusionTraining, DemoLossFallsOnCpu) {
   const std::string data = demo_file("zp_demo_latents.h5", 64);
   io::Config c = tiny_train_config(data);
-  TrainResult r = train_on_cpu(c);
+  TrainResult r = train_with_runtime(c);
   ASSERT_EQ(r.losses.size(), 40u);
   double first = 0, last = 0;
   for (int i = 0; i < 5; ++i) {
@@ -373,7 +373,7 @@ TEST(DiffusionTraining, SdxlVPredictionMinSnrAndValidationRun) {
   c.set("training.eval_every=3");
   c.set("training.eval_batches=2");
   c.set("gradient_accumulation_steps=2");
-  TrainResult r = train_on_cpu(c);
+  TrainResult r = train_with_runtime(c);
   ASSERT_EQ(r.losses.size(), 6u);
   ASSERT_EQ(r.val_losses.size(), 2u);
   for (double l : r.losses) EXPECT_TRUE(std::isfinite(l) && l > 0);
@@ -407,7 +407,7 @@ TEST(DiffusionTraining, ConfigErrorsNameTheKey) {
   wide["cross_attention_dim"] = 24;
   c.set("model.config=" + wide.dump());
   c.set("training.max_steps=1");
-  const std::string e = error_of([&] { train_on_cpu(c); });
+  const std::string e = error_of([&] { train_with_runtime(c); });
   EXPECT_NE(e.find("encoder_hidden_states"), std::string::npos) << e;
   EXPECT_NE(e.find("cross_attention_dim"), std::string::npos) << e;
   // Every stage of the tiny model's FLOPs counter covers the convs and the attention.
@@ -440,9 +440,41 @@ TEST(DiffusionTraining, PresetsParseAndTheDemoConfigTrains) {
   c.set("training.max_steps=2");
   c.set("training.eval_every=2");
   c.set("training.device=cpu");
-  TrainResult r = train_on_cpu(c);
+  TrainResult r = train_with_runtime(c);
   EXPECT_EQ(r.losses.size(), 2u);
   EXPECT_EQ(r.val_losses.size(), 1u);
+}
+
+}  // namespace zp::test
+
+namespace zp::test {
+
+// On the GPU: fp32 follows the CPU trajectory (other conv and GEMM algorithms, so 1e-3 rather than
+// rounding-exact), ZeRO-3's gather/release path at world 1 gives the stage-0 trajectory, and bf16
+// learns the demo.
+TEST(DiffusionTrainingGpu, MatchesCpuFp32AndLearnsInBf16) {
+  ZP_SKIP_WITHOUT_GPU();
+  const std::string data = demo_file("zp_demo_latents_gpu.h5", 64, /*sdxl=*/true);
+  auto run = [&](const std::string& device, int stage, bool bf16, int steps) {
+    io::Config c = tiny_train_config(data, true);
+    c.set("training.device=" + device);
+    c.set("zero_optimization.stage=" + std::to_string(stage));
+    c.set("training.max_steps=" + std::to_string(steps));
+    if (bf16) c.set("bf16.enabled=true");
+    return train_with_runtime(c).losses;
+  };
+  const auto cpu = run("cpu", 0, false, 5), gpu = run("cuda", 0, false, 5), gpu3 = run("cuda", 3, false, 5);
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    EXPECT_NEAR(gpu[i], cpu[i], 1e-3 * cpu[i]) << "fp32 step " << i + 1;
+    EXPECT_NEAR(gpu3[i], gpu[i], 1e-5 * gpu[i]) << "ZeRO-3 at world 1, step " << i + 1;
+  }
+  const auto bf = run("cuda", 0, true, 40);
+  double first = 0, last = 0;
+  for (int i = 0; i < 5; ++i) {
+    first += bf[size_t(i)] / 5;
+    last += bf[bf.size() - 1 - size_t(i)] / 5;
+  }
+  EXPECT_LT(last, 0.8 * first) << "bf16: first 5 steps " << first << ", last 5 " << last;
 }
 
 }  // namespace zp::test
