@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "io/safetensors.h"
@@ -678,7 +679,7 @@ struct UNet::State {
 
 UNet::~UNet() = default;
 
-UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s) : cfg_(cfg) {
+UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t pad_multiple) : cfg_(cfg) {
   ctx_ = Ctx{dev, s, dt};
   const int64_t n = cfg.num_blocks(), T = cfg.time_embed_dim, C0 = cfg.block_out[0];
 
@@ -690,7 +691,7 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s) : cfg_(c
     add_1_ = add_linear(*stem_, "add_embedding.linear_1", cfg.add_in_dim, T);
     add_2_ = add_linear(*stem_, "add_embedding.linear_2", T, T);
   }
-  stem_->allocate(dev, dt, s);
+  stem_->allocate(dev, dt, s, pad_multiple);
 
   for (int64_t i = 0; i < n; ++i) {
     const std::string p = "down_blocks." + std::to_string(i);
@@ -704,7 +705,7 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s) : cfg_(c
                                     cfg.transformer_layers[size_t(i)], cfg.cross_dim[size_t(i)], cfg);
     }
     if (i + 1 < n) st->sampler = add_conv(*st->block, p + ".downsamplers.0.conv", cout, cout, 3, 2, 1);
-    st->block->allocate(dev, dt, s);
+    st->block->allocate(dev, dt, s, pad_multiple);
     down_.push_back(std::move(st));
   }
 
@@ -715,7 +716,7 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s) : cfg_(c
     mid_->attentions.emplace_back(*mid_->block, "mid_block.attentions.0", C, cfg.heads.back(),
                                   cfg.transformer_layers.back(), cfg.cross_dim.back(), cfg);
     mid_->resnets.emplace_back(*mid_->block, "mid_block.resnets.1", C, C, cfg, cfg.mid_scale);
-    mid_->block->allocate(dev, dt, s);
+    mid_->block->allocate(dev, dt, s, pad_multiple);
   }
 
   for (int64_t i = 0; i < n; ++i) {
@@ -735,14 +736,14 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s) : cfg_(c
                                     cfg.cross_dim[r], cfg);
     }
     if (i + 1 < n) st->sampler = add_conv(*st->block, p + ".upsamplers.0.conv", out, out, 3, 1, 1);
-    st->block->allocate(dev, dt, s);
+    st->block->allocate(dev, dt, s, pad_multiple);
     up_.push_back(std::move(st));
   }
 
   head_ = std::make_unique<ParamBlock>("head");
   norm_out_ = add_group_norm(*head_, "conv_norm_out", C0, cfg.groups, cfg.norm_eps, true);
   conv_out_ = add_conv(*head_, "conv_out", C0, cfg.out_channels, cfg.conv_out_kernel, 1, (cfg.conv_out_kernel - 1) / 2);
-  head_->allocate(dev, dt, s);
+  head_->allocate(dev, dt, s, pad_multiple);
 }
 
 std::vector<ParamBlock*> UNet::blocks() {
@@ -805,6 +806,9 @@ Tensor UNet::forward(const UNetInputs& in) {
   st.H = H;
   st.W = W;
   st.sample = in.sample;
+
+  // The stem's parameters serve the time embedding here and conv_in below.
+  std::optional<ParamsInUse> stem_use(std::in_place, access_, *stem_);
 
   // Time embedding (+ SDXL's added text/time embedding).
   std::vector<float> ts = in.timesteps;
@@ -872,18 +876,31 @@ Tensor UNet::forward(const UNetInputs& in) {
   // conv_in, down path, mid, up path, head.
   Tensor h = c.act({B, C0, H, W});
   conv_in_.forward(c, h.data(), in.sample.data(), B, H, W);
+  stem_use.reset();
   st.skips = {h};
   int64_t h_ = H, w_ = W, top = 0;
-  for (auto& sg : down_) h = sg->forward(c, h, h_, w_, st.cond, st.skips, top);
-  h = mid_->forward(c, h, h_, w_, st.cond, st.skips, top);
+  for (auto& sg : down_) {
+    ParamsInUse use(access_, *sg->block);
+    h = sg->forward(c, h, h_, w_, st.cond, st.skips, top);
+  }
+  {
+    ParamsInUse use(access_, *mid_->block);
+    h = mid_->forward(c, h, h_, w_, st.cond, st.skips, top);
+  }
   top = int64_t(st.skips.size());
-  for (auto& sg : up_) h = sg->forward(c, h, h_, w_, st.cond, st.skips, top);
+  for (auto& sg : up_) {
+    ParamsInUse use(access_, *sg->block);
+    h = sg->forward(c, h, h_, w_, st.cond, st.skips, top);
+  }
   ZP_CHECK(top == 0 && h_ == H && w_ == W, "UNet: skip connections or sizes out of step");
   st.h_last = h;
   st.o = c.act({B, C0, H, W});
-  norm_out_.forward(c, st.o.data(), h.data(), B, H * W, st.n_out);
   Tensor y = c.act({B, cfg.out_channels, H, W});
-  conv_out_.forward(c, y.data(), st.o.data(), B, H, W);
+  {
+    ParamsInUse use(access_, *head_);
+    norm_out_.forward(c, st.o.data(), h.data(), B, H * W, st.n_out);
+    conv_out_.forward(c, y.data(), st.o.data(), B, H, W);
+  }
   return y;
 }
 
@@ -898,17 +915,28 @@ Tensor UNet::backward(const Tensor& dout) {
              ", ", H, ", ", W, "] in ", dtype_name(c.dt), " on ", c.dev.str());
   st.cond.dtemb = Tensor::zeros({B, T}, c.dt, c.dev, "activations", c.s);
 
-  Tensor dout_o = c.act({B, C0, H, W});
-  conv_out_.backward(c, dout_o.data(), dout.data(), st.o.data(), B, H, W);
   Tensor g = c.act({B, C0, H, W});
-  norm_out_.backward(c, g.data(), dout_o.data(), st.h_last.data(), B, H * W, st.n_out);
+  {
+    ParamsInUse use(access_, *head_);
+    GradsInUse grads(access_, *head_);
+    Tensor dout_o = c.act({B, C0, H, W});
+    conv_out_.backward(c, dout_o.data(), dout.data(), st.o.data(), B, H, W);
+    norm_out_.backward(c, g.data(), dout_o.data(), st.h_last.data(), B, H * W, st.n_out);
+  }
   st.o = st.h_last = Tensor();
 
   std::vector<Tensor> dskips(st.skips.size());
-  for (size_t i = up_.size(); i-- > 0;) g = up_[i]->backward(c, g, st.cond, dskips);
-  g = mid_->backward(c, g, st.cond, dskips);
-  for (size_t i = down_.size(); i-- > 0;) g = down_[i]->backward(c, g, st.cond, dskips);
+  auto stage_backward = [&](Stage& sg) {
+    ParamsInUse use(access_, *sg.block);
+    GradsInUse grads(access_, *sg.block);
+    g = sg.backward(c, g, st.cond, dskips);
+  };
+  for (size_t i = up_.size(); i-- > 0;) stage_backward(*up_[i]);
+  stage_backward(*mid_);
+  for (size_t i = down_.size(); i-- > 0;) stage_backward(*down_[i]);
   add_into(c, g, dskips[0]);
+  ParamsInUse stem_use(access_, *stem_);
+  GradsInUse stem_grads(access_, *stem_);
   Tensor dsample = c.act({B, cfg.in_channels, H, W});
   conv_in_.backward(c, dsample.data(), g.data(), st.sample.data(), B, H, W);
 

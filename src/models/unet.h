@@ -10,7 +10,10 @@
 //   head   GroupNorm + SiLU, conv_out
 //
 // Sharding units (ParamBlocks, DESIGN decision 2): "stem", one per down block, "mid", one per up
-// block, "head". Parameter names are diffusers' own. The time embedding reaches every ResBlock
+// block, "head". Every use of a unit is reported to the engine (nn::BlockAccess) as the transformer
+// does: the stem is held around the time embedding and conv_in in the forward and around conv_in's
+// and the time embedding's backward at the very end (the time-embedding gradient accumulates over
+// every ResBlock first); each stage and the head around their own forward and backward. Parameter names are diffusers' own. The time embedding reaches every ResBlock
 // through one shared SiLU(emb) activation whose gradient accumulates over all of them before it
 // flows back into the stem.
 #pragma once
@@ -19,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/block_access.h"
 #include "nn/conv2d.h"
 #include "nn/cross_attention.h"
 #include "nn/group_norm.h"
@@ -72,7 +76,11 @@ struct UNetInputs {
 
 class UNet {
  public:
-  UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s = nullptr);
+  // pad_multiple: every block's flat size is padded to a multiple of it (the ZeRO engine's world x
+  // alignment, so each rank owns an equal slice).
+  UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s = nullptr, int64_t pad_multiple = 1);
+  // The engine told about every block's use (ZeRO); nullptr = blocks always resident.
+  void set_block_access(nn::BlockAccess* a) { access_ = a; }
   ~UNet();
   const UNetConfig& config() const { return cfg_; }
   nn::Ctx ctx() const { return ctx_; }
@@ -98,6 +106,7 @@ class UNet {
 
   UNetConfig cfg_;
   nn::Ctx ctx_;
+  nn::BlockAccess* access_ = nullptr;
   std::unique_ptr<nn::ParamBlock> stem_, head_;
   nn::Conv2d conv_in_, conv_out_;
   nn::Linear time_1_, time_2_, add_1_, add_2_;

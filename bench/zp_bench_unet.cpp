@@ -1,0 +1,214 @@
+// One full diffusion training step of the Stable Diffusion 1.5 UNet (860M parameters; B=8, 64x64
+// latents, 77 text tokens of 768) and the SDXL base UNet (2.57B; B=2, 128x128 latents, 77 tokens of
+// 2048, text_time conditioning): bf16 compute, fp32 master weights and AdamW, random init and random
+// data; forward, weighted MSE against a noise target, backward, global-norm clipping and the optimizer
+// update, timed with CUDA events. Reports samples/s, achieved TFLOP/s and MFU against the device's
+// dense bf16 peak (FLOPs from runtime::unet_train_flops_per_sample), and peak device memory (the
+// engine allocator's peak, and everything the process holds on the device including library
+// workspaces). The UNet has no activation checkpointing yet, so there is no checkpointed variant.
+// --benchmark_format=json for CI tracking.
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "core/allocator.h"
+#include "core/device.h"
+#include "core/tensor.h"
+#include "kernels/elementwise.h"
+#include "kernels/mse.h"
+#include "models/unet.h"
+#include "parallel/zero_engine.h"
+#include "runtime/diffusion.h"
+
+namespace zp::bench {
+using nlohmann::json;
+
+// runwayml/stable-diffusion-v1-5 unet/config.json.
+const json& sd15_config() {
+  static const json j = json::parse(R"({
+    "_class_name": "UNet2DConditionModel",
+    "_diffusers_version": "0.6.0",
+    "act_fn": "silu",
+    "attention_head_dim": 8,
+    "block_out_channels": [320, 640, 1280, 1280],
+    "center_input_sample": false,
+    "cross_attention_dim": 768,
+    "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
+    "downsample_padding": 1,
+    "flip_sin_to_cos": true,
+    "freq_shift": 0,
+    "in_channels": 4,
+    "layers_per_block": 2,
+    "mid_block_scale_factor": 1,
+    "norm_eps": 1e-05,
+    "norm_num_groups": 32,
+    "out_channels": 4,
+    "sample_size": 64,
+    "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"]
+  })");
+  return j;
+}
+
+// stabilityai/stable-diffusion-xl-base-1.0 unet/config.json (upcast_attention written as false).
+const json& sdxl_config() {
+  static const json j = json::parse(R"({
+    "_class_name": "UNet2DConditionModel",
+    "_diffusers_version": "0.19.0.dev0",
+    "act_fn": "silu",
+    "addition_embed_type": "text_time",
+    "addition_embed_type_num_heads": 64,
+    "addition_time_embed_dim": 256,
+    "attention_head_dim": [5, 10, 20],
+    "block_out_channels": [320, 640, 1280],
+    "center_input_sample": false,
+    "class_embed_type": null,
+    "class_embeddings_concat": false,
+    "conv_in_kernel": 3,
+    "conv_out_kernel": 3,
+    "cross_attention_dim": 2048,
+    "cross_attention_norm": null,
+    "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+    "downsample_padding": 1,
+    "dual_cross_attention": false,
+    "encoder_hid_dim": null,
+    "encoder_hid_dim_type": null,
+    "flip_sin_to_cos": true,
+    "freq_shift": 0,
+    "in_channels": 4,
+    "layers_per_block": 2,
+    "mid_block_only_cross_attention": null,
+    "mid_block_scale_factor": 1,
+    "mid_block_type": "UNetMidBlock2DCrossAttn",
+    "norm_eps": 1e-05,
+    "norm_num_groups": 32,
+    "num_attention_heads": null,
+    "num_class_embeds": null,
+    "only_cross_attention": false,
+    "out_channels": 4,
+    "projection_class_embeddings_input_dim": 2816,
+    "resnet_out_scale_factor": 1.0,
+    "resnet_skip_time_act": false,
+    "resnet_time_scale_shift": "default",
+    "sample_size": 128,
+    "time_cond_proj_dim": null,
+    "time_embedding_act_fn": null,
+    "time_embedding_dim": null,
+    "time_embedding_type": "positional",
+    "timestep_post_act": null,
+    "transformer_layers_per_block": [1, 2, 10],
+    "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+    "upcast_attention": false,
+    "use_linear_projection": true
+  })");
+  return j;
+}
+
+Tensor random_tensor(const Shape& shape, DType dt, uint64_t seed, StreamHandle s, float scale = 1.f) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(size_t(shape_numel(shape)));
+  for (float& x : v) x = d(g);
+  Tensor h = Tensor::empty(shape, dt, Device::cpu(), "bench");
+  kernels::cpu::cast(nullptr, dt, h.data(), DType::F32, v.data(), int64_t(v.size()));
+  return h.to(Device::cuda(0), s);
+}
+
+void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L) {
+  const auto cfg = models::UNetConfig::from_hub_json(hub, "bench");
+  const int64_t S = hub["sample_size"].get<int64_t>(), C = cfg.in_channels, n = C * S * S;
+  const int64_t D = cfg.cross_dim.back(), E = cfg.text_time ? cfg.add_in_dim - 6 * cfg.add_time_dim : 0;
+  Stream stream(Device::cuda(0));
+  const StreamHandle s = stream.handle();
+  // Give back what an earlier benchmark left cached in the pool, so the device-level peak is this one's.
+  cudaDeviceSynchronize();
+  cudaMemPool_t pool = nullptr;
+  cudaDeviceGetDefaultMemPool(&pool, 0);
+  cudaMemPoolTrimTo(pool, 0);
+  size_t free0 = 0, total = 0;
+  cudaMemGetInfo(&free0, &total);
+  device_allocator(0).reset_peak();
+  double flops_sample = 0;
+  int64_t params = 0;
+  {
+    models::UNet model(cfg, Device::cuda(0), DType::BF16, s);
+    runtime::init_unet_random(model, 1234, 0.02);
+    parallel::ZeroEngine engine(model.blocks(), 0, nullptr, {1e-4, 0.9, 0.999, 1e-8, 0.01, false}, s);
+    model.set_block_access(&engine);
+    flops_sample = runtime::unet_train_flops_per_sample(model, S, S, L);
+    params = model.num_parameters();
+
+    models::UNetInputs in;
+    in.sample = random_tensor({B, C, S, S}, DType::BF16, 1, s);
+    in.encoder_hidden_states = random_tensor({B, L, D}, DType::BF16, 2, s);
+    std::mt19937 g(3);
+    for (int64_t b = 0; b < B; ++b) in.timesteps.push_back(float(g() % 1000));
+    if (E > 0) {
+      in.text_embeds = random_tensor({B, E}, DType::BF16, 4, s);
+      for (int64_t b = 0; b < B; ++b)
+        for (float v : {1024.f, 1024.f, 0.f, 0.f, 1024.f, 1024.f}) in.time_ids.push_back(v);
+    }
+    Tensor target = random_tensor({B, n}, DType::F32, 5, s);
+    Tensor losses = Tensor::empty({B}, DType::F32, Device::cuda(0), "bench", s);
+    size_t min_free = free0;
+    auto step = [&] {
+      engine.begin_step();
+      Tensor pred = model.forward(in);
+      kernels::cuda::mse_forward(s, DType::BF16, losses.data<float>(), pred.data(), target.data<float>(), nullptr, B, n);
+      Tensor dpred = Tensor::empty(pred.shape(), DType::BF16, Device::cuda(0), "activations", s);
+      kernels::cuda::mse_backward(s, DType::BF16, dpred.data(), pred.data(), target.data<float>(), nullptr, 1.f, B, n);
+      pred = Tensor();
+      model.backward(dpred);
+      const double norm = std::sqrt(engine.grad_norm_squared());
+      engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);
+      size_t f = 0;
+      cudaMemGetInfo(&f, &total);
+      min_free = std::min(min_free, f);
+    };
+    step();  // warm-up: cuBLASLt / cuDNN plans, workspaces, the allocator's pool
+    stream.synchronize();
+    Event a, b;
+    double total_ms = 0;
+    for (auto _ : st) {
+      a.record(s);
+      step();
+      b.record(s);
+      b.synchronize();
+      const double ms = b.elapsed_ms_since(a);
+      total_ms += ms;
+      st.SetIterationTime(ms / 1e3);
+    }
+    const double secs = total_ms / 1e3 / double(st.iterations());
+    const double samples_s = double(B) / secs;
+    st.counters["samples_per_s"] = samples_s;
+    st.counters["TFLOPs"] = flops_sample * samples_s / 1e12;
+    st.counters["MFU_pct"] = 100.0 * flops_sample * samples_s / (cuda_peak_bf16_tflops(0) * 1e12);
+    st.counters["peak_engine_GiB"] = double(device_allocator(0).stats().peak) / double(1ull << 30);
+    st.counters["peak_device_GiB"] = double(free0 - min_free) / double(1ull << 30);
+    st.counters["params_M"] = double(params) / 1e6;
+    st.counters["train_GFLOP_per_sample"] = flops_sample / 1e9;
+  }
+  stream.synchronize();
+}
+
+void BM_TrainStepSd15(benchmark::State& st) { train_step(st, sd15_config(), st.range(0), 77); }
+void BM_TrainStepSdxl(benchmark::State& st) { train_step(st, sdxl_config(), st.range(0), 77); }
+BENCHMARK(BM_TrainStepSd15)->ArgNames({"B"})->Arg(8)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(10);
+BENCHMARK(BM_TrainStepSdxl)->ArgNames({"B"})->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+
+}  // namespace zp::bench
+
+int main(int argc, char** argv) {
+  if (zp::cuda_device_count() == 0) {
+    std::fprintf(stderr, "zp_bench_unet: %s\n", zp::cuda_unavailable_reason().c_str());
+    return 1;
+  }
+  benchmark::AddCustomContext("device", zp::cuda_device_name(0));
+  benchmark::AddCustomContext("peak_bf16_dense_TFLOPs", std::to_string(zp::cuda_peak_bf16_tflops(0)));
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,466 @@
+#include "runtime/diffusion.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "comm/communicator.h"
+#include "comm/mpi_comm.h"
+#include "comm/topology.h"
+#include "core/log.h"
+#include "io/latent_dataset.h"
+#include "io/safetensors.h"
+#include "kernels/elementwise.h"
+#include "kernels/mse.h"
+#include "models/unet.h"
+#include "nn/init.h"
+#include "parallel/zero_engine.h"
+#include "runtime/loss_scaler.h"
+#include "runtime/lr_schedule.h"
+
+namespace zp::runtime {
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------------------------------------
+// Config
+
+const io::json& unet_schema_additions() {
+  static const io::json j = io::json::parse(R"({
+    "diffusion": {"num_train_timesteps": 1000, "beta_start": 0.00085, "beta_end": 0.012,
+                  "beta_schedule": "scaled_linear", "prediction_type": "epsilon", "snr_gamma": null}
+  })");
+  return j;
+}
+
+io::json train_schema_with_diffusion() {
+  io::json schema = train_config_schema();
+  for (const auto& [key, value] : unet_schema_additions().items()) schema[key] = value;
+  return schema;
+}
+
+DiffusionConfig DiffusionConfig::from(const io::Config& c) {
+  DiffusionConfig d;
+  if (!c.root().contains("diffusion")) return d;
+  d.num_train_timesteps = c.get<int64_t>("diffusion.num_train_timesteps");
+  d.beta_start = c.get<double>("diffusion.beta_start");
+  d.beta_end = c.get<double>("diffusion.beta_end");
+  d.beta_schedule = c.get<std::string>("diffusion.beta_schedule");
+  d.prediction_type = c.get<std::string>("diffusion.prediction_type");
+  const io::json& gamma = c.at("diffusion.snr_gamma");
+  ZP_REQUIRE(gamma.is_null() || gamma.is_number(), "diffusion.snr_gamma must be a number or null, got ", gamma.dump());
+  d.snr_gamma = gamma.is_number() ? gamma.get<double>() : 0.0;
+  ZP_REQUIRE(d.num_train_timesteps >= 1, "diffusion.num_train_timesteps must be >= 1, got ", d.num_train_timesteps);
+  ZP_REQUIRE(d.beta_start > 0 && d.beta_start < 1, "diffusion.beta_start must be in (0, 1), got ", d.beta_start);
+  ZP_REQUIRE(d.beta_end >= d.beta_start && d.beta_end < 1, "diffusion.beta_end must be in [beta_start, 1), got ",
+             d.beta_end);
+  ZP_REQUIRE(d.beta_schedule == "scaled_linear" || d.beta_schedule == "linear",
+             "diffusion.beta_schedule must be \"scaled_linear\" or \"linear\", got \"", d.beta_schedule, "\"");
+  ZP_REQUIRE(d.prediction_type == "epsilon" || d.prediction_type == "v_prediction",
+             "diffusion.prediction_type must be \"epsilon\" or \"v_prediction\", got \"", d.prediction_type, "\"");
+  ZP_REQUIRE(gamma.is_null() || d.snr_gamma > 0, "diffusion.snr_gamma must be positive (or null for no weighting), got ",
+             d.snr_gamma);
+  return d;
+}
+
+UNetTrainConfig UNetTrainConfig::from(const io::Config& c) {
+  const std::string type = c.get<std::string>("model.type");
+  ZP_REQUIRE(type == "unet", "model.type must be \"unet\" for diffusion training, got \"", type, "\"");
+  // The shared keys are read by the LM trainer's parser, so both loops give them one meaning and one
+  // set of checks; it only knows the transformer, so it reads a copy that says so.
+  io::Config shared = c;
+  shared.set("model.type=\"transformer\"");
+  UNetTrainConfig u;
+  u.common = TrainConfig::from(shared);
+  u.common.model_type = "unet";
+  u.diffusion = DiffusionConfig::from(c);
+  ZP_REQUIRE(!u.common.activation_checkpointing,
+             "model.activation_checkpointing: the UNet has no activation checkpointing yet");
+  ZP_REQUIRE(c.get<std::string>("checkpoint.dir").empty(),
+             "checkpoint.dir: checkpointing is not implemented for UNet training yet (leave it empty)");
+  ZP_REQUIRE(u.common.train_files.size() == 1, "data.train_files must hold exactly one latent file (HDF5), got ",
+             u.common.train_files.size());
+  ZP_REQUIRE(u.common.val_files.size() <= 1, "data.val_files holds at most one latent file (HDF5), got ",
+             u.common.val_files.size());
+  return u;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Noise schedule and draws
+
+NoiseSchedule::NoiseSchedule(const DiffusionConfig& c)
+    : v_prediction_(c.prediction_type == "v_prediction"), snr_gamma_(c.snr_gamma) {
+  const int64_t T = c.num_train_timesteps;
+  ZP_REQUIRE(T >= 1, "diffusion.num_train_timesteps must be >= 1");
+  betas_.resize(size_t(T));
+  acp_.resize(size_t(T));
+  double prod = 1.0;
+  for (int64_t t = 0; t < T; ++t) {
+    const double f = T == 1 ? 0.0 : double(t) / double(T - 1);  // torch.linspace's points
+    double b;
+    if (c.beta_schedule == "scaled_linear") {
+      const double s = std::sqrt(c.beta_start) + f * (std::sqrt(c.beta_end) - std::sqrt(c.beta_start));
+      b = s * s;
+    } else {
+      b = c.beta_start + f * (c.beta_end - c.beta_start);
+    }
+    betas_[size_t(t)] = b;
+    prod *= 1.0 - b;
+    acp_[size_t(t)] = prod;
+  }
+}
+
+double NoiseSchedule::loss_weight(int64_t t) const {
+  if (snr_gamma_ <= 0) return 1.0;
+  const double s = snr(t), clipped = std::min(s, snr_gamma_);
+  return v_prediction_ ? clipped / (s + 1.0) : clipped / s;
+}
+
+void NoiseSchedule::noisy_and_target(int64_t t, const float* x0, const float* eps, int64_t n, float* xt,
+                                     float* target) const {
+  const double a = std::sqrt(alphas_cumprod(t)), b = std::sqrt(1.0 - alphas_cumprod(t));
+  for (int64_t i = 0; i < n; ++i) {
+    xt[i] = float(a * double(x0[i]) + b * double(eps[i]));
+    target[i] = v_prediction_ ? float(a * double(eps[i]) - b * double(x0[i])) : eps[i];
+  }
+}
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+int64_t draw_timestep(uint64_t seed, int64_t step, int64_t index, int64_t num_timesteps) {
+  ZP_CHECK(num_timesteps >= 1, "draw_timestep over ", num_timesteps, " timesteps");
+  const uint64_t key = splitmix64(splitmix64(seed ^ 0x74696D6573746570ull) + uint64_t(step));  // "timestep"
+  const uint64_t r = splitmix64(key + uint64_t(index));
+  // The high half of r * T: uniform on [0, T) up to a bias of T / 2^64.
+  return int64_t((unsigned __int128)r * uint64_t(num_timesteps) >> 64);
+}
+
+void draw_noise(uint64_t seed, int64_t step, int64_t index, int64_t n, float* out) {
+  nn::counter_normal(seed, "diffusion.noise." + std::to_string(step), index * n, n, 1.0, out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Initialisation and FLOPs
+
+namespace {
+
+bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+bool ends_with(const std::string& s, const std::string& t) {
+  return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+}
+bool contains(const std::string& s, const std::string& t) { return s.find(t) != std::string::npos; }
+
+}  // namespace
+
+void init_unet_random(models::UNet& m, uint64_t seed, double std) {
+  const StreamHandle s = m.ctx().s;
+  for (nn::Parameter* p : m.parameters()) {
+    if (p->shape.size() == 1)  // every 1-d weight is a norm's scale; the rest are biases
+      nn::init_constant(*p, ends_with(p->name, ".weight") ? 1.f : 0.f, s);
+    else
+      nn::init_normal(*p, seed, std, s);
+  }
+}
+
+double unet_train_flops_per_sample(models::UNet& m, int64_t H, int64_t W, int64_t L) {
+  const int64_t n = m.config().num_blocks();
+  // Positions at resolution level k (the input halved k times).
+  auto at = [&](int64_t k) { return double((H >> k) * (W >> k)); };
+  auto block_index = [](const std::string& name, size_t prefix) { return std::stoll(name.substr(prefix)); };
+  double forward = 0;
+  for (nn::Parameter* p : m.parameters()) {
+    if (p->shape.size() < 2) continue;  // norms and biases
+    const std::string& name = p->name;
+    double positions = 0;
+    if (starts_with(name, "time_embedding.") || starts_with(name, "add_embedding.") ||
+        contains(name, ".time_emb_proj.")) {
+      positions = 1;  // once per sample
+    } else if (starts_with(name, "conv_in.") || starts_with(name, "conv_out.")) {
+      positions = at(0);
+    } else if (starts_with(name, "mid_block.")) {
+      positions = at(n - 1);
+    } else if (starts_with(name, "down_blocks.")) {
+      const int64_t i = block_index(name, 12);
+      positions = contains(name, ".downsamplers.") ? at(i + 1) : at(i);
+    } else if (starts_with(name, "up_blocks.")) {
+      const int64_t i = block_index(name, 10);
+      positions = contains(name, ".upsamplers.") ? at(n - 2 - i) : at(n - 1 - i);
+    } else {
+      ZP_FATAL("unet_train_flops_per_sample: unexpected parameter ", name);
+    }
+    const double pixels = positions;
+    if (contains(name, ".attn2.to_k.") || contains(name, ".attn2.to_v.")) positions = double(L);  // text tokens
+    forward += 2.0 * double(p->numel()) * positions;
+    // Scores (T x Tk x I) and weighted values (the same again), all heads together.
+    if (ends_with(name, ".attn1.to_q.weight")) forward += 4.0 * pixels * pixels * double(p->shape[0]);
+    if (ends_with(name, ".attn2.to_q.weight")) forward += 4.0 * pixels * double(L) * double(p->shape[0]);
+  }
+  return 3.0 * forward;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The training loop
+
+namespace {
+
+double host_peak_rss_gib() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / (1024.0 * 1024.0);  // kB
+  return 0;
+}
+
+io::json load_hub_config(const TrainConfig& cfg, std::string& source) {
+  if (cfg.hub_config.is_object()) {
+    source = "model.config";
+    return cfg.hub_config;
+  }
+  source = (fs::path(cfg.hub_dir) / "config.json").string();
+  std::ifstream in(source);
+  ZP_REQUIRE(in.good(), source, ": cannot open (model.hub_dir)");
+  try {
+    return io::json::parse(in);
+  } catch (const std::exception& e) {
+    throw Error(source + ": not valid JSON: " + e.what());
+  }
+}
+
+// What the latent file must provide for this model.
+io::LatentRequirements requirements(const models::UNetConfig& m, const std::string& source) {
+  io::LatentRequirements r;
+  r.channels = m.in_channels;
+  r.spatial_multiple = int64_t(1) << (m.num_blocks() - 1);
+  r.text_embeds_dim = m.text_time ? m.add_in_dim - 6 * m.add_time_dim : 0;
+  // One encoder_hidden_states feeds every attention block: their cross_attention_dim must agree.
+  r.context_dim = 0;
+  for (int64_t i = 0; i < m.num_blocks(); ++i) {
+    const bool used = m.down_attn[size_t(i)] || m.up_attn[size_t(m.num_blocks() - 1 - i)] || i + 1 == m.num_blocks();
+    if (!used) continue;
+    ZP_REQUIRE(r.context_dim == 0 || r.context_dim == m.cross_dim[size_t(i)], source,
+               ": key 'cross_attention_dim' differs between attention blocks; one text encoder cannot feed them");
+    r.context_dim = m.cross_dim[size_t(i)];
+  }
+  return r;
+}
+
+// Host floats -> a tensor of `dt` on `dev`.
+Tensor upload(const std::vector<float>& v, const Shape& shape, DType dt, Device dev, StreamHandle s) {
+  ZP_CHECK(int64_t(v.size()) == shape_numel(shape), "upload of ", v.size(), " values as ", shape_str(shape));
+  Tensor h = Tensor::empty(shape, dt, Device::cpu(), "batch");
+  kernels::cpu::cast(nullptr, dt, h.data(), DType::F32, v.data(), int64_t(v.size()));
+  return dev.is_cpu() ? h : h.to(dev, s);
+}
+
+}  // namespace
+
+TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm group, bool return_params) {
+  const TrainConfig& cfg = ucfg.common;
+  if (group == MPI_COMM_NULL) group = rt.world();
+  int world = 1, rank = 0;
+  ZP_MPI_CHECK(MPI_Comm_size(group, &world));
+  ZP_MPI_CHECK(MPI_Comm_rank(group, &rank));
+  Device dev = rt.device();
+  if (cfg.device == "cpu") dev = Device::cpu();
+  if (cfg.device == "cuda") ZP_REQUIRE(dev.is_cuda(), "training.device = \"cuda\": ", cuda_unavailable_reason());
+  const int64_t global_batch = cfg.micro_batch * cfg.grad_accum * world;
+  ZP_REQUIRE(cfg.train_batch_size == 0 || cfg.train_batch_size == global_batch, "train_batch_size ",
+             cfg.train_batch_size, " != train_micro_batch_size_per_gpu ", cfg.micro_batch,
+             " x gradient_accumulation_steps ", cfg.grad_accum, " x world size ", world);
+
+  // Model config and data first: a bad config or file is reported before any model memory exists.
+  std::string source;
+  const io::json hub = load_hub_config(cfg, source);
+  const auto mcfg = models::UNetConfig::from_hub_json(hub, source);
+  ZP_REQUIRE(mcfg.out_channels == mcfg.in_channels, source, ": key 'out_channels' = ", mcfg.out_channels,
+             " must equal in_channels = ", mcfg.in_channels, " to predict noise (or v) of the latents");
+  const io::LatentRequirements need = requirements(mcfg, source);
+  io::LatentDataset train_ds(cfg.train_files[0], 0.0, cfg.val_files.empty() ? 1.0 - cfg.val_fraction : 1.0);
+  train_ds.require(need);
+  std::unique_ptr<io::LatentDataset> val_ds;
+  if (!cfg.val_files.empty())
+    val_ds = std::make_unique<io::LatentDataset>(cfg.val_files[0]);
+  else if (cfg.val_fraction > 0)
+    val_ds = std::make_unique<io::LatentDataset>(cfg.train_files[0], 1.0 - cfg.val_fraction, 1.0);
+  if (val_ds) {
+    val_ds->require(need);
+    ZP_REQUIRE(val_ds->height() == train_ds.height() && val_ds->width() == train_ds.width() &&
+                   val_ds->text_len() == train_ds.text_len(),
+               val_ds->path(), ": validation samples are ", val_ds->height(), "x", val_ds->width(), " with ",
+               val_ds->text_len(), " text tokens, training samples ", train_ds.height(), "x", train_ds.width(),
+               " with ", train_ds.text_len());
+  }
+  const int64_t B = cfg.micro_batch, C = train_ds.channels(), H = train_ds.height(), W = train_ds.width(),
+                L = train_ds.text_len(), D = train_ds.text_dim(), E = need.text_embeds_dim;
+  const int64_t n = C * H * W;
+
+  std::unique_ptr<comm::Communicator> dp;
+  std::unique_ptr<comm::MpiComm> ctrl;
+  if (world > 1) {
+    dp = comm::make_communicator(dev.is_cuda() ? comm::Backend::Nccl : comm::Backend::Mpi, group);
+    ctrl = std::make_unique<comm::MpiComm>(group);
+  }
+
+  std::unique_ptr<Stream> stream = dev.is_cuda() ? std::make_unique<Stream>(dev) : nullptr;
+  const StreamHandle s = stream ? stream->handle() : nullptr;
+  models::UNet model(mcfg, dev, cfg.dtype, s, parallel::shard_pad_multiple(world));
+  if (cfg.init == "hub")
+    model.load(io::SafetensorsCollection::open_dir(cfg.hub_dir, "diffusion_pytorch_model"));
+  else
+    init_unet_random(model, cfg.seed, cfg.init_std);
+
+  parallel::ZeroEngine engine(model.blocks(), cfg.zero_stage, dp.get(),
+                              {cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.decay_all}, s);
+  model.set_block_access(&engine);
+  LrSchedule sched{cfg.scheduler, cfg.lr, cfg.min_lr_ratio, cfg.warmup_steps, cfg.total_steps};
+  LossScaler scaler(cfg.fp16, cfg.initial_scale, cfg.min_scale, cfg.scale_window, cfg.hysteresis);
+  const NoiseSchedule noise(ucfg.diffusion);
+  const int64_t T_train = noise.num_timesteps();
+
+  std::ofstream metrics;
+  if (!cfg.metrics_file.empty()) {
+    std::string path = cfg.metrics_file;
+    if (auto at = path.find("{rank}"); at != std::string::npos) path.replace(at, 6, std::to_string(rank));
+    else if (rank != 0) path += "." + std::to_string(rank);
+    metrics.open(path, std::ios::trunc);
+    ZP_REQUIRE(metrics.good(), path, ": cannot write the metrics file");
+  }
+
+  ZP_LOG_INFO(engine.memory_plan().str(cfg.zero_stage, world));
+  const double flops_sample = unet_train_flops_per_sample(model, H, W, L);
+  const double peak_tflops = dev.is_cuda() ? cuda_peak_bf16_tflops(dev.index) : 0.0;
+  std::string widths;
+  for (int64_t w : mcfg.block_out) widths += (widths.empty() ? "" : ", ") + std::to_string(w);
+  char gamma[64] = "";
+  if (ucfg.diffusion.snr_gamma > 0) std::snprintf(gamma, sizeof(gamma), ", min-SNR gamma %g", ucfg.diffusion.snr_gamma);
+  ZP_LOG_INFO("model unet ", model.num_parameters() / 1e6, "M parameters, block_out_channels [", widths, "]",
+              mcfg.text_time ? ", text_time conditioning" : "", " | ", world, " rank(s) on ", dev.str(),
+              " | ", dtype_name(cfg.dtype), " | global batch ", global_batch, " x ", C, "x", H, "x", W,
+              " latents, ", L, " text tokens (micro ", B, ", accum ", cfg.grad_accum, ") | ", train_ds.size(),
+              " training samples | ", ucfg.diffusion.prediction_type, ", ", T_train, " timesteps", gamma);
+
+  auto dp_mean = [&](double v) {
+    if (!ctrl) return v;
+    double out = 0;
+    ctrl->all_reduce(&v, &out, 1, DType::F64, comm::ReduceOp::Avg);
+    return out;
+  };
+
+  // Host buffers of one micro-batch, reused.
+  std::vector<float> x0(static_cast<size_t>(B * n)), eps(static_cast<size_t>(n)), xt(static_cast<size_t>(B * n)),
+      target(static_cast<size_t>(B * n)), context(static_cast<size_t>(B * L * D)),
+      text_embeds(static_cast<size_t>(B * E)), time_ids(static_cast<size_t>(E > 0 ? B * 6 : 0)),
+      weights(static_cast<size_t>(B));
+  // One micro-batch at global positions [first, first + B) of `ds`; `key_step` keys the draws (-1
+  // for validation). Returns the mean weighted loss (read after the backward is queued).
+  auto run_micro = [&](const io::LatentDataset& ds, int64_t key_step, int64_t first, bool train_step,
+                       float loss_scale) {
+    const int64_t N = ds.size();
+    models::UNetInputs in;
+    in.timesteps.resize(size_t(B));
+    for (int64_t i = 0; i < B; ++i) {
+      const int64_t p = first + i;
+      const int64_t w = train_step ? ds.epoch_order(cfg.seed, p / N, p % N, cfg.shuffle) : p % N;
+      ds.read(w, &x0[size_t(i * n)], &context[size_t(i * L * D)], E > 0 ? &text_embeds[size_t(i * E)] : nullptr,
+              E > 0 ? &time_ids[size_t(i * 6)] : nullptr);
+      const int64_t t = draw_timestep(cfg.seed, key_step, p, T_train);
+      draw_noise(cfg.seed, key_step, p, n, eps.data());
+      noise.noisy_and_target(t, &x0[size_t(i * n)], eps.data(), n, &xt[size_t(i * n)], &target[size_t(i * n)]);
+      in.timesteps[size_t(i)] = float(t);
+      weights[size_t(i)] = float(noise.loss_weight(t));
+    }
+    in.sample = upload(xt, {B, C, H, W}, cfg.dtype, dev, s);
+    in.encoder_hidden_states = upload(context, {B, L, D}, cfg.dtype, dev, s);
+    if (E > 0) {
+      in.text_embeds = upload(text_embeds, {B, E}, cfg.dtype, dev, s);
+      in.time_ids = time_ids;
+    }
+    Tensor tgt = upload(target, {B, n}, DType::F32, dev, s), wts = upload(weights, {B}, DType::F32, dev, s);
+    Tensor losses = Tensor::empty({B}, DType::F32, dev, "metrics", s);
+    Tensor pred = model.forward(in);
+    ZP_KERNEL_CALL(dev, mse_forward, s, cfg.dtype, losses.data<float>(), pred.data(), tgt.data<float>(),
+                   wts.data<float>(), B, n);
+    if (train_step) {
+      Tensor dpred = Tensor::empty(pred.shape(), cfg.dtype, dev, "activations", s);
+      ZP_KERNEL_CALL(dev, mse_backward, s, cfg.dtype, dpred.data(), pred.data(), tgt.data<float>(), wts.data<float>(),
+                     loss_scale, B, n);
+      pred = Tensor();
+      model.backward(dpred);
+    }
+    Tensor h = losses.to(Device::cpu(), s);
+    double sum = 0;
+    for (int64_t i = 0; i < B; ++i) sum += h.data<float>()[i];
+    return sum / double(B);
+  };
+
+  TrainResult result;
+  for (int64_t step = 0; step < cfg.max_steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    engine.begin_step();
+    const float loss_scale = float(scaler.scale());
+    double loss = 0;
+    for (int64_t m = 0; m < cfg.grad_accum; ++m) {
+      const int64_t first = step * global_batch + m * B * world + rank * B;
+      loss += run_micro(train_ds, step, first, true, loss_scale / float(cfg.grad_accum)) / double(cfg.grad_accum);
+    }
+    engine.finish_gradients();
+    const double grad_norm = std::sqrt(engine.grad_norm_squared()) / loss_scale;
+    const bool overflow = !std::isfinite(grad_norm);
+    const bool skip = scaler.update(overflow);
+    const double lr = sched.at(engine.optimizer_steps());
+    if (!skip) {
+      const double clip = cfg.grad_clip > 0 && grad_norm > cfg.grad_clip ? cfg.grad_clip / grad_norm : 1.0;
+      engine.step(float(clip / loss_scale), lr);
+    }
+    if (s) stream_synchronize(s);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    loss = dp_mean(loss);
+    result.losses.push_back(loss);
+    const double samples_s = double(global_batch) / secs;
+    const double mfu = peak_tflops > 0 ? flops_sample * samples_s / world / (peak_tflops * 1e12) : 0.0;
+    const double mem_gib = dev.is_cuda() ? double(device_allocator(dev.index).stats().peak) / (1 << 30)
+                                         : host_peak_rss_gib();
+    double val = NAN;
+    if (val_ds && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.max_steps)) {
+      double sum = 0;
+      for (int64_t e = 0; e < cfg.eval_batches; ++e) sum += run_micro(*val_ds, -1, (e * world + rank) * B, false, 1.f);
+      val = dp_mean(sum / double(cfg.eval_batches));
+      result.val_losses.push_back(val);
+    }
+    if (rank == 0 &&
+        (step % std::max<int64_t>(cfg.print_every, 1) == 0 || step + 1 == cfg.max_steps || !std::isnan(val))) {
+      char line[512];
+      std::snprintf(line, sizeof(line),
+                    "step %5lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.1f samples/s | MFU %.1f%% | mem %.2f GiB%s | %.0f ms%s",
+                    (long long)(step + 1), (long long)cfg.max_steps, loss, lr, grad_norm, samples_s, 100 * mfu,
+                    mem_gib, dev.is_cuda() ? "" : " RSS", secs * 1e3, skip ? " | SKIPPED (overflow)" : "");
+      std::string extra = std::isnan(val) ? "" : " | val loss " + std::to_string(val);
+      std::printf("%s%s\n", line, extra.c_str());
+      std::fflush(stdout);
+    }
+    if (metrics.is_open()) {
+      io::json j = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
+                    {"samples_per_s", samples_s}, {"mfu", mfu}, {"peak_mem_gib", mem_gib}, {"step_ms", secs * 1e3},
+                    {"skipped", skip}, {"loss_scale", loss_scale}};
+      if (!std::isnan(val)) j["val_loss"] = val;
+      metrics << j.dump() << "\n";
+      metrics.flush();
+    }
+  }
+  result.skipped_steps = scaler.skipped();
+  if (return_params) result.final_params = engine.gather_master();
+  return result;
+}
+
+}  // namespace zp::runtime
