@@ -3,16 +3,19 @@
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "app/convert.h"
 #include "app/inspect_command.h"
+#include "app/make_latents.h"
 #include "app/parity.h"
 #include "comm/bootstrap.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "io/config.h"
+#include "runtime/diffusion.h"
 #include "runtime/train_config.h"
 #include "runtime/trainer.h"
 
@@ -25,6 +28,7 @@ const char* kUsage =
     "commands:\n"
     "  train    train a model: zeropipe train --config FILE [--set key.path=value ...] [--resume FILE|latest]\n"
     "  convert  hub folder (safetensors) <-> weights HDF5 file: zeropipe convert --from X --to Y [--dtype bf16|fp32|keep]\n"
+    "  make-latents  write a small latent dataset for a UNet (the UNet demo's data)\n"
     "  inspect  list and check a checkpoint or weights file: zeropipe inspect FILE [--verify]\n"
     "  parity   run a reference folder (hub config, weights, io.safetensors) and compare every tensor\n"
     "run `zeropipe <command> --help` for the command's options\n";
@@ -83,6 +87,27 @@ int cmd_inspect(int argc, char** argv) {
   return zp::app::run_inspect(path, verify);
 }
 
+int cmd_make_latents(int argc, char** argv) {
+  std::string out, model;
+  int64_t samples = 512;
+  uint64_t seed = 1234;
+  po::options_description desc("zeropipe make-latents options");
+  desc.add_options()("help,h", "show this help")("out", po::value<std::string>(&out)->required(),
+                                                 "HDF5 latent dataset to write")(
+      "model", po::value<std::string>(&model)->required(),
+      "the UNet: inline config JSON, a diffusers folder, its config.json, or a training config")(
+      "samples", po::value<int64_t>(&samples)->default_value(512), "number of samples")(
+      "seed", po::value<uint64_t>(&seed)->default_value(1234), "seed");
+  po::variables_map vm;
+  po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
+  po::notify(vm);
+  return zp::app::make_latents(out, model, samples, seed);
+}
+
 int cmd_train(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> sets;
@@ -102,18 +127,29 @@ int cmd_train(int argc, char** argv) {
     return 0;
   }
   if (vm.count("print-defaults")) {
-    std::cout << zp::runtime::train_config_schema().dump(2) << "\n";
+    std::cout << zp::runtime::train_schema_with_diffusion().dump(2) << "\n";
     return 0;
   }
   if (config_path.empty()) throw po::error("--config FILE is required");
   // Parse and validate before MPI starts, so a bad config fails the same way on every rank, at once.
-  zp::io::Config cfg = zp::io::Config::from_file(zp::runtime::train_config_schema(), config_path);
+  zp::io::Config cfg = zp::io::Config::from_file(zp::runtime::train_schema_with_diffusion(), config_path);
   for (const auto& s : sets) cfg.set(s);
-  zp::runtime::TrainConfig tc = zp::runtime::TrainConfig::from(cfg);
-  tc.resume = resume;
+  const bool unet = cfg.get<std::string>("model.type") == "unet";
+  if (unet && !resume.empty()) throw zp::Error("--resume: checkpoints of UNet training are not supported yet");
+  std::optional<zp::runtime::UNetTrainConfig> uc;
+  std::optional<zp::runtime::TrainConfig> tc;
+  if (unet) {
+    uc = zp::runtime::UNetTrainConfig::from(cfg);
+  } else {
+    tc = zp::runtime::TrainConfig::from(cfg);
+    tc->resume = resume;
+  }
   zp::comm::Runtime rt(&argc, &argv);
   try {
-    zp::runtime::train(tc, rt);
+    if (unet)
+      zp::runtime::train_unet(*uc, rt);
+    else
+      zp::runtime::train(*tc, rt);
   } catch (const zp::Error& e) {
     // An error seen by one rank only must not leave the others waiting in a collective.
     std::fprintf(stderr, "zeropipe train: error on rank %d (%s): %s\n", rt.rank(), rt.host().c_str(), e.what());
@@ -137,6 +173,7 @@ int main(int argc, char** argv) {
     if (cmd == "train") return cmd_train(argc - 1, argv + 1);
     if (cmd == "convert") return cmd_convert(argc - 1, argv + 1);
     if (cmd == "inspect") return cmd_inspect(argc - 1, argv + 1);
+    if (cmd == "make-latents") return cmd_make_latents(argc - 1, argv + 1);
     std::fprintf(stderr, "zeropipe: unknown command '%s'\n%s", cmd.c_str(), kUsage);
     return 2;
   } catch (const po::error& e) {
