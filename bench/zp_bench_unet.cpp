@@ -1,6 +1,6 @@
 // One full diffusion training step of the Stable Diffusion 1.5 UNet (860M parameters; B=8, 64x64
 // latents, 77 text tokens of 768) and the SDXL base UNet (2.57B; B=2, 128x128 latents, 77 tokens of
-// 2048, text_time conditioning): bf16 compute, fp32 master weights and AdamW, random init and random
+// 2048, text_time conditioning): bf16 compute, fp32 master weights and AdamW, random weights (bench_weights.h) and random
 // data; forward, weighted MSE against a noise target, backward, global-norm clipping and the optimizer
 // update, timed with CUDA events. Reports samples/s, achieved TFLOP/s and MFU against the device's
 // dense bf16 peak (FLOPs from runtime::unet_train_flops_per_sample), and peak device memory (the
@@ -21,6 +21,7 @@
 #include "kernels/mse.h"
 #include "models/unet.h"
 #include "parallel/zero_engine.h"
+#include "bench_weights.h"
 #include "runtime/diffusion.h"
 
 namespace zp::bench {
@@ -134,7 +135,7 @@ void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L) {
   int64_t params = 0;
   {
     models::UNet model(cfg, Device::cuda(0), DType::BF16, s);
-    runtime::init_unet_random(model, 1234, 0.02);
+    fill_blocks_random(model.blocks(), Device::cuda(0), s);
     parallel::ZeroEngine engine(model.blocks(), 0, nullptr, {1e-4, 0.9, 0.999, 1e-8, 0.01, false}, s);
     model.set_block_access(&engine);
     flops_sample = runtime::unet_train_flops_per_sample(model, S, S, L);

@@ -2,8 +2,6 @@
 // B=8, T=1024 per GPU, bf16 compute, fp32 master weights and gradients): tokens/s over all ranks,
 // per-rank peak device memory (the engine's allocator peak) and the time each step spends in
 // collectives. Run with `mpirun -np 1` and `-np 2`; rank 0 prints Google Benchmark output.
-// The weights are filled by tiling a random block (initialisation values do not change the timing
-// and counter-based init of 1.4B values on the host would dominate the run).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -18,23 +16,11 @@
 #include "kernels/elementwise.h"
 #include "models/transformer.h"
 #include "parallel/zero_engine.h"
+#include "bench_weights.h"
 
 namespace zp::bench {
 
 comm::Runtime* g_rt = nullptr;
-
-void fill_random(models::Transformer& model, Device dev, StreamHandle s) {
-  const int64_t tile = 1 << 22;
-  std::mt19937 g(1);
-  std::normal_distribution<float> d(0.f, 0.02f);
-  Tensor h = Tensor::empty({tile}, DType::F32, Device::cpu());
-  for (int64_t i = 0; i < tile; ++i) h.data<float>()[i] = d(g);
-  Tensor f = h.to(dev, s), b = Tensor::empty({tile}, DType::BF16, dev, "bench", s);
-  kernels::cuda::cast(s, DType::BF16, b.data(), DType::F32, f.data(), tile);
-  for (nn::ParamBlock* blk : model.blocks())
-    for (int64_t o = 0; o < blk->padded(); o += tile)
-      blk->values().flat(o, std::min(tile, blk->padded() - o)).copy_from(b.flat(0, std::min(tile, blk->padded() - o)), s);
-}
 
 void BM_ZeroStep(benchmark::State& st) {
   const int stage = int(st.range(0));
@@ -54,7 +40,7 @@ void BM_ZeroStep(benchmark::State& st) {
   double tok_s = 0, comm = 0, mfu = 0, peak = 0;
   {
     models::Transformer model(cfg, rt.device(), DType::BF16, s, parallel::shard_pad_multiple(world));
-    fill_random(model, rt.device(), s);
+    fill_blocks_random(model.blocks(), rt.device(), s);
     parallel::ZeroEngine engine(model.blocks(), stage, dp.get(), {3e-4, 0.9, 0.95, 1e-8, 0.1, false}, s);
     model.set_block_access(&engine);
     engine.set_timing(true);
