@@ -186,9 +186,12 @@ TEST(CheckpointResume, Gpt2Stage2BitwiseAtSameWorld) { check_same_world("gpt2", 
 
 // The same save and resume on GPUs with NCCL (one GPU per rank).
 TEST(CheckpointResumeGpu, Stages0And3OnGpus) {
-  comm::Runtime rt;
-  int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size(), all = 0;
-  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  int all = 0;
+  {  // one Runtime at a time: check_same_world makes its own
+    comm::Runtime rt;
+    int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size();
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  }
   if (!all) GTEST_SKIP() << "needs one GPU per rank";
   check_same_world("llama", 0, "cuda");
   check_same_world("gpt2", 3, "cuda");
