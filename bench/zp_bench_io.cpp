@@ -19,13 +19,7 @@
 
 namespace {
 
-double rss_peak_gib() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / (1024.0 * 1024.0);
-  return 0;
-}
+double rss_peak_gib() { return zp::host_peak_rss_bytes() / double(1ull << 30); }
 void reset_rss_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 struct Tensor1 {

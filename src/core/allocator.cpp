@@ -1,6 +1,8 @@
 #include "core/allocator.h"
 
 #include <cstdlib>
+#include <fstream>
+#include <string>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -156,6 +158,14 @@ Allocator& device_allocator(int index) {
 #else
   ZP_FATAL("cuda:", index, " requested in a CPU-only build (ZP_CUDA=OFF)");
 #endif
+}
+
+double host_peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) * 1024.0;  // kB
+  return 0;
 }
 
 Allocator& allocator_for(Device d, bool pinned) {

@@ -214,29 +214,6 @@ double unet_train_flops_per_sample(models::UNet& m, int64_t H, int64_t W, int64_
 
 namespace {
 
-double host_peak_rss_gib() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / (1024.0 * 1024.0);  // kB
-  return 0;
-}
-
-io::json load_hub_config(const TrainConfig& cfg, std::string& source) {
-  if (cfg.hub_config.is_object()) {
-    source = "model.config";
-    return cfg.hub_config;
-  }
-  source = (fs::path(cfg.hub_dir) / "config.json").string();
-  std::ifstream in(source);
-  ZP_REQUIRE(in.good(), source, ": cannot open (model.hub_dir)");
-  try {
-    return io::json::parse(in);
-  } catch (const std::exception& e) {
-    throw Error(source + ": not valid JSON: " + e.what());
-  }
-}
-
 // What the latent file must provide for this model.
 io::LatentRequirements requirements(const models::UNetConfig& m, const std::string& source) {
   io::LatentRequirements r;
@@ -281,7 +258,7 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
 
   // Model config and data first: a bad config or file is reported before any model memory exists.
   std::string source;
-  const io::json hub = load_hub_config(cfg, source);
+  const io::json hub = cfg.hub_config_json(source);
   const auto mcfg = models::UNetConfig::from_hub_json(hub, source);
   ZP_REQUIRE(mcfg.out_channels == mcfg.in_channels, source, ": key 'out_channels' = ", mcfg.out_channels,
              " must equal in_channels = ", mcfg.in_channels, " to predict noise (or v) of the latents");
@@ -430,7 +407,7 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
     const double samples_s = double(global_batch) / secs;
     const double mfu = peak_tflops > 0 ? flops_sample * samples_s / world / (peak_tflops * 1e12) : 0.0;
     const double mem_gib = dev.is_cuda() ? double(device_allocator(dev.index).stats().peak) / (1 << 30)
-                                         : host_peak_rss_gib();
+                                         : host_peak_rss_bytes() / double(1ull << 30);
     double val = NAN;
     if (val_ds && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.max_steps)) {
       double sum = 0;

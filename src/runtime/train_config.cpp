@@ -1,5 +1,8 @@
 #include "runtime/train_config.h"
 
+#include <filesystem>
+#include <fstream>
+
 #include "core/error.h"
 
 namespace zp::runtime {
@@ -34,6 +37,21 @@ const io::json& train_config_schema() {
     "training": {"max_steps": 100, "eval_every": 0, "eval_batches": 4, "device": "auto", "metrics_file": ""}
   })");
   return schema;
+}
+
+io::json TrainConfig::hub_config_json(std::string& source) const {
+  if (hub_config.is_object()) {
+    source = "model.config";
+    return hub_config;
+  }
+  source = (std::filesystem::path(hub_dir) / "config.json").string();
+  std::ifstream in(source);
+  ZP_REQUIRE(in.good(), source, ": cannot open (model.hub_dir)");
+  try {
+    return io::json::parse(in);
+  } catch (const std::exception& e) {
+    throw Error(source + ": not valid JSON: " + e.what());
+  }
 }
 
 TrainConfig TrainConfig::from(const io::Config& c) {

@@ -53,6 +53,10 @@ struct TrainConfig {
   std::string resume;            // not a config key (`zeropipe train --resume`): "" | "latest" | a file
   std::string config_json;       // the whole configuration as given, recorded in every checkpoint
 
+  // The hub config.json object: model.config inline, or model.hub_dir/config.json. `source` names
+  // where it came from, for error messages.
+  io::json hub_config_json(std::string& source) const;
+
   // Reads and validates; throws zp::Error naming the key.
   static TrainConfig from(const io::Config& c);
 };

@@ -26,29 +26,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-double host_peak_rss_gib() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / (1024.0 * 1024.0);  // kB
-  return 0;
-}
-
-io::json load_hub_config(const TrainConfig& cfg, std::string& source) {
-  if (cfg.hub_config.is_object()) {
-    source = "model.config";
-    return cfg.hub_config;
-  }
-  source = (fs::path(cfg.hub_dir) / "config.json").string();
-  std::ifstream in(source);
-  ZP_REQUIRE(in.good(), source, ": cannot open (model.hub_dir)");
-  try {
-    return io::json::parse(in);
-  } catch (const std::exception& e) {
-    throw Error(source + ": not valid JSON: " + e.what());
-  }
-}
-
 // One rank's micro-batch: `rows` windows at consecutive global positions starting at `first`.
 struct Batch {
   Tensor ids, targets;  // host int32 [rows * T]
@@ -151,7 +128,7 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
 
   // Model.
   std::string source;
-  const io::json hub = load_hub_config(cfg, source);
+  const io::json hub = cfg.hub_config_json(source);
   auto mcfg = models::TransformerConfig::from_hub_json(hub, source);
   ZP_REQUIRE(cfg.seq_len <= mcfg.max_positions || !mcfg.learned_positions, "data.seq_len ", cfg.seq_len,
              " exceeds the model's ", mcfg.max_positions, " positions");
@@ -278,7 +255,7 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
     const double tok_s = double(tokens_per_step) / secs;
     const double mfu = peak_tflops > 0 ? flops_token * tok_s / world / (peak_tflops * 1e12) : 0.0;
     const double mem_gib = dev.is_cuda() ? double(device_allocator(dev.index).stats().peak) / (1 << 30)
-                                         : host_peak_rss_gib();
+                                         : host_peak_rss_bytes() / double(1ull << 30);
     double val = NAN;
     if (val_ds && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.max_steps)) {
       double sum = 0;
