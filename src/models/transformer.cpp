@@ -126,8 +126,15 @@ int64_t TransformerConfig::num_parameters() const {
   return total;
 }
 
-Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t pad_multiple)
+Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t pad_multiple,
+                         bool allocate)
     : cfg_(cfg) {
+  auto place = [&](ParamBlock& b) {
+    if (allocate)
+      b.allocate(dev, dt, s, pad_multiple);
+    else
+      b.layout(dev, dt, pad_multiple);
+  };
   ctx_ = Ctx{dev, s, dt};
   vpad_ = (cfg.vocab + 63) / 64 * 64;  // aligned rows for the logits GEMM and the loss
   const int64_t C = cfg.hidden, D = cfg.head_dim, F = cfg.ffn;
@@ -137,7 +144,7 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
   wte_ = embed_->add(pre + (gpt2 ? "wte.weight" : "embed_tokens.weight"), {cfg.vocab, C}, false);
   if (cfg.tied) embed_->add_gap((vpad_ - cfg.vocab) * C);  // the head GEMM reads vpad rows
   if (cfg.learned_positions) wpe_ = embed_->add(pre + "wpe.weight", {cfg.max_positions, C}, false);
-  embed_->allocate(dev, dt, s, pad_multiple);
+  place(*embed_);
 
   for (int64_t i = 0; i < cfg.layers; ++i) {
     Layer l;
@@ -183,7 +190,7 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
       dw = b.add(p + "mlp.down_proj.weight", {C, F}, true);
       if (cfg.mlp_bias) db = b.add(p + "mlp.down_proj.bias", {C}, false);
     }
-    b.allocate(dev, dt, s, pad_multiple);
+    place(b);
     l.ln1 = Norm(cfg.norm, n1w, n1b, cfg.norm_eps);
     l.ln2 = Norm(cfg.norm, n2w, n2b, cfg.norm_eps);
     AttentionShape ash{cfg.heads, cfg.kv_heads, D, !gpt2, cfg.rope_theta};
@@ -199,7 +206,7 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
     lm_head_ = head_->add("lm_head.weight", {cfg.vocab, C}, true);
     head_->add_gap((vpad_ - cfg.vocab) * C);
   }
-  head_->allocate(dev, dt, s, pad_multiple);
+  place(*head_);
   lnf_ = Norm(cfg.norm, nw, nb, cfg.norm_eps);
   head_linear_ = Linear::padded(cfg.tied ? wte_ : lm_head_, vpad_);
 }
@@ -225,11 +232,16 @@ Parameter* Transformer::find(const std::string& name) {
 }
 
 void Transformer::init_random(uint64_t seed, double std) {
+  for (ParamBlock* b : blocks()) init_block_random(*b, seed, std);
+}
+
+void Transformer::init_block_random(ParamBlock& b, uint64_t seed, double std) {
   const double proj_std = std / std::sqrt(2.0 * double(cfg_.layers));
   auto ends_with = [](const std::string& s, const std::string& t) {
     return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
   };
-  for (Parameter* p : parameters()) {
+  for (auto& owned : b.params()) {
+    Parameter* p = owned.get();
     if (p->shape.size() == 1) {
       const bool norm_weight = ends_with(p->name, ".weight");  // every 1-d weight is a norm's
       init_constant(*p, norm_weight ? 1.f : 0.f, ctx_.s);
@@ -252,7 +264,12 @@ double Transformer::flops_per_token(int64_t T) const {
 }
 
 void Transformer::load(const io::SafetensorsCollection& files) {
-  for (Parameter* p : parameters()) {
+  for (ParamBlock* b : blocks()) load_block(files, *b);
+}
+
+void Transformer::load_block(const io::SafetensorsCollection& files, ParamBlock& b) {
+  for (auto& owned : b.params()) {
+    Parameter* p = owned.get();
     ZP_REQUIRE(files.contains(p->name), "model weights: tensor '", p->name, "' is missing");
     const io::SafetensorsFile& f = files.file_of(p->name);
     const io::SafetensorsEntry& e = f.entry(p->name);

@@ -43,7 +43,10 @@ class Transformer {
  public:
   // pad_multiple: every block's flat size is padded to a multiple of it (the ZeRO engine's world x
   // alignment, so each rank owns an equal slice).
-  Transformer(const TransformerConfig& cfg, Device dev, DType dt, StreamHandle s = nullptr, int64_t pad_multiple = 1);
+  // allocate = false only lays the blocks out: the ZeRO engine then allocates and fills them one at a
+  // time (init_block_random / load_block), so no rank ever holds the whole model.
+  Transformer(const TransformerConfig& cfg, Device dev, DType dt, StreamHandle s = nullptr, int64_t pad_multiple = 1,
+              bool allocate = true);
   // The engine told about every block's use (ZeRO); nullptr = blocks always resident.
   void set_block_access(nn::BlockAccess* a) { access_ = a; }
   const TransformerConfig& config() const { return cfg_; }
@@ -57,9 +60,11 @@ class Transformer {
   // projections into the residual stream Normal(0, std / sqrt(2 * layers)), norm weights 1, biases 0.
   // Values depend only on (seed, parameter name, element), see nn/init.h.
   void init_random(uint64_t seed, double std);
+  void init_block_random(nn::ParamBlock& b, uint64_t seed, double std);
   // Loads every parameter from hub safetensors (Conv1D weights transposed, a tied head that the file
   // omits is fine, anything else missing or mis-shaped is an error naming the tensor).
   void load(const io::SafetensorsCollection& files);
+  void load_block(const io::SafetensorsCollection& files, nn::ParamBlock& b);
 
   // FLOPs of one training step (forward + backward) per token at sequence length T, counting the
   // matrix multiplies (6 per parameter used in one) and causal attention (half the score matrix).

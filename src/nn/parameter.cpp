@@ -16,11 +16,15 @@ Parameter* ParamBlock::add(const std::string& name, Shape shape, bool decay, boo
   return params_.back().get();
 }
 
-void ParamBlock::allocate(Device dev, DType dt, StreamHandle s, int64_t pad_multiple) {
+void ParamBlock::layout(Device dev, DType dt, int64_t pad_multiple) {
   const int64_t m = std::max<int64_t>(kAlign, pad_multiple);
   padded_ = (numel_ + m - 1) / m * m;
   dev_ = dev;
   dt_ = dt;
+}
+
+void ParamBlock::allocate(Device dev, DType dt, StreamHandle s, int64_t pad_multiple) {
+  layout(dev, dt, pad_multiple);
   bind_values(Tensor::zeros({padded_}, dt, dev, "params", s));
   bind_grads(Tensor::zeros({padded_}, DType::F32, dev, "grads", s));
 }

@@ -39,8 +39,10 @@ class ParamBlock {
   // Leaves `elements` zeros after the last parameter added (rows a GEMM may read past the tensor, e.g.
   // a vocabulary padded to a multiple of 64); they stay zero: no optimizer or loader touches them.
   void add_gap(int64_t elements) { numel_ += elements; }
-  // Allocates the flat buffers on `dev`, values in `dt`, and points every parameter at its slice.
-  // Gradients start at zero.
+  // Fixes the layout (device, dtype, padded size) without allocating: the ZeRO engine then allocates
+  // what each stage keeps, one block at a time.
+  void layout(Device dev, DType dt, int64_t pad_multiple = 1);
+  // layout() and full zeroed value and gradient buffers, every parameter pointed at its slice.
   void allocate(Device dev, DType dt, StreamHandle s = nullptr, int64_t pad_multiple = 1);
 
   int64_t numel() const { return numel_; }     // parameters and alignment gaps

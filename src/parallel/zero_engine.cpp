@@ -14,6 +14,10 @@ int64_t shard_pad_multiple(int world) { return int64_t(world) * nn::ParamBlock::
 
 ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, int stage, comm::Communicator* dp, const AdamWHyper& h,
                        StreamHandle s)
+    : ZeroEngine(std::move(blocks), stage, dp, h, s, BlockFill()) {}
+
+ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, int stage, comm::Communicator* dp, const AdamWHyper& h,
+                       StreamHandle s, const BlockFill& fill)
     : stage_(stage), dp_(dp), s_(s) {
   ZP_CHECK(stage >= 0 && stage <= 3, "ZeRO stage ", stage);
   if (dp_) {
@@ -22,15 +26,23 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, int stage, comm::Com
   }
   std::vector<OwnedRange> ranges;
   std::vector<const void*> initial;
+  std::vector<Tensor> keep_initial;  // stage 3 with fill: the values shard doubles as the initial values
   for (nn::ParamBlock* b : blocks) {
     ZP_CHECK(b->padded() % shard_pad_multiple(world_) == 0, "block ", b->name(), " is padded to ", b->padded(),
              ", not a multiple of ", shard_pad_multiple(world_));
+    if (fill) {  // materialise this block now: full values while `fill` runs, gradients as the stage keeps them
+      ZP_CHECK(!b->values().defined(), "block ", b->name(), " already allocated");
+      b->bind_values(Tensor::zeros({b->padded()}, b->dtype(), b->device(), "params", s));
+      if (stage_ < 2) b->bind_grads(Tensor::zeros({b->padded()}, DType::F32, b->device(), "grads", s));
+      fill(*b);
+    }
     Unit u{b, b->padded() / world_, {}, {}, 0, 0};
     const int64_t begin = stage_ == 0 ? 0 : rank_ * u.shard, end = stage_ == 0 ? b->padded() : begin + u.shard;
     const size_t esz = dtype_size(b->dtype());
     if (stage_ == 3) {  // keep only the owned slice of the compute weights
       u.values_shard = Tensor::empty({u.shard}, b->dtype(), b->device(), "params", s);
       u.values_shard.copy_from(b->values().flat(begin, u.shard), s);
+      b->bind_values(Tensor());  // frees the full buffer before the next block is filled
     }
     if (stage_ >= 2) {
       u.grad_shard = Tensor::zeros({u.shard}, DType::F32, b->device(), "grads", s);
@@ -42,8 +54,6 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, int stage, comm::Com
     units_.push_back(std::move(u));
   }
   opt_ = std::make_unique<ShardedAdamW>(ranges, initial, h, s);
-  if (stage_ == 3)
-    for (Unit& u : units_) u.block->bind_values(Tensor());  // frees the full buffer
   if (!units_.empty()) norm_sq_ = Tensor::empty({1}, DType::F32, units_[0].block->device(), "metrics", s);
 }
 

@@ -14,6 +14,7 @@
 // Averaging over the data group makes the result independent of the world size for the same
 // global batch: the trajectories of stages 0-3 at any world size agree to rounding.
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -39,6 +40,13 @@ class ZeroEngine : public nn::BlockAccess {
   // owned slice of the values after this constructor.
   ZeroEngine(std::vector<nn::ParamBlock*> blocks, int stage, comm::Communicator* dp, const AdamWHyper& h,
              StreamHandle s = nullptr);
+  // Blocks that are only laid out (ParamBlock::layout): the engine allocates what the stage keeps and,
+  // one block at a time, binds a full zeroed value buffer, lets `fill` initialise or load it, and
+  // keeps its slice. Peak memory during start-up is the rank's shard plus one block (stage 3), or the
+  // replicated values and (stages 0/1) gradients the stage needs anyway.
+  using BlockFill = std::function<void(nn::ParamBlock&)>;
+  ZeroEngine(std::vector<nn::ParamBlock*> blocks, int stage, comm::Communicator* dp, const AdamWHyper& h,
+             StreamHandle s, const BlockFill& fill);
   ~ZeroEngine() override;
 
   int stage() const { return stage_; }

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include "comm/communicator.h"
 #include "comm/mpi_comm.h"
@@ -137,15 +138,19 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
              file_vocab, ") is larger than the model's (", mcfg.vocab, ")");
   std::unique_ptr<Stream> stream = dev.is_cuda() ? std::make_unique<Stream>(dev) : nullptr;
   const StreamHandle s = stream ? stream->handle() : nullptr;
-  models::Transformer model(mcfg, dev, cfg.dtype, s, parallel::shard_pad_multiple(world));
-  if (cfg.init == "hub")
-    model.load(io::SafetensorsCollection::open_dir(cfg.hub_dir, "model"));
-  else
-    model.init_random(cfg.seed, cfg.init_std);
-
-  // The ZeRO engine: optimizer state, gradient reduction and (stage 3) parameter gathering.
+  // The model is only laid out; the ZeRO engine (optimizer state, gradient reduction, stage-3
+  // gathering) allocates each block and has it initialised or loaded one at a time.
+  models::Transformer model(mcfg, dev, cfg.dtype, s, parallel::shard_pad_multiple(world), /*allocate=*/false);
+  std::optional<io::SafetensorsCollection> hub_weights;
+  if (cfg.init == "hub") hub_weights = io::SafetensorsCollection::open_dir(cfg.hub_dir, "model");
   parallel::ZeroEngine engine(model.blocks(), cfg.zero_stage, dp.get(),
-                              {cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.decay_all}, s);
+                              {cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.decay_all}, s,
+                              [&](nn::ParamBlock& b) {
+                                if (hub_weights)
+                                  model.load_block(*hub_weights, b);
+                                else
+                                  model.init_block_random(b, cfg.seed, cfg.init_std);
+                              });
   model.set_block_access(&engine);
   LrSchedule sched{cfg.scheduler, cfg.lr, cfg.min_lr_ratio, cfg.warmup_steps, cfg.total_steps};
   LossScaler scaler(cfg.fp16, cfg.initial_scale, cfg.min_scale, cfg.scale_window, cfg.hysteresis);

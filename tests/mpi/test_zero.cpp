@@ -9,6 +9,10 @@
 #include <random>
 
 #include "comm/bootstrap.h"
+#include "comm/topology.h"
+#include "core/allocator.h"
+#include "models/transformer.h"
+#include "parallel/zero_engine.h"
 #include "core/device.h"
 #include "io/config.h"
 #include "io/token_dataset.h"
@@ -105,6 +109,40 @@ bool each_rank_has_a_gpu() {
 
 TEST(ZeroEquivalence, LlamaStages0To3MatchSingleRank) { check_model("llama"); }
 TEST(ZeroEquivalence, Gpt2TiedStages0To3MatchSingleRank) { check_model("gpt2"); }
+
+// Start-up memory (DESIGN decision 7): with the model only laid out, stage 3 never holds more
+// parameter memory than the rank's shard of every block plus one whole block, and never a full
+// gradient buffer; the weights it ends with are the same as a fully allocated model's.
+TEST(ZeroStartup, Stage3HoldsShardPlusOneBlock) {
+  comm::Runtime rt;
+  const int world = rt.world_size();
+  io::json hub = {{"model_type", "llama"}, {"vocab_size", 70}, {"hidden_size", 32}, {"intermediate_size", 48},
+                  {"num_hidden_layers", 3}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                  {"max_position_embeddings", 32}};
+  auto cfg = models::TransformerConfig::from_hub_json(hub, "startup-test");
+  auto dp = comm::make_communicator(comm::Backend::Mpi, MPI_COMM_WORLD);
+  const int64_t pad = parallel::shard_pad_multiple(world);
+  models::Transformer lazy(cfg, Device::cpu(), DType::F32, nullptr, pad, /*allocate=*/false);
+  int64_t shards = 0, largest = 0;
+  for (nn::ParamBlock* b : lazy.blocks()) {
+    shards += b->padded() / world;
+    largest = std::max(largest, b->padded());
+    EXPECT_FALSE(b->values().defined()) << b->name() << " allocated before the engine";
+  }
+  Allocator& host = host_allocator();
+  host.reset_peak();
+  const size_t params0 = host.stats().current_by_tag["params"], grads0 = host.stats().current_by_tag["grads"];
+  parallel::ZeroEngine engine(lazy.blocks(), 3, dp.get(), {}, nullptr,
+                              [&](nn::ParamBlock& b) { lazy.init_block_random(b, 5, 0.02); });
+  MemoryStats st = host.stats();
+  EXPECT_LE(st.peak_by_tag["params"] - params0, size_t(shards + largest) * 4) << "shard + one block";
+  EXPECT_LE(st.peak_by_tag["grads"] - grads0, size_t(shards) * 4) << "gradient shards only";
+  // Same values as the eager path.
+  models::Transformer eager(cfg, Device::cpu(), DType::F32, nullptr, pad);
+  eager.init_random(5, 0.02);
+  parallel::ZeroEngine reference(eager.blocks(), 3, dp.get(), {});
+  EXPECT_EQ(engine.gather_master(), reference.gather_master());
+}
 
 // The same on GPUs with NCCL (fp32).
 TEST(ZeroEquivalenceGpu, LlamaAndGpt2Stages0To3MatchSingleRank) {
