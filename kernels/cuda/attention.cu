@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "core/tensor.h"
 #include "kernels/attention.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/flash_attention.cuh"
@@ -378,6 +379,67 @@ void dispatch_dr(int D, Fn&& fn) {
   }
 }
 
+// Head dims the flash kernels lack but that pad cheaply to one they have (SD 1.x's 40 at 4096 tokens
+// is the case that matters): q, k, v (and out, dout for the backward) are copied into zero-padded
+// 64-wide heads. Zero columns change no dot product and give zero output columns, so the result is
+// exact; the copies cost O(T*D) against the attention's O(T^2*D).
+constexpr int64_t kPaddedD = 64;
+
+bool pads_to_flash(DType dt, int64_t D) {
+  return D < kPaddedD && D % 8 == 0 && attention_uses_flash(dt, kPaddedD, 0, 0, 0, 0);
+}
+
+// dst[r, h, :Dp] = [src[r * stride + h * D + :D], 0...] for r < rows (tokens), h < H.
+template <class T>
+__global__ void pad_heads_kernel(T* __restrict__ dst, const T* __restrict__ src, int64_t rows, int64_t H, int64_t D,
+                                 int64_t stride, int64_t Dp) {
+  const int64_t n = rows * H * Dp;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t d = i % Dp, rh = i / Dp, h = rh % H, r = rh / H;
+    dst[i] = d < D ? src[r * stride + h * D + d] : from_f<T>(0.f);
+  }
+}
+
+// dst[r * stride + h * D + :D] = src[r, h, :D].
+template <class T>
+__global__ void unpad_heads_kernel(T* __restrict__ dst, const T* __restrict__ src, int64_t rows, int64_t H, int64_t D,
+                                   int64_t stride, int64_t Dp) {
+  const int64_t n = rows * H * D;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t d = i % D, rh = i / D, h = rh % H, r = rh / H;
+    dst[r * stride + h * D + d] = src[(r * H + h) * Dp + d];
+  }
+}
+
+unsigned pad_grid(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 256, 65535 * 8)); }
+
+Tensor padded_heads(StreamHandle s, DType dt, const void* src, int64_t rows, int64_t H, int64_t D, int64_t stride) {
+  int dev = 0;
+  ZP_CUDA_CHECK(cudaGetDevice(&dev));
+  Tensor t = Tensor::empty({rows * H * kPaddedD}, dt, Device::cuda(dev), "attention padding", s);
+  ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
+    pad_heads_kernel<<<pad_grid(t.numel()), 256, 0, s>>>(static_cast<T*>(t.data()), static_cast<const T*>(src), rows,
+                                                         H, D, stride, kPaddedD);
+  });
+  ZP_CUDA_LAUNCH_CHECK();
+  return t;
+}
+
+Tensor padded_scratch(StreamHandle s, DType dt, int64_t rows, int64_t H) {
+  int dev = 0;
+  ZP_CUDA_CHECK(cudaGetDevice(&dev));
+  return Tensor::empty({rows * H * kPaddedD}, dt, Device::cuda(dev), "attention padding", s);
+}
+
+void unpad_heads(StreamHandle s, DType dt, void* dst, const Tensor& src, int64_t rows, int64_t H, int64_t D,
+                 int64_t stride) {
+  ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
+    unpad_heads_kernel<<<pad_grid(rows * H * D), 256, 0, s>>>(static_cast<T*>(dst), static_cast<const T*>(src.data()),
+                                                              rows, H, D, stride, kPaddedD);
+  });
+  ZP_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 void attention_forward(StreamHandle s, DType dt, void* out, float* lse, const void* q, const void* k, const void* v,
@@ -388,6 +450,15 @@ void attention_forward(StreamHandle s, DType dt, void* out, float* lse, const vo
   // The flash kernels track the running max on unscaled scores, hence scale > 0.
   if (scale > 0.f && attention_uses_flash(dt, D, p.qs, p.ks, p.vs, p.os) && flash_attention_aligned({out, q, k, v})) {
     flash_attention_forward(s, dt, out, lse, q, k, v, B, Tq, Tk, Hq, Hkv, D, p.qs, p.ks, p.vs, p.os, scale, causal);
+    return;
+  }
+  if (scale > 0.f && pads_to_flash(dt, D)) {
+    const int64_t P = kPaddedD;
+    Tensor qp = padded_heads(s, dt, q, B * Tq, Hq, D, p.qs), kp = padded_heads(s, dt, k, B * Tk, Hkv, D, p.ks);
+    Tensor vp = padded_heads(s, dt, v, B * Tk, Hkv, D, p.vs), op = padded_scratch(s, dt, B * Tq, Hq);
+    flash_attention_forward(s, dt, op.data(), lse, qp.data(), kp.data(), vp.data(), B, Tq, Tk, Hq, Hkv, P, Hq * P,
+                            Hkv * P, Hkv * P, Hq * P, scale, causal);
+    unpad_heads(s, dt, out, op, B * Tq, Hq, D, p.os);
     return;
   }
   ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
@@ -414,6 +485,20 @@ void attention_backward(StreamHandle s, DType dt, void* dq, void* dk, void* dv, 
       flash_attention_aligned({dq, dk, dv, dout, q, k, v, out})) {
     flash_attention_backward(s, dt, dq, dk, dv, dout, q, k, v, out, lse, B, Tq, Tk, Hq, Hkv, D, p.qs, p.ks, p.vs,
                              p.os, scale, causal);
+    return;
+  }
+  if (scale > 0.f && Tq > 0 && pads_to_flash(dt, D)) {
+    const int64_t P = kPaddedD;
+    Tensor qp = padded_heads(s, dt, q, B * Tq, Hq, D, p.qs), kp = padded_heads(s, dt, k, B * Tk, Hkv, D, p.ks);
+    Tensor vp = padded_heads(s, dt, v, B * Tk, Hkv, D, p.vs), op = padded_heads(s, dt, out, B * Tq, Hq, D, p.os);
+    Tensor dop = padded_heads(s, dt, dout, B * Tq, Hq, D, p.os);
+    Tensor dqp = padded_scratch(s, dt, B * Tq, Hq), dkp = padded_scratch(s, dt, B * Tk, Hkv);
+    Tensor dvp = padded_scratch(s, dt, B * Tk, Hkv);
+    flash_attention_backward(s, dt, dqp.data(), dkp.data(), dvp.data(), dop.data(), qp.data(), kp.data(), vp.data(),
+                             op.data(), lse, B, Tq, Tk, Hq, Hkv, P, Hq * P, Hkv * P, Hkv * P, Hq * P, scale, causal);
+    unpad_heads(s, dt, dq, dqp, B * Tq, Hq, D, p.qs);
+    unpad_heads(s, dt, dk, dkp, B * Tk, Hkv, D, p.ks);
+    unpad_heads(s, dt, dv, dvp, B * Tk, Hkv, D, p.vs);
     return;
   }
   ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
