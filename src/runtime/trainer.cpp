@@ -21,6 +21,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/loss_scaler.h"
 #include "runtime/lr_schedule.h"
+#include "runtime/optimizer_step.h"
 
 namespace zp::runtime {
 namespace fs = std::filesystem;
@@ -243,16 +244,10 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
       loss += run_micro(train_ds, cfg.seed, cfg.shuffle, first, true, loss_scale / float(cfg.grad_accum)) /
               double(cfg.grad_accum);
     }
-    engine.finish_gradients();
-    const double grad_norm = std::sqrt(engine.grad_norm_squared()) / loss_scale;
-    const bool overflow = !std::isfinite(grad_norm);
-    const bool skip = scaler.update(overflow);
-    scaler_runs.record(overflow);
-    const double lr = sched.at(engine.optimizer_steps());
-    if (!skip) {
-      const double clip = cfg.grad_clip > 0 && grad_norm > cfg.grad_clip ? cfg.grad_clip / grad_norm : 1.0;
-      engine.step(float(clip / loss_scale), lr);
-    }
+    const StepUpdate upd = finish_step(engine, scaler, sched, cfg.grad_clip, loss_scale);
+    scaler_runs.record(upd.skipped);
+    const double grad_norm = upd.grad_norm, lr = upd.lr;
+    const bool skip = upd.skipped;
     if (s) stream_synchronize(s);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     loss = dp_mean(loss);
