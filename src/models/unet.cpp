@@ -679,7 +679,14 @@ struct UNet::State {
 
 UNet::~UNet() = default;
 
-UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t pad_multiple) : cfg_(cfg) {
+UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t pad_multiple, bool allocate)
+    : cfg_(cfg) {
+  auto place = [&](ParamBlock& b) {
+    if (allocate)
+      b.allocate(dev, dt, s, pad_multiple);
+    else
+      b.layout(dev, dt, pad_multiple);
+  };
   ctx_ = Ctx{dev, s, dt};
   const int64_t n = cfg.num_blocks(), T = cfg.time_embed_dim, C0 = cfg.block_out[0];
 
@@ -691,7 +698,7 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
     add_1_ = add_linear(*stem_, "add_embedding.linear_1", cfg.add_in_dim, T);
     add_2_ = add_linear(*stem_, "add_embedding.linear_2", T, T);
   }
-  stem_->allocate(dev, dt, s, pad_multiple);
+  place(*stem_);
 
   for (int64_t i = 0; i < n; ++i) {
     const std::string p = "down_blocks." + std::to_string(i);
@@ -705,7 +712,7 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
                                     cfg.transformer_layers[size_t(i)], cfg.cross_dim[size_t(i)], cfg);
     }
     if (i + 1 < n) st->sampler = add_conv(*st->block, p + ".downsamplers.0.conv", cout, cout, 3, 2, 1);
-    st->block->allocate(dev, dt, s, pad_multiple);
+    place(*st->block);
     down_.push_back(std::move(st));
   }
 
@@ -716,7 +723,7 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
     mid_->attentions.emplace_back(*mid_->block, "mid_block.attentions.0", C, cfg.heads.back(),
                                   cfg.transformer_layers.back(), cfg.cross_dim.back(), cfg);
     mid_->resnets.emplace_back(*mid_->block, "mid_block.resnets.1", C, C, cfg, cfg.mid_scale);
-    mid_->block->allocate(dev, dt, s, pad_multiple);
+    place(*mid_->block);
   }
 
   for (int64_t i = 0; i < n; ++i) {
@@ -736,14 +743,14 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
                                     cfg.cross_dim[r], cfg);
     }
     if (i + 1 < n) st->sampler = add_conv(*st->block, p + ".upsamplers.0.conv", out, out, 3, 1, 1);
-    st->block->allocate(dev, dt, s, pad_multiple);
+    place(*st->block);
     up_.push_back(std::move(st));
   }
 
   head_ = std::make_unique<ParamBlock>("head");
   norm_out_ = add_group_norm(*head_, "conv_norm_out", C0, cfg.groups, cfg.norm_eps, true);
   conv_out_ = add_conv(*head_, "conv_out", C0, cfg.out_channels, cfg.conv_out_kernel, 1, (cfg.conv_out_kernel - 1) / 2);
-  head_->allocate(dev, dt, s, pad_multiple);
+  place(*head_);
 }
 
 std::vector<ParamBlock*> UNet::blocks() {
@@ -774,7 +781,7 @@ int64_t UNet::num_parameters() {
   return total;
 }
 
-void UNet::load(const io::SafetensorsCollection& files) {
+void UNet::check_weights(const io::SafetensorsCollection& files) {
   std::set<std::string> used;
   for (Parameter* p : parameters()) {
     ZP_REQUIRE(files.contains(p->name), "model weights: tensor '", p->name, "' is missing");
@@ -782,11 +789,19 @@ void UNet::load(const io::SafetensorsCollection& files) {
     const io::SafetensorsEntry& e = f.entry(p->name);
     ZP_REQUIRE(e.shape == p->shape, f.path(), ": tensor '", p->name, "' has shape ", shape_str(e.shape),
                ", the config needs ", shape_str(p->shape));
-    p->value.copy_from(f.read_as(p->name, ctx_.dt), ctx_.s);
     used.insert(p->name);
   }
   for (const std::string& name : files.names())
     ZP_REQUIRE(used.count(name), "model weights: tensor '", name, "' is not part of the model the config describes");
+}
+
+void UNet::load_block(const io::SafetensorsCollection& files, ParamBlock& b) {
+  for (auto& p : b.params()) p->value.copy_from(files.file_of(p->name).read_as(p->name, ctx_.dt), ctx_.s);
+}
+
+void UNet::load(const io::SafetensorsCollection& files) {
+  check_weights(files);
+  for (ParamBlock* b : blocks()) load_block(files, *b);
 }
 
 Tensor UNet::forward(const UNetInputs& in) {

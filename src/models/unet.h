@@ -78,7 +78,10 @@ class UNet {
  public:
   // pad_multiple: every block's flat size is padded to a multiple of it (the ZeRO engine's world x
   // alignment, so each rank owns an equal slice).
-  UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s = nullptr, int64_t pad_multiple = 1);
+  // allocate = false only lays the blocks out; the ZeRO engine then allocates and fills them one at a
+  // time (load_block, or the diffusion loop's per-block random init).
+  UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s = nullptr, int64_t pad_multiple = 1,
+       bool allocate = true);
   // The engine told about every block's use (ZeRO); nullptr = blocks always resident.
   void set_block_access(nn::BlockAccess* a) { access_ = a; }
   ~UNet();
@@ -92,6 +95,9 @@ class UNet {
   // Loads every parameter from diffusers safetensors; a missing, mis-shaped or unexpected tensor is
   // an error naming it.
   void load(const io::SafetensorsCollection& files);
+  // The checks of load() without reading anything, then one block's tensors.
+  void check_weights(const io::SafetensorsCollection& files);
+  void load_block(const io::SafetensorsCollection& files, nn::ParamBlock& b);
 
   // Returns the predicted sample [B, out_channels, H, W]; keeps what the backward needs.
   Tensor forward(const UNetInputs& in);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -164,14 +165,17 @@ bool contains(const std::string& s, const std::string& t) { return s.find(t) != 
 
 }  // namespace
 
-void init_unet_random(models::UNet& m, uint64_t seed, double std) {
-  const StreamHandle s = m.ctx().s;
-  for (nn::Parameter* p : m.parameters()) {
+void init_unet_block_random(nn::ParamBlock& b, uint64_t seed, double std, StreamHandle s) {
+  for (auto& p : b.params()) {
     if (p->shape.size() == 1)  // every 1-d weight is a norm's scale; the rest are biases
       nn::init_constant(*p, ends_with(p->name, ".weight") ? 1.f : 0.f, s);
     else
       nn::init_normal(*p, seed, std, s);
   }
+}
+
+void init_unet_random(models::UNet& m, uint64_t seed, double std) {
+  for (nn::ParamBlock* b : m.blocks()) init_unet_block_random(*b, seed, std, m.ctx().s);
 }
 
 double unet_train_flops_per_sample(models::UNet& m, int64_t H, int64_t W, int64_t L) {
@@ -292,14 +296,21 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
 
   std::unique_ptr<Stream> stream = dev.is_cuda() ? std::make_unique<Stream>(dev) : nullptr;
   const StreamHandle s = stream ? stream->handle() : nullptr;
-  models::UNet model(mcfg, dev, cfg.dtype, s, parallel::shard_pad_multiple(world));
-  if (cfg.init == "hub")
-    model.load(io::SafetensorsCollection::open_dir(cfg.hub_dir, "diffusion_pytorch_model"));
-  else
-    init_unet_random(model, cfg.seed, cfg.init_std);
-
+  // Laid out only: the engine allocates, fills and shards one block at a time (start-up memory).
+  models::UNet model(mcfg, dev, cfg.dtype, s, parallel::shard_pad_multiple(world), /*allocate=*/false);
+  std::optional<io::SafetensorsCollection> hub_weights;
+  if (cfg.init == "hub") {
+    hub_weights = io::SafetensorsCollection::open_dir(cfg.hub_dir, "diffusion_pytorch_model");
+    model.check_weights(*hub_weights);
+  }
   parallel::ZeroEngine engine(model.blocks(), cfg.zero_stage, dp.get(),
-                              {cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.decay_all}, s);
+                              {cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.decay_all}, s,
+                              [&](nn::ParamBlock& b) {
+                                if (hub_weights)
+                                  model.load_block(*hub_weights, b);
+                                else
+                                  init_unet_block_random(b, cfg.seed, cfg.init_std, s);
+                              });
   model.set_block_access(&engine);
   LrSchedule sched{cfg.scheduler, cfg.lr, cfg.min_lr_ratio, cfg.warmup_steps, cfg.total_steps};
   LossScaler scaler(cfg.fp16, cfg.initial_scale, cfg.min_scale, cfg.scale_window, cfg.hysteresis);

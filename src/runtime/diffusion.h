@@ -24,6 +24,7 @@
 
 #include "comm/bootstrap.h"
 #include "io/config.h"
+#include "nn/parameter.h"
 #include "runtime/train_config.h"
 #include "runtime/trainer.h"
 
@@ -92,6 +93,8 @@ struct UNetTrainConfig {
 // From-scratch initialisation: conv and linear weights Normal(0, std), norm weights 1, biases 0,
 // each value depending only on (seed, parameter name, element) (nn/init.h).
 void init_unet_random(models::UNet& m, uint64_t seed, double std);
+// One block of init_unet_random (the ZeRO engine fills blocks one at a time).
+void init_unet_block_random(nn::ParamBlock& b, uint64_t seed, double std, StreamHandle s);
 // FLOPs of one training step (forward + backward = 3 x forward) per sample of H x W latents with L
 // text tokens: every conv and linear weight times the positions it slides over (twice: multiply and
 // add), plus attention's scores and weighted values. Norms and elementwise ops are not counted.
