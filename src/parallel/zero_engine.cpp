@@ -36,7 +36,7 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, int stage, comm::Com
       if (stage_ < 2) b->bind_grads(Tensor::zeros({b->padded()}, DType::F32, b->device(), "grads", s));
       fill(*b);
     }
-    Unit u{b, b->padded() / world_, {}, {}, 0, 0};
+    Unit u{b, b->padded() / world_, {}, {}, 0, 0, {}, {}};
     const int64_t begin = stage_ == 0 ? 0 : rank_ * u.shard, end = stage_ == 0 ? b->padded() : begin + u.shard;
     const size_t esz = dtype_size(b->dtype());
     if (stage_ == 3) {  // keep only the owned slice of the compute weights
@@ -54,6 +54,7 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, int stage, comm::Com
     units_.push_back(std::move(u));
   }
   opt_ = std::make_unique<ShardedAdamW>(ranges, initial, h, s);
+  if (stage_ == 3 && dp_ && dp_->device().is_cuda()) comm_stream_ = std::make_unique<Stream>(dp_->device());
   if (!units_.empty()) norm_sq_ = Tensor::empty({1}, DType::F32, units_[0].block->device(), "metrics", s);
 }
 
@@ -96,12 +97,48 @@ void ZeroEngine::acquire_params(nn::ParamBlock& b) {
   if (stage_ < 3) return;
   Unit& u = unit(b);
   if (u.params_refs++ > 0) return;
-  Tensor full = Tensor::empty({b.padded()}, b.dtype(), b.device(), "gathered params", s_);
-  if (dp_)
-    timed([&] { dp_->all_gather(u.values_shard.data(), full.data(), u.shard, b.dtype(), s_); });
-  else
-    full.copy_from(u.values_shard, s_);
-  b.bind_values(std::move(full));
+  this_step_order_.push_back(&u);
+  if (u.prefetched.defined()) {  // gathered ahead on the comm stream
+    u.prefetch_done->wait_on(s_);
+    b.bind_values(std::move(u.prefetched));
+    u.prefetched = Tensor();
+    u.prefetch_done.reset();
+  } else {
+    Tensor full = Tensor::empty({b.padded()}, b.dtype(), b.device(), "gathered params", s_);
+    if (dp_)
+      timed([&] { dp_->all_gather(u.values_shard.data(), full.data(), u.shard, b.dtype(), s_); });
+    else
+      full.copy_from(u.values_shard, s_);
+    b.bind_values(std::move(full));
+  }
+  // Start gathering the block that came next in the previous step.
+  if (comm_stream_ && order_pos_ < gather_order_.size() && gather_order_[order_pos_] == &u) {
+    ++order_pos_;
+    if (order_pos_ < gather_order_.size()) prefetch(*gather_order_[order_pos_]);
+  }
+}
+
+void ZeroEngine::prefetch(Unit& u) {
+  if (u.params_refs > 0 || u.prefetched.defined()) return;
+  nn::ParamBlock& b = *u.block;
+  // Allocated on the compute stream (where it will be used and freed); the comm stream starts after
+  // everything enqueued so far on the compute stream, the optimizer's writes to the shard included.
+  u.prefetched = Tensor::empty({b.padded()}, b.dtype(), b.device(), "gathered params", s_);
+  Event queued;
+  queued.record(s_);
+  queued.wait_on(comm_stream_->handle());
+  dp_->all_gather(u.values_shard.data(), u.prefetched.data(), u.shard, b.dtype(), comm_stream_->handle());
+  u.prefetch_done = std::make_shared<Event>();
+  u.prefetch_done->record(comm_stream_->handle());
+}
+
+void ZeroEngine::drop_prefetches() {
+  for (Unit& u : units_) {
+    if (!u.prefetched.defined()) continue;
+    u.prefetch_done->wait_on(s_);  // the buffer is freed on the compute stream: after its gather
+    u.prefetched = Tensor();
+    u.prefetch_done.reset();
+  }
 }
 
 void ZeroEngine::release_params(nn::ParamBlock& b) {
@@ -134,6 +171,11 @@ void ZeroEngine::release_grads(nn::ParamBlock& b) {
 }
 
 void ZeroEngine::begin_step() {
+  // The block order of the last step (forward, backward, any evaluation) predicts this one's.
+  drop_prefetches();
+  if (!this_step_order_.empty()) gather_order_.swap(this_step_order_);
+  this_step_order_.clear();
+  order_pos_ = 0;
   for (Unit& u : units_) {
     if (stage_ >= 2)
       u.grad_shard.zero_(s_);
@@ -179,6 +221,7 @@ void ZeroEngine::refresh_compute_weights() {
 }
 
 void ZeroEngine::step(float grad_scale, double lr) {
+  drop_prefetches();  // they hold the weights before this update
   std::vector<const float*> grads;
   std::vector<void*> out;
   for (size_t i = 0; i < units_.size(); ++i) {

@@ -8,7 +8,9 @@
 //            slice (accumulated over micro-steps) and the buffer is freed.
 //   stage 3: as 2, and the compute weights are sharded too: a block is all-gathered into a
 //            temporary full buffer when the model acquires it (forward and backward) and freed when
-//            the model releases it.
+//            the model releases it. On GPUs the next block's gather is issued on a communication
+//            stream as soon as the current one is acquired (the order is the previous step's), so it
+//            overlaps the current block's compute; a prefetch is dropped when the weights change.
 // The model reports block use through nn::BlockAccess; this engine implements it. Collectives run
 // on the compute stream (ordered with the kernels that produce and consume their buffers).
 // Averaging over the data group makes the result independent of the world size for the same
@@ -92,7 +94,11 @@ class ZeroEngine : public nn::BlockAccess {
     Tensor values_shard;    // stage 3: the owned slice of the compute weights
     Tensor grad_shard;      // stages 2/3: fp32 accumulator of the owned slice
     int params_refs = 0, grads_refs = 0;
+    Tensor prefetched;                   // stage 3: a full buffer being gathered on the comm stream
+    std::shared_ptr<Event> prefetch_done;  // recorded on the comm stream after that gather
   };
+  void prefetch(Unit& u);
+  void drop_prefetches();
   Unit& unit(nn::ParamBlock& b);
   std::vector<Unit> units_;
   int stage_, world_ = 1, rank_ = 0;
@@ -102,6 +108,9 @@ class ZeroEngine : public nn::BlockAccess {
   Tensor norm_sq_;
   template <class F> void timed(F&& collective);
   bool timing_ = false;
+  std::unique_ptr<Stream> comm_stream_;  // stage 3 on a device communicator: gathers ahead of use
+  std::vector<Unit*> gather_order_, this_step_order_;
+  size_t order_pos_ = 0;
   std::vector<std::unique_ptr<Event>> events_;
   size_t events_used_ = 0;
   double host_ms_ = 0;
