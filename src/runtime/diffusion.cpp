@@ -22,6 +22,7 @@
 #include "runtime/loss_scaler.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/optimizer_step.h"
+#include "runtime/step_report.h"
 
 namespace zp::runtime {
 namespace fs = std::filesystem;
@@ -317,18 +318,11 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
   const NoiseSchedule noise(ucfg.diffusion);
   const int64_t T_train = noise.num_timesteps();
 
-  std::ofstream metrics;
-  if (!cfg.metrics_file.empty()) {
-    std::string path = cfg.metrics_file;
-    if (auto at = path.find("{rank}"); at != std::string::npos) path.replace(at, 6, std::to_string(rank));
-    else if (rank != 0) path += "." + std::to_string(rank);
-    metrics.open(path, std::ios::trunc);
-    ZP_REQUIRE(metrics.good(), path, ": cannot write the metrics file");
-  }
 
   ZP_LOG_INFO(engine.memory_plan().str(cfg.zero_stage, world));
   const double flops_sample = unet_train_flops_per_sample(model, H, W, L);
-  const double peak_tflops = dev.is_cuda() ? cuda_peak_bf16_tflops(dev.index) : 0.0;
+  StepReporter reporter(cfg.metrics_file, rank, world, dev, "samples", global_batch, flops_sample, cfg.max_steps,
+                        cfg.print_every, false);
   std::string widths;
   for (int64_t w : mcfg.block_out) widths += (widths.empty() ? "" : ", ") + std::to_string(w);
   char gamma[64] = "";
@@ -410,10 +404,6 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     loss = dp_mean(loss);
     result.losses.push_back(loss);
-    const double samples_s = double(global_batch) / secs;
-    const double mfu = peak_tflops > 0 ? flops_sample * samples_s / world / (peak_tflops * 1e12) : 0.0;
-    const double mem_gib = dev.is_cuda() ? double(device_allocator(dev.index).stats().peak) / (1 << 30)
-                                         : host_peak_rss_bytes() / double(1ull << 30);
     double val = NAN;
     if (val_ds && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.max_steps)) {
       double sum = 0;
@@ -421,25 +411,7 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
       val = dp_mean(sum / double(cfg.eval_batches));
       result.val_losses.push_back(val);
     }
-    if (rank == 0 &&
-        (step % std::max<int64_t>(cfg.print_every, 1) == 0 || step + 1 == cfg.max_steps || !std::isnan(val))) {
-      char line[512];
-      std::snprintf(line, sizeof(line),
-                    "step %5lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.1f samples/s | MFU %.1f%% | mem %.2f GiB%s | %.0f ms%s",
-                    (long long)(step + 1), (long long)cfg.max_steps, loss, lr, grad_norm, samples_s, 100 * mfu,
-                    mem_gib, dev.is_cuda() ? "" : " RSS", secs * 1e3, skip ? " | SKIPPED (overflow)" : "");
-      std::string extra = std::isnan(val) ? "" : " | val loss " + std::to_string(val);
-      std::printf("%s%s\n", line, extra.c_str());
-      std::fflush(stdout);
-    }
-    if (metrics.is_open()) {
-      io::json j = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
-                    {"samples_per_s", samples_s}, {"mfu", mfu}, {"peak_mem_gib", mem_gib}, {"step_ms", secs * 1e3},
-                    {"skipped", skip}, {"loss_scale", loss_scale}};
-      if (!std::isnan(val)) j["val_loss"] = val;
-      metrics << j.dump() << "\n";
-      metrics.flush();
-    }
+    reporter.report(step + 1, loss, lr, grad_norm, secs, skip, loss_scale, val);
   }
   result.skipped_steps = scaler.skipped();
   if (return_params) result.final_params = engine.gather_master();

@@ -22,6 +22,7 @@
 #include "runtime/loss_scaler.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/optimizer_step.h"
+#include "runtime/step_report.h"
 
 namespace zp::runtime {
 namespace fs = std::filesystem;
@@ -197,19 +198,11 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
   };
 
 
-  std::ofstream metrics;
-  if (!cfg.metrics_file.empty()) {
-    std::string path = cfg.metrics_file;
-    if (auto at = path.find("{rank}"); at != std::string::npos) path.replace(at, 6, std::to_string(rank));
-    else if (rank != 0) path += "." + std::to_string(rank);
-    metrics.open(path, result.resumed_from.empty() ? std::ios::trunc : std::ios::app);  // a resumed run continues it
-    ZP_REQUIRE(metrics.good(), path, ": cannot write the metrics file");
-  }
 
   ZP_LOG_INFO(engine.memory_plan().str(cfg.zero_stage, world));
-  const double flops_token = model.flops_per_token(cfg.seq_len);
-  const double peak_tflops = dev.is_cuda() ? cuda_peak_bf16_tflops(dev.index) : 0.0;
-  const int64_t tokens_per_step = global_batch * cfg.seq_len;
+  // A resumed run continues its metrics file.
+  StepReporter reporter(cfg.metrics_file, rank, world, dev, "tok", global_batch * cfg.seq_len,
+                        model.flops_per_token(cfg.seq_len), cfg.max_steps, cfg.print_every, !result.resumed_from.empty());
   ZP_LOG_INFO("model ", mcfg.model_type, " ", mcfg.num_parameters() / 1e6, "M parameters, ", mcfg.layers,
               " layers, d=", mcfg.hidden, " | ", world, " rank(s) on ", dev.str(), " | ", dtype_name(cfg.dtype),
               " | global batch ", global_batch, " x ", cfg.seq_len, " tokens (micro ", cfg.micro_batch, ", accum ",
@@ -252,10 +245,6 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     loss = dp_mean(loss);
     result.losses.push_back(loss);
-    const double tok_s = double(tokens_per_step) / secs;
-    const double mfu = peak_tflops > 0 ? flops_token * tok_s / world / (peak_tflops * 1e12) : 0.0;
-    const double mem_gib = dev.is_cuda() ? double(device_allocator(dev.index).stats().peak) / (1 << 30)
-                                         : host_peak_rss_bytes() / double(1ull << 30);
     double val = NAN;
     if (val_ds && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.max_steps)) {
       double sum = 0;
@@ -264,24 +253,7 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
       val = dp_mean(sum / double(cfg.eval_batches));
       result.val_losses.push_back(val);
     }
-    if (rank == 0 && (step % std::max<int64_t>(cfg.print_every, 1) == 0 || step + 1 == cfg.max_steps || !std::isnan(val))) {
-      char line[512];
-      std::snprintf(line, sizeof(line),
-                    "step %5lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | mem %.2f GiB%s | %.0f ms%s",
-                    (long long)(step + 1), (long long)cfg.max_steps, loss, lr, grad_norm, tok_s, 100 * mfu, mem_gib,
-                    dev.is_cuda() ? "" : " RSS", secs * 1e3, skip ? " | SKIPPED (overflow)" : "");
-      std::string extra = std::isnan(val) ? "" : " | val loss " + std::to_string(val);
-      std::printf("%s%s\n", line, extra.c_str());
-      std::fflush(stdout);
-    }
-    if (metrics.is_open()) {
-      io::json j = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"tokens_per_s", tok_s},
-                    {"mfu", mfu}, {"peak_mem_gib", mem_gib}, {"step_ms", secs * 1e3}, {"skipped", skip},
-                    {"loss_scale", loss_scale}};
-      if (!std::isnan(val)) j["val_loss"] = val;
-      metrics << j.dump() << "\n";
-      metrics.flush();
-    }
+    reporter.report(step + 1, loss, lr, grad_norm, secs, skip, loss_scale, val);
     if (cfg.save_every > 0 && ((step + 1) % cfg.save_every == 0 || step + 1 == cfg.max_steps)) save(step + 1);
   }
   result.skipped_steps = skipped_before + scaler.skipped();

@@ -1,0 +1,64 @@
+#include "runtime/step_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/allocator.h"
+#include "core/error.h"
+
+namespace zp::runtime {
+
+StepReporter::StepReporter(const std::string& metrics_file, int rank, int world, Device dev, const std::string& unit,
+                           int64_t items_per_step, double flops_per_item, int64_t max_steps, int64_t print_every,
+                           bool append)
+    : rank_(rank), world_(world), dev_(dev), unit_(unit), items_per_step_(items_per_step), max_steps_(max_steps),
+      print_every_(std::max<int64_t>(print_every, 1)), flops_per_item_(flops_per_item),
+      peak_tflops_(dev.is_cuda() ? cuda_peak_bf16_tflops(dev.index) : 0.0) {
+  rate_key_ = (unit == "tok" ? std::string("tokens") : unit) + "_per_s";
+  if (metrics_file.empty()) return;
+  // (Built with a stream: GCC 12 warns falsely on std::string + std::to_string here.)
+  std::ostringstream name;
+  if (auto at = metrics_file.find("{rank}"); at != std::string::npos)
+    name << metrics_file.substr(0, at) << rank << metrics_file.substr(at + 6);
+  else if (rank != 0)
+    name << metrics_file << '.' << rank;
+  else
+    name << metrics_file;
+  const std::string path = name.str();
+  metrics_.open(path, append ? std::ios::app : std::ios::trunc);
+  ZP_REQUIRE(metrics_.good(), path, ": cannot write the metrics file");
+}
+
+void StepReporter::report(int64_t step, double loss, double lr, double grad_norm, double secs, bool skipped,
+                          float loss_scale, double val) {
+  const double rate = double(items_per_step_) / secs;
+  const double mfu = peak_tflops_ > 0 ? flops_per_item_ * rate / world_ / (peak_tflops_ * 1e12) : 0.0;
+  const double mem_gib = dev_.is_cuda() ? double(device_allocator(dev_.index).stats().peak) / double(1ull << 30)
+                                        : host_peak_rss_bytes() / double(1ull << 30);
+  if (rank_ == 0 && ((step - 1) % print_every_ == 0 || step == max_steps_ || !std::isnan(val))) {
+    char line[512];
+    std::snprintf(line, sizeof(line),
+                  "step %5lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.*f %s/s | MFU %.1f%% | mem %.2f GiB%s | "
+                  "%.0f ms%s",
+                  (long long)step, (long long)max_steps_, loss, lr, grad_norm, unit_ == "tok" ? 0 : 1, rate,
+                  unit_.c_str(), 100 * mfu, mem_gib, dev_.is_cuda() ? "" : " RSS", secs * 1e3,
+                  skipped ? " | SKIPPED (overflow)" : "");
+    std::string extra = std::isnan(val) ? "" : " | val loss " + std::to_string(val);
+    std::printf("%s%s\n", line, extra.c_str());
+    std::fflush(stdout);
+  }
+  if (metrics_.is_open()) {
+    nlohmann::json j = {{"step", step},           {"loss", loss},       {"lr", lr},
+                        {"grad_norm", grad_norm}, {"mfu", mfu},         {"peak_mem_gib", mem_gib},
+                        {"step_ms", secs * 1e3},  {"skipped", skipped}, {"loss_scale", loss_scale}};
+    j[rate_key_] = rate;
+    if (!std::isnan(val)) j["val_loss"] = val;
+    metrics_ << j.dump() << "\n";
+    metrics_.flush();
+  }
+}
+
+}  // namespace zp::runtime

@@ -1,0 +1,35 @@
+// What a training loop reports after each step, the same for every model: the progress line on
+// rank 0 (loss, lr, grad norm, throughput, MFU, peak memory, step time, skipped steps, validation)
+// and one JSON line per step and rank in training.metrics_file ("{rank}" is replaced by the rank;
+// without it, ranks other than 0 append ".<rank>").
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "core/device.h"
+
+namespace zp::runtime {
+
+class StepReporter {
+ public:
+  // `unit` names what a step processes ("tok" or "samples"); `flops_per_item` is one item's training
+  // FLOPs, for MFU against the device's dense bf16 peak (none on the CPU). `append` continues an
+  // existing metrics file (a resumed run).
+  StepReporter(const std::string& metrics_file, int rank, int world, Device dev, const std::string& unit,
+               int64_t items_per_step, double flops_per_item, int64_t max_steps, int64_t print_every, bool append);
+
+  // step is 1-based; val is NaN when no validation ran this step.
+  void report(int64_t step, double loss, double lr, double grad_norm, double secs, bool skipped, float loss_scale,
+              double val);
+
+ private:
+  std::ofstream metrics_;
+  int rank_, world_;
+  Device dev_;
+  std::string unit_, rate_key_;  // "tok" -> "tokens_per_s", "samples" -> "samples_per_s"
+  int64_t items_per_step_, max_steps_, print_every_;
+  double flops_per_item_, peak_tflops_;
+};
+
+}  // namespace zp::runtime
