@@ -19,49 +19,16 @@
 #include <string>
 #include <vector>
 
+#include "mpi_test_util.h"
 #include "io/checkpoint_file.h"
 #include "io/h5file.h"
 
 namespace zp::io {
 namespace {
+using test::SharedDir;
+using test::world_rank;
+using test::world_size;
 namespace fs = std::filesystem;
-
-int rank_of() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int size_of() {
-  int s = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
-
-// A fresh directory chosen by rank 0 (unique per run, so ctest's np2/np3/np5 may run at once).
-class SharedDir {
- public:
-  explicit SharedDir(const std::string& name) {
-    char buf[256] = {0};
-    if (rank_of() == 0) {
-      std::string d = (fs::temp_directory_path() / ("zp_h5mpi_" + name + "_" + std::to_string(::getpid()))).string();
-      fs::remove_all(d);
-      fs::create_directories(d);
-      std::snprintf(buf, sizeof buf, "%s", d.c_str());
-    }
-    MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
-    dir_ = buf;
-  }
-  ~SharedDir() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    std::error_code ec;
-    if (rank_of() == 0) fs::remove_all(dir_, ec);
-  }
-  std::string operator/(const std::string& f) const { return dir_ + "/" + f; }
-  const std::string& str() const { return dir_; }
-
- private:
-  std::string dir_;
-};
 
 // Element i of dataset `id`: multiples of 1/4 below 32 in magnitude, exact in f32, bf16 and f16.
 float value(int id, int64_t i) { return float(((i * 37 + id * 11) % 251) - 125) * 0.25f; }
@@ -106,7 +73,7 @@ std::vector<char> make_values(int id, DType dt, int64_t offset, int64_t count) {
 }
 
 void write_checkpoint(const std::string& path) {
-  int r = rank_of(), world = size_of();
+  int r = world_rank(), world = world_size();
   CheckpointWriter w(path, MPI_COMM_WORLD);
   w.file().set_attr_int("/", "step", 123);
   w.file().set_attr_string("/", "config", R"({"zero_optimization": {"stage": 3}})");
@@ -129,13 +96,13 @@ int64_t read_and_check(const CheckpointReader& r, int id, int64_t offset, int64_
     if (got[size_t(i)] != value(id, offset + i)) {
       if (bad++ == 0)
         ADD_FAILURE() << s.name << " element " << offset + i << ": got " << got[size_t(i)] << ", want "
-                      << value(id, offset + i) << " (rank " << rank_of() << ")";
+                      << value(id, offset + i) << " (rank " << world_rank() << ")";
     }
   return bad;
 }
 
 TEST(CheckpointMpi, WriteShardsReadAnyRanges) {
-  SharedDir dir("shards");
+  SharedDir dir("h5mpi_shards");
   std::string path = dir / "step-00000123.h5";
   write_checkpoint(path);
   EXPECT_TRUE(fs::exists(path));
@@ -145,7 +112,7 @@ TEST(CheckpointMpi, WriteShardsReadAnyRanges) {
   CheckpointReader reader(path, MPI_COMM_WORLD);
   EXPECT_EQ(reader.file().attr_int("/", "step"), 123);
   EXPECT_EQ(reader.file().attr_string("/", "config"), R"({"zero_optimization": {"stage": 3}})");
-  int r = rank_of(), world = size_of();
+  int r = world_rank(), world = world_size();
   std::mt19937_64 rng(1000 + uint64_t(r));
   for (size_t id = 0; id < kSpecs.size(); ++id) {
     const Spec& s = kSpecs[id];
@@ -178,7 +145,7 @@ TEST(CheckpointMpi, WriteShardsReadAnyRanges) {
 }
 
 TEST(CheckpointMpi, VerifyDetectsCorruptedByte) {
-  SharedDir dir("verify");
+  SharedDir dir("h5mpi_verify");
   std::string path = dir / "c.h5";
   write_checkpoint(path);
   ChecksumReport rep = verify_checksums(path, MPI_COMM_WORLD);
@@ -187,11 +154,11 @@ TEST(CheckpointMpi, VerifyDetectsCorruptedByte) {
   EXPECT_EQ(rep.slices, [] {  // one slice per rank that owned elements
     int64_t n = 0;
     for (const Spec& s : kSpecs)
-      for (int r = 0; r < size_of(); ++r) n += shard(shape_numel(s.shape), r, size_of()).second > shard(shape_numel(s.shape), r, size_of()).first;
+      for (int r = 0; r < world_size(); ++r) n += shard(shape_numel(s.shape), r, world_size()).second > shard(shape_numel(s.shape), r, world_size()).first;
     return n;
   }());
   // Rank 0 flips one byte of /optimizer/a/exp_avg element 600 in place.
-  if (rank_of() == 0) {
+  if (world_rank() == 0) {
     EXPECT_TRUE(verify_checksums(path).ok());  // the serial path agrees
     int64_t off = H5File::open(path).dataset_info("/optimizer/a/exp_avg").file_offset;
     EXPECT_GT(off, 0);
@@ -209,8 +176,8 @@ TEST(CheckpointMpi, VerifyDetectsCorruptedByte) {
   rep = verify_checksums(path, MPI_COMM_WORLD);
   ASSERT_EQ(rep.problems.size(), 1u);  // every rank gets the full report
   auto [b, e] = shard(1001, 0, 1);
-  for (int k = 0; k < size_of(); ++k) {
-    std::tie(b, e) = shard(1001, k, size_of());
+  for (int k = 0; k < world_size(); ++k) {
+    std::tie(b, e) = shard(1001, k, world_size());
     if (b <= 600 && 600 < e) break;
   }
   std::string want = "/optimizer/a/exp_avg: elements [" + std::to_string(b) + ", " + std::to_string(e) + "): crc32";
@@ -218,10 +185,10 @@ TEST(CheckpointMpi, VerifyDetectsCorruptedByte) {
 }
 
 TEST(CheckpointMpi, FailureOnOneRankKeepsPrevious) {
-  SharedDir dir("failure");
+  SharedDir dir("h5mpi_failure");
   std::string path = dir / "c.h5";
   write_checkpoint(path);
-  int r = rank_of(), world = size_of();
+  int r = world_rank(), world = world_size();
   // The last rank passes a range past the end: every rank throws the same error naming the file.
   std::vector<float> x(2000, 9.f);
   int threw = 0;
@@ -247,11 +214,11 @@ TEST(CheckpointMpi, FailureOnOneRankKeepsPrevious) {
 // Collective reads of ranges that overlap between ranks (several ranks loading the same weights).
 // Open MPI 4.1.4's ompio got these wrong with collective MPI-IO reads; see H5File.
 TEST(CheckpointMpi, OverlappingReads) {
-  SharedDir dir("overlap");
+  SharedDir dir("h5mpi_overlap");
   std::string path = dir / "c.h5";
   write_checkpoint(path);
   CheckpointReader reader(path, MPI_COMM_WORLD);
-  int r = rank_of();
+  int r = world_rank();
   const int64_t n = 91;  // /model/a
   struct Case { int64_t off[5], cnt[5]; };
   const Case cases[] = {
@@ -263,10 +230,10 @@ TEST(CheckpointMpi, OverlappingReads) {
 }
 
 TEST(CheckpointMpi, RotationKeepsNewest) {
-  SharedDir dir("rotation");
+  SharedDir dir("h5mpi_rotation");
   for (int64_t step : {10, 20, 30}) write_checkpoint(dir / checkpoint_filename(step));
   auto deleted = keep_last_checkpoints(dir.str(), "step-", 2, MPI_COMM_WORLD);
-  EXPECT_EQ(deleted.size(), rank_of() == 0 ? 1u : 0u);
+  EXPECT_EQ(deleted.size(), world_rank() == 0 ? 1u : 0u);
   auto all = list_checkpoints(dir.str());
   ASSERT_EQ(all.size(), 2u);
   EXPECT_EQ(all[0].step, 20);
@@ -276,9 +243,9 @@ TEST(CheckpointMpi, RotationKeepsNewest) {
 // H5File directly: ranks with different transfer limits make different numbers of pieces, some
 // ranks pass empty ranges, and a chunked layout, all in one collective call.
 TEST(H5FileMpi, CollectiveSlicesWithPiecesAndEmptyRanks) {
-  SharedDir dir("h5file");
+  SharedDir dir("h5mpi_h5file");
   std::string path = dir / "f.h5";
-  int r = rank_of(), world = size_of();
+  int r = world_rank(), world = world_size();
   const Shape shape = {9, 11};
   const int64_t n = 99;
   {
@@ -317,15 +284,15 @@ TEST(H5FileMpi, CollectiveSlicesWithPiecesAndEmptyRanks) {
 // h5py (Debian's python3-h5py) reads the checkpoint as ordinary named arrays.
 TEST(CheckpointMpi, H5pyReadsCheckpoint) {
   int have = 0;
-  if (rank_of() == 0)
+  if (world_rank() == 0)
     have = ::access("/usr/bin/python3", X_OK) == 0 &&
            std::system("/usr/bin/python3 -c 'import h5py, numpy' > /dev/null 2>&1") == 0;
   MPI_Bcast(&have, 1, MPI_INT, 0, MPI_COMM_WORLD);
   if (!have) GTEST_SKIP() << "/usr/bin/python3 with h5py and numpy not found";
-  SharedDir dir("h5py");
+  SharedDir dir("h5mpi_h5py");
   std::string path = dir / "c.h5";
   write_checkpoint(path);
-  if (rank_of() == 0) {
+  if (world_rank() == 0) {
     std::string script = (fs::path(__FILE__).parent_path().parent_path() / "h5py_reads_checkpoint.py").string();
     ASSERT_TRUE(fs::exists(script)) << script;
     std::string out_path = dir / "h5py.json";

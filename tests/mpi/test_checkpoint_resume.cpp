@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "mpi_test_util.h"
 #include "comm/bootstrap.h"
 #include "core/device.h"
 #include "io/checkpoint_file.h"
@@ -36,42 +37,6 @@ namespace {
 
 constexpr int kGlobalBatch = 30;  // divisible by 1, 2, 3 and 5
 constexpr int kSteps = 6, kSaveAt = 3;
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-// A fresh folder named by rank 0 (per process id, so ctest's np2/np3/np5 may run at once).
-class SharedDir {
- public:
-  explicit SharedDir(const std::string& name) {
-    char buf[256] = {0};
-    if (world_rank() == 0) {
-      const fs::path d = fs::temp_directory_path() / ("zp_resume_" + name + "_" + std::to_string(::getpid()));
-      fs::remove_all(d);
-      fs::create_directories(d);
-      std::snprintf(buf, sizeof buf, "%s", d.c_str());
-    }
-    MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
-    dir_ = buf;
-  }
-  ~SharedDir() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    std::error_code ec;
-    if (world_rank() == 0) fs::remove_all(dir_, ec);
-  }
-  std::string operator/(const std::string& f) const { return dir_ + "/" + f; }
-
- private:
-  std::string dir_;
-};
 
 std::string token_file(const SharedDir& dir) {
   const std::string p = dir / "tokens.bin";
@@ -135,7 +100,7 @@ void check_same_world(const std::string& model, int stage, const std::string& de
   comm::Runtime rt;
   const bool bitwise = device == "cpu";
   const int world = world_size();
-  SharedDir dir("same_" + model + std::to_string(stage));
+  SharedDir dir("resume_same_" + model + std::to_string(stage));
   const std::string data = token_file(dir);
   const std::string ckpt = dir / "ckpt";
   const std::string what = model + " stage " + std::to_string(stage) + " world " + std::to_string(world);
@@ -202,7 +167,7 @@ TEST(CheckpointResumeGpu, Stages0And3OnGpus) {
 TEST(CheckpointResume, ReshardsAcrossWorldSizesAndStages) {
   comm::Runtime rt;
   const int world = world_size(), rank = world_rank();
-  SharedDir dir("reshard");
+  SharedDir dir("resume_reshard");
   const std::string data = token_file(dir);
   const std::string ckpt = dir / "ckpt";
 
@@ -248,7 +213,7 @@ TEST(CheckpointResume, H5pyReadsMasterWeights) {
   int have = rank == 0 && std::system("/usr/bin/python3 -c 'import h5py' > /dev/null 2>&1") == 0;
   MPI_Bcast(&have, 1, MPI_INT, 0, MPI_COMM_WORLD);
   if (!have) GTEST_SKIP() << "needs /usr/bin/python3 with h5py";
-  SharedDir dir("h5py");
+  SharedDir dir("resume_h5py");
   const std::string data = token_file(dir);
   const TrainResult r =
       train(config(data, {"gpt2", 1, world, kSaveAt, kSaveAt, dir / "ckpt"}), rt, MPI_COMM_WORLD, true);
