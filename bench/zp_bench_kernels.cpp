@@ -20,6 +20,7 @@
 #include "kernels/groupnorm.h"
 #include "kernels/layernorm.h"
 #include "kernels/rmsnorm.h"
+#include "bench_common.h"
 
 namespace zp::bench {
 using namespace zp::kernels;
@@ -35,20 +36,7 @@ Peak device_peak() {
 
 // Times `f` with CUDA events on `s`; reports flop and byte rates over the manual time.
 void run(benchmark::State& st, StreamHandle s, double flops, double bytes, const std::function<void()>& f) {
-  f();  // warm-up: algorithm selection, workspace allocation
-  ZP_CHECK(cudaStreamSynchronize(s) == cudaSuccess, "warm-up failed");
-  Event a, b;
-  double total_ms = 0;
-  for (auto _ : st) {
-    a.record(s);
-    f();
-    b.record(s);
-    b.synchronize();
-    double ms = b.elapsed_ms_since(a);
-    total_ms += ms;
-    st.SetIterationTime(ms / 1e3);
-  }
-  double secs = total_ms / 1e3 / double(st.iterations());
+  const double secs = timed_iterations(st, s, f);
   if (flops > 0) {
     st.counters["TFLOP/s"] = flops / secs / 1e12;
     st.counters["peak_TFLOP/s"] = device_peak().tflops_bf16;

@@ -15,6 +15,7 @@
 #include "kernels/reduce.h"
 #include "models/transformer.h"
 #include "parallel/zero_engine.h"
+#include "bench_common.h"
 
 namespace zp::bench {
 
@@ -56,20 +57,7 @@ void BM_TrainStepGpt2(benchmark::State& st) {
     cudaMemGetInfo(&f, &total);
     min_free = std::min(min_free, f);
   };
-  step();  // warm-up: cuBLASLt plans, workspaces, the allocator's pool
-  stream.synchronize();
-  Event a, b;
-  double total_ms = 0;
-  for (auto _ : st) {
-    a.record(s);
-    step();
-    b.record(s);
-    b.synchronize();
-    const double ms = b.elapsed_ms_since(a);
-    total_ms += ms;
-    st.SetIterationTime(ms / 1e3);
-  }
-  const double secs = total_ms / 1e3 / double(st.iterations());
+  const double secs = timed_iterations(st, s, step);
   const double tok_s = double(B * T) / secs;
   st.counters["tokens_per_s"] = tok_s;
   st.counters["MFU_pct"] = 100.0 * model.flops_per_token(T) * tok_s / (cuda_peak_bf16_tflops(0) * 1e12);

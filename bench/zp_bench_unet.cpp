@@ -21,7 +21,7 @@
 #include "kernels/mse.h"
 #include "models/unet.h"
 #include "parallel/zero_engine.h"
-#include "bench_weights.h"
+#include "bench_common.h"
 #include "runtime/diffusion.h"
 
 namespace zp::bench {
@@ -168,20 +168,7 @@ void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L) {
       cudaMemGetInfo(&f, &total);
       min_free = std::min(min_free, f);
     };
-    step();  // warm-up: cuBLASLt / cuDNN plans, workspaces, the allocator's pool
-    stream.synchronize();
-    Event a, b;
-    double total_ms = 0;
-    for (auto _ : st) {
-      a.record(s);
-      step();
-      b.record(s);
-      b.synchronize();
-      const double ms = b.elapsed_ms_since(a);
-      total_ms += ms;
-      st.SetIterationTime(ms / 1e3);
-    }
-    const double secs = total_ms / 1e3 / double(st.iterations());
+    const double secs = timed_iterations(st, s, step);
     const double samples_s = double(B) / secs;
     st.counters["samples_per_s"] = samples_s;
     st.counters["TFLOPs"] = flops_sample * samples_s / 1e12;

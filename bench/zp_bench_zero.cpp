@@ -16,7 +16,7 @@
 #include "kernels/elementwise.h"
 #include "models/transformer.h"
 #include "parallel/zero_engine.h"
-#include "bench_weights.h"
+#include "bench_common.h"
 
 namespace zp::bench {
 
@@ -56,21 +56,7 @@ void BM_ZeroStep(benchmark::State& st) {
       const double norm = std::sqrt(engine.grad_norm_squared());
       engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);
     };
-    step();  // warm-up
-    stream.synchronize();
-    engine.comm_ms();
-    Event a, b;
-    double total_ms = 0;
-    for (auto _ : st) {
-      a.record(s);
-      step();
-      b.record(s);
-      b.synchronize();
-      const double ms = b.elapsed_ms_since(a);
-      total_ms += ms;
-      st.SetIterationTime(ms / 1e3);
-    }
-    const double secs = total_ms / 1e3 / double(st.iterations());
+    const double secs = timed_iterations(st, s, step, [&] { engine.comm_ms(); });  // comm from here on
     tok_s = double(world * B * T) / secs;
     comm = engine.comm_ms() / double(st.iterations());
     mfu = 100.0 * model.flops_per_token(T) * tok_s / world / (cuda_peak_bf16_tflops(rt.device().index) * 1e12);

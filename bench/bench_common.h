@@ -1,0 +1,58 @@
+// Shared by the GPU benchmarks: timing with CUDA events, and benchmark weights.
+#pragma once
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/elementwise.h"
+#include "nn/parameter.h"
+
+namespace zp::bench {
+
+// Runs `step` once to warm up (plans, workspaces, the allocator's pool), then `after_warmup`, then
+// times each benchmark iteration with CUDA events on `s` as manual time. Returns the mean seconds
+// per iteration.
+inline double timed_iterations(benchmark::State& st, StreamHandle s, const std::function<void()>& step,
+                               const std::function<void()>& after_warmup = {}) {
+  step();
+  stream_synchronize(s);
+  if (after_warmup) after_warmup();
+  Event a, b;
+  double total_ms = 0;
+  for (auto _ : st) {
+    a.record(s);
+    step();
+    b.record(s);
+    b.synchronize();
+    const double ms = b.elapsed_ms_since(a);
+    total_ms += ms;
+    st.SetIterationTime(ms / 1e3);
+  }
+  return total_ms / 1e3 / double(st.iterations());
+}
+
+// Every block's compute buffer filled by tiling one block of Normal(0, 0.02) values. Weight values do
+// not change kernel timings, and the engine's counter-based initialisation of billions of values on
+// the host would dominate a benchmark's run time.
+inline void fill_blocks_random(const std::vector<nn::ParamBlock*>& blocks, Device dev, StreamHandle s) {
+  const int64_t tile = 1 << 22;
+  std::mt19937 g(1);
+  std::normal_distribution<float> d(0.f, 0.02f);
+  Tensor h = Tensor::empty({tile}, DType::F32, Device::cpu());
+  for (int64_t i = 0; i < tile; ++i) h.data<float>()[i] = d(g);
+  Tensor f = h.to(dev, s);
+  for (nn::ParamBlock* blk : blocks) {
+    Tensor b = Tensor::empty({tile}, blk->dtype(), dev, "bench", s);
+    kernels::cuda::cast(s, blk->dtype(), b.data(), DType::F32, f.data(), tile);
+    for (int64_t o = 0; o < blk->padded(); o += tile) {
+      const int64_t n = std::min(tile, blk->padded() - o);
+      blk->values().flat(o, n).copy_from(b.flat(0, n), s);
+    }
+  }
+}
+
+}  // namespace zp::bench
