@@ -1,7 +1,10 @@
 // ZeRO stages 0-3 on the 1.42B GPT of the FSDP2 comparison (d=2048, 24 layers, vocab 50304,
 // B=8, T=1024 per GPU, bf16 compute, fp32 master weights and gradients): tokens/s over all ranks,
-// per-rank peak device memory (the engine's allocator peak) and the time each step spends in
-// collectives. Run with `mpirun -np 1` and `-np 2`; rank 0 prints Google Benchmark output.
+// per-rank peak device memory (the engine's allocator peak) and the time collectives take per step
+// (with overlap: time the communication stream is busy, mostly hidden behind the backward). Args:
+// stage, overlap (collectives on a communication stream, the default; 0 = on the compute stream)
+// and in_backward (stages 2/3: AdamW runs on each block as its gradients are reduced, no clipping).
+// Run with `mpirun -np 1` and `-np 2`; rank 0 prints Google Benchmark output.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -24,6 +27,7 @@ comm::Runtime* g_rt = nullptr;
 
 void BM_ZeroStep(benchmark::State& st) {
   const int stage = int(st.range(0));
+  const bool overlap = st.range(1) != 0, in_backward = st.range(2) != 0;
   const int64_t B = 8, T = 1024;
   comm::Runtime& rt = *g_rt;
   const int world = rt.world_size();
@@ -41,8 +45,11 @@ void BM_ZeroStep(benchmark::State& st) {
   {
     models::Transformer model(cfg, rt.device(), DType::BF16, s, parallel::shard_pad_multiple(world));
     fill_blocks_random(model.blocks(), rt.device(), s);
-    parallel::ZeroEngine engine(model.blocks(), stage, dp.get(), {3e-4, 0.9, 0.95, 1e-8, 0.1, false}, s);
+    parallel::AdamWHyper hyper{3e-4, 0.9, 0.95, 1e-8, 0.1, false};
+    hyper.step_in_backward = in_backward;
+    parallel::ZeroEngine engine(model.blocks(), stage, dp.get(), hyper, s);
     model.set_block_access(&engine);
+    engine.set_overlap_comm(overlap);
     engine.set_timing(true);
     std::mt19937 g(uint32_t(rt.rank() + 1));
     Tensor ids_h = Tensor::empty({B * T}, DType::I32, Device::cpu());
@@ -50,11 +57,13 @@ void BM_ZeroStep(benchmark::State& st) {
     Tensor ids = ids_h.to(rt.device(), s);
     auto step = [&] {
       engine.begin_step();
+      engine.begin_micro_step(true);
+      if (in_backward) engine.set_update_in_backward(1.f, -1.0);
       model.forward(ids.data<int32_t>(), ids.data<int32_t>(), B * T, B, T);
       model.backward();
       engine.finish_gradients();
       const double norm = std::sqrt(engine.grad_norm_squared());
-      engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);
+      if (!in_backward) engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);
     };
     const double secs = timed_iterations(st, s, step, [&] { engine.comm_ms(); });  // comm from here on
     tok_s = double(world * B * T) / secs;
@@ -69,8 +78,9 @@ void BM_ZeroStep(benchmark::State& st) {
   st.counters["MFU_pct"] = mfu;
   st.counters["peak_engine_GiB_rank0"] = peak;
 }
-BENCHMARK(BM_ZeroStep)->ArgNames({"stage"})->DenseRange(0, 3)->UseManualTime()->Unit(benchmark::kMillisecond)
-    ->Iterations(5);
+BENCHMARK(BM_ZeroStep)->ArgNames({"stage", "overlap", "in_backward"})
+    ->ArgsProduct({{0, 1, 2, 3}, {1, 0}, {0}})->Args({2, 1, 1})->Args({3, 1, 1})
+    ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
 
 class Quiet : public benchmark::BenchmarkReporter {
  public:

@@ -117,6 +117,26 @@ TEST(TrainConfig, ErrorsNameTheKey) {
   both.set("bf16.enabled=true");
   both.set("fp16.enabled=true");
   EXPECT_THROW(TrainConfig::from(both), Error);
+  // The optimizer in the backward needs transient gradient buffers (stage 2/3) and cannot clip or
+  // skip an fp16 overflow, since each block is updated before the global norm is known.
+  auto in_backward_error = [&](std::vector<std::string> sets) {
+    io::Config c = tiny_config(data);
+    c.set("optimizer.step_in_backward=true");
+    for (const auto& s : sets) c.set(s);
+    try {
+      TrainConfig::from(c);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(in_backward_error({"zero_optimization.stage=1", "gradient_clipping=0"}).find("zero_optimization.stage"),
+            std::string::npos);
+  EXPECT_NE(in_backward_error({"zero_optimization.stage=2", "gradient_clipping=1"}).find("gradient_clipping"),
+            std::string::npos);
+  EXPECT_NE(in_backward_error({"zero_optimization.stage=3", "gradient_clipping=0", "fp16.enabled=true"}).find("fp16"),
+            std::string::npos);
+  EXPECT_EQ(in_backward_error({"zero_optimization.stage=3", "gradient_clipping=0"}), "");
 }
 
 }  // namespace zp::test

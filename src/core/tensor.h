@@ -69,6 +69,10 @@ class Tensor {
   void copy_from(const Tensor& src, StreamHandle s = nullptr);
   Tensor to(Device dev, StreamHandle s = nullptr) const;
   void zero_(StreamHandle s = nullptr);
+  // The storage will go back to its allocator ordered on `s` rather than on the stream it was
+  // allocated on: for a buffer whose last users run on another stream (a collective on a
+  // communication stream), so the memory is not reused before they finish.
+  void free_on(StreamHandle s) const { if (storage_) storage_->stream = s; }
 
   std::string str() const;  // "bf16[4, 8] cuda:0"
 

@@ -22,34 +22,27 @@ ShardedAdamW::ShardedAdamW(std::vector<OwnedRange> ranges, const std::vector<con
   }
 }
 
-void ShardedAdamW::step(const std::vector<const float*>& grads, const std::vector<void*>& out, float grad_scale,
-                        double lr) {
-  ZP_CHECK(grads.size() == ranges_.size() && out.size() == ranges_.size(), "ShardedAdamW::step: sizes");
-  ++step_;
-  tensors_.clear();
-  Device dev = Device::cpu();
-  DType copy_dt = DType::F32;
-  for (size_t i = 0; i < ranges_.size(); ++i) {
-    const OwnedRange& r = ranges_[i];
-    dev = r.block->device();
-    copy_dt = r.block->dtype();
-    const size_t esz = dtype_size(copy_dt);
-    for (const auto& p : r.block->params()) {
-      const int64_t lo = std::max(r.begin, p->offset), hi = std::min(r.end, p->offset + p->numel());
-      if (lo >= hi) continue;
-      const int64_t o = lo - r.begin;
-      AdamWTensor t;
-      t.param = master_[i].data<float>() + o;
-      t.grad = grads[i] + o;
-      t.exp_avg = m_[i].data<float>() + o;
-      t.exp_avg_sq = v_[i].data<float>() + o;
-      t.param_copy = static_cast<char*>(out[i]) + size_t(o) * esz;
-      t.n = hi - lo;
-      t.weight_decay = (p->decay || h_.decay_all) ? float(h_.weight_decay) : 0.f;
-      tensors_.push_back(t);
-    }
+void ShardedAdamW::add_range(size_t i, const float* grad, void* out, std::vector<AdamWTensor>& table) const {
+  const OwnedRange& r = ranges_[i];
+  const size_t esz = dtype_size(r.block->dtype());
+  for (const auto& p : r.block->params()) {
+    const int64_t lo = std::max(r.begin, p->offset), hi = std::min(r.end, p->offset + p->numel());
+    if (lo >= hi) continue;
+    const int64_t o = lo - r.begin;
+    AdamWTensor t;
+    t.param = master_[i].data<float>() + o;
+    t.grad = grad + o;
+    t.exp_avg = m_[i].data<float>() + o;
+    t.exp_avg_sq = v_[i].data<float>() + o;
+    t.param_copy = static_cast<char*>(out) + size_t(o) * esz;
+    t.n = hi - lo;
+    t.weight_decay = (p->decay || h_.decay_all) ? float(h_.weight_decay) : 0.f;
+    table.push_back(t);
   }
-  if (tensors_.empty()) return;
+}
+
+void ShardedAdamW::launch(const std::vector<AdamWTensor>& table, float grad_scale, double lr, StreamHandle s) const {
+  if (table.empty()) return;
   AdamWConfig cfg;
   cfg.lr = lr >= 0 ? lr : h_.lr;
   cfg.beta1 = h_.beta1;
@@ -57,7 +50,24 @@ void ShardedAdamW::step(const std::vector<const float*>& grads, const std::vecto
   cfg.eps = h_.eps;
   cfg.step = step_;
   cfg.grad_scale = grad_scale;
-  ZP_KERNEL_CALL(dev, adamw_step, s_, tensors_.data(), int(tensors_.size()), cfg, copy_dt);
+  ZP_KERNEL_CALL(ranges_[0].block->device(), adamw_step, s, table.data(), int(table.size()), cfg,
+                 ranges_[0].block->dtype());
+}
+
+void ShardedAdamW::step(const std::vector<const float*>& grads, const std::vector<void*>& out, float grad_scale,
+                        double lr) {
+  ZP_CHECK(grads.size() == ranges_.size() && out.size() == ranges_.size(), "ShardedAdamW::step: sizes");
+  ++step_;
+  tensors_.clear();
+  for (size_t i = 0; i < ranges_.size(); ++i) add_range(i, grads[i], out[i], tensors_);
+  launch(tensors_, grad_scale, lr, s_);
+}
+
+void ShardedAdamW::update(size_t i, const float* grad, void* out, float grad_scale, double lr, StreamHandle s) {
+  ZP_CHECK(i < ranges_.size(), "ShardedAdamW::update: range ", i, " of ", ranges_.size());
+  tensors_.clear();
+  add_range(i, grad, out, tensors_);
+  launch(tensors_, grad_scale, lr, s);
 }
 
 }  // namespace zp::parallel

@@ -14,6 +14,9 @@ namespace zp::parallel {
 struct AdamWHyper {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   bool decay_all = false;  // weight decay on every parameter, not only those marked `decay`
+  // The ZeRO engine updates each block as soon as its gradients are complete in the backward
+  // (optimizer.step_in_backward): no step-long gradient buffers, but no clipping by the global norm.
+  bool step_in_backward = false;
 };
 
 struct OwnedRange {
@@ -32,6 +35,10 @@ class ShardedAdamW {
   // weights go, in the block's dtype. grad_scale multiplies gradients first; lr >= 0 overrides.
   void step(const std::vector<const float*>& grads, const std::vector<void*>& out, float grad_scale = 1.f,
             double lr = -1.0);
+  // The same update one range at a time (the optimizer stepping inside the backward): advance()
+  // starts the step, then update(i, ...) once for each range, on any stream.
+  void advance() { ++step_; }
+  void update(size_t i, const float* grad, void* out, float grad_scale, double lr, StreamHandle s);
   int64_t steps() const { return step_; }
   void set_steps(int64_t n) { step_ = n; }
   const std::vector<OwnedRange>& ranges() const { return ranges_; }
@@ -44,6 +51,9 @@ class ShardedAdamW {
  private:
   std::vector<OwnedRange> ranges_;
   std::vector<Tensor> master_, m_, v_;
+  // Appends range i's parameters (split at parameter boundaries, gaps skipped) to `table`.
+  void add_range(size_t i, const float* grad, void* out, std::vector<kernels::AdamWTensor>& table) const;
+  void launch(const std::vector<kernels::AdamWTensor>& table, float grad_scale, double lr, StreamHandle s) const;
   std::vector<kernels::AdamWTensor> tensors_;
   AdamWHyper h_;
   StreamHandle s_;

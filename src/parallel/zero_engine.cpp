@@ -18,8 +18,10 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, int stage, comm::Com
 
 ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, int stage, comm::Communicator* dp, const AdamWHyper& h,
                        StreamHandle s, const BlockFill& fill)
-    : stage_(stage), dp_(dp), s_(s) {
+    : stage_(stage), dp_(dp), s_(s), hyper_(h) {
   ZP_CHECK(stage >= 0 && stage <= 3, "ZeRO stage ", stage);
+  ZP_REQUIRE(!h.step_in_backward || stage >= 2, "optimizer.step_in_backward needs zero_optimization.stage 2 or 3 "
+             "(gradient buffers that live only while their block runs), got stage ", stage);
   if (dp_) {
     world_ = dp_->size();
     rank_ = dp_->rank();
@@ -36,7 +38,7 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, int stage, comm::Com
       if (stage_ < 2) b->bind_grads(Tensor::zeros({b->padded()}, DType::F32, b->device(), "grads", s));
       fill(*b);
     }
-    Unit u{b, b->padded() / world_, {}, {}, 0, 0, {}, {}};
+    Unit u{b, b->padded() / world_, {}, {}, 0, 0, false, {}, {}};
     const int64_t begin = stage_ == 0 ? 0 : rank_ * u.shard, end = stage_ == 0 ? b->padded() : begin + u.shard;
     const size_t esz = dtype_size(b->dtype());
     if (stage_ == 3) {  // keep only the owned slice of the compute weights
@@ -45,7 +47,7 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, int stage, comm::Com
       b->bind_values(Tensor());  // frees the full buffer before the next block is filled
     }
     if (stage_ >= 2) {
-      u.grad_shard = Tensor::zeros({u.shard}, DType::F32, b->device(), "grads", s);
+      if (!h.step_in_backward) u.grad_shard = Tensor::zeros({u.shard}, DType::F32, b->device(), "grads", s);
       b->bind_grads(Tensor());
     }
     ranges.push_back({b, begin, end});
@@ -54,14 +56,46 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, int stage, comm::Com
     units_.push_back(std::move(u));
   }
   opt_ = std::make_unique<ShardedAdamW>(ranges, initial, h, s);
-  if (stage_ == 3 && dp_ && dp_->device().is_cuda()) comm_stream_ = std::make_unique<Stream>(dp_->device());
-  if (!units_.empty()) norm_sq_ = Tensor::empty({1}, DType::F32, units_[0].block->device(), "metrics", s);
+  set_overlap_comm(true);
+  if (!units_.empty()) {
+    norm_sq_ = Tensor::empty({1}, DType::F32, units_[0].block->device(), "metrics", s);
+    if (h.step_in_backward)
+      update_norms_ = Tensor::zeros({int64_t(units_.size())}, DType::F32, units_[0].block->device(), "metrics", s);
+  }
 }
 
-ZeroEngine::~ZeroEngine() = default;
+void ZeroEngine::set_overlap_comm(bool on) {
+  const bool device_comm = dp_ && dp_->size() > 1 && dp_->device().is_cuda();
+  if (on && device_comm && !comm_stream_) {
+    comm_stream_ = std::make_unique<Stream>(dp_->device(), -1);  // high priority: collectives start promptly
+    compute_ready_ = std::make_unique<Event>();
+    comm_done_ = std::make_unique<Event>();
+  } else if (!on && comm_stream_) {
+    drop_prefetches();
+    compute_after_comm();
+    stream_synchronize(comm_stream_->handle());
+    comm_stream_.reset();
+  }
+}
+
+void ZeroEngine::comm_after_compute() {
+  if (!comm_stream_) return;
+  compute_ready_->record(s_);
+  compute_ready_->wait_on(comm_stream_->handle());
+}
+
+void ZeroEngine::compute_after_comm() {
+  if (!comm_stream_) return;
+  comm_done_->record(comm_stream_->handle());
+  comm_done_->wait_on(s_);
+}
+
+ZeroEngine::~ZeroEngine() {
+  if (comm_stream_) stream_synchronize(comm_stream_->handle());  // nothing in flight into freed buffers
+}
 
 template <class F>
-void ZeroEngine::timed(F&& collective) {
+void ZeroEngine::timed(StreamHandle s, F&& collective) {
   if (!timing_) return collective();
   if (!dp_ || dp_->device().is_cpu()) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -70,9 +104,9 @@ void ZeroEngine::timed(F&& collective) {
     return;
   }
   while (events_.size() < events_used_ + 2) events_.push_back(std::make_unique<Event>());
-  events_[events_used_]->record(s_);
+  events_[events_used_]->record(s);
   collective();
-  events_[events_used_ + 1]->record(s_);
+  events_[events_used_ + 1]->record(s);
   events_used_ += 2;
 }
 
@@ -105,10 +139,14 @@ void ZeroEngine::acquire_params(nn::ParamBlock& b) {
     u.prefetch_done.reset();
   } else {
     Tensor full = Tensor::empty({b.padded()}, b.dtype(), b.device(), "gathered params", s_);
-    if (dp_)
-      timed([&] { dp_->all_gather(u.values_shard.data(), full.data(), u.shard, b.dtype(), s_); });
-    else
+    if (dp_) {
+      comm_after_compute();
+      const StreamHandle cs = comm_stream();
+      timed(cs, [&] { dp_->all_gather(u.values_shard.data(), full.data(), u.shard, b.dtype(), cs); });
+      compute_after_comm();
+    } else {
       full.copy_from(u.values_shard, s_);
+    }
     b.bind_values(std::move(full));
   }
   // Start gathering the block that came next in the previous step.
@@ -124,12 +162,11 @@ void ZeroEngine::prefetch(Unit& u) {
   // Allocated on the compute stream (where it will be used and freed); the comm stream starts after
   // everything enqueued so far on the compute stream, the optimizer's writes to the shard included.
   u.prefetched = Tensor::empty({b.padded()}, b.dtype(), b.device(), "gathered params", s_);
-  Event queued;
-  queued.record(s_);
-  queued.wait_on(comm_stream_->handle());
-  dp_->all_gather(u.values_shard.data(), u.prefetched.data(), u.shard, b.dtype(), comm_stream_->handle());
+  comm_after_compute();
+  const StreamHandle cs = comm_stream_->handle();
+  timed(cs, [&] { dp_->all_gather(u.values_shard.data(), u.prefetched.data(), u.shard, b.dtype(), cs); });
   u.prefetch_done = std::make_shared<Event>();
-  u.prefetch_done->record(comm_stream_->handle());
+  u.prefetch_done->record(cs);
 }
 
 void ZeroEngine::drop_prefetches() {
@@ -149,52 +186,121 @@ void ZeroEngine::release_params(nn::ParamBlock& b) {
 }
 
 void ZeroEngine::acquire_grads(nn::ParamBlock& b) {
-  if (stage_ < 2) return;
   Unit& u = unit(b);
   if (u.grads_refs++ > 0) return;
+  if (stage_ < 2) {
+    // More gradient accumulates into the replicated buffer: it needs reducing again (averaging the
+    // already averaged part again is exact), after the reduction in flight, if any, has finished.
+    if (u.reduced) compute_after_comm();
+    u.reduced = false;
+    return;
+  }
   b.bind_grads(Tensor::zeros({b.padded()}, DType::F32, b.device(), "gradients in flight", s_));
 }
 
 void ZeroEngine::release_grads(nn::ParamBlock& b) {
-  if (stage_ < 2) return;
   Unit& u = unit(b);
   ZP_CHECK(u.grads_refs > 0, "block ", b.name(), ": gradients released more often than acquired");
   if (--u.grads_refs > 0) return;
-  // The block's gradients of this micro-step are complete: average them into the owners' slices.
-  Tensor mine = b.grads().flat(rank_ * u.shard, u.shard);
-  if (dp_) {
-    mine = Tensor::empty({u.shard}, DType::F32, b.device(), "gradients in flight", s_);
-    timed([&] { dp_->reduce_scatter(b.grads().data(), mine.data(), u.shard, DType::F32, comm::ReduceOp::Avg, s_); });
+  // The block's gradients of this micro-step are complete.
+  if (stage_ < 2) {
+    if (sync_grads_ && dp_) all_reduce_grads(u);
+    return;
   }
-  ZP_KERNEL_CALL(b.device(), axpy, s_, DType::F32, u.grad_shard.data(), 1.f, mine.data(), u.shard);
+  reduce_scatter_grads(u);
+}
+
+void ZeroEngine::all_reduce_grads(Unit& u) {
+  comm_after_compute();
+  const StreamHandle cs = comm_stream();
+  void* g = u.block->grads().data();
+  timed(cs, [&] { dp_->all_reduce(g, g, u.block->padded(), DType::F32, comm::ReduceOp::Avg, cs); });
+  u.reduced = true;
+}
+
+void ZeroEngine::reduce_scatter_grads(Unit& u) {
+  nn::ParamBlock& b = *u.block;
+  Tensor full = b.grads();
   b.bind_grads(Tensor());
+  comm_after_compute();
+  const StreamHandle cs = comm_stream();
+  full.free_on(cs);  // its last reader is the reduce-scatter
+  // Average into this rank's slice; the temporaries live and die on the communication stream.
+  Tensor mine = full.flat(rank_ * u.shard, u.shard);
+  if (dp_) {
+    mine = Tensor::empty({u.shard}, DType::F32, b.device(), "gradients in flight", cs);
+    timed(cs, [&] { dp_->reduce_scatter(full.data(), mine.data(), u.shard, DType::F32, comm::ReduceOp::Avg, cs); });
+  }
+  const bool accumulate = !update_armed_ || accumulated_;
+  if (accumulate) {
+    accumulated_ = accumulated_ || !update_armed_;
+    if (!u.grad_shard.defined())  // step_in_backward with accumulation: created on first use
+      u.grad_shard = Tensor::zeros({u.shard}, DType::F32, b.device(), "grads", cs);
+    ZP_KERNEL_CALL(b.device(), axpy, cs, DType::F32, u.grad_shard.data(), 1.f, mine.data(), u.shard);
+  }
+  if (!update_armed_) return;
+  // The optimizer in the backward: this block's slice is final, update it now.
+  const size_t i = size_t(&u - units_.data());
+  const Tensor& grad = accumulate ? u.grad_shard : mine;
+  const void* gp = grad.data();
+  ZP_KERNEL_CALL(b.device(), l2norm_squared, cs, DType::F32, update_norms_.data<float>() + i, &gp, &u.shard, 1);
+  const OwnedRange& r = opt_->ranges()[i];
+  void* out = stage_ == 3 ? u.values_shard.data()
+                          : static_cast<char*>(b.values().data()) + size_t(r.begin) * dtype_size(b.dtype());
+  opt_->update(i, grad.data<float>(), out, update_scale_, update_lr_, cs);
+  if (stage_ == 2 && dp_) timed(cs, [&] { dp_->all_gather(out, b.values().data(), u.shard, b.dtype(), cs); });
 }
 
 void ZeroEngine::begin_step() {
+  ZP_CHECK(!update_armed_, "ZeroEngine: a step began before the previous one's finish_gradients()");
   // The block order of the last step (forward, backward, any evaluation) predicts this one's.
   drop_prefetches();
   if (!this_step_order_.empty()) gather_order_.swap(this_step_order_);
   this_step_order_.clear();
   order_pos_ = 0;
+  sync_grads_ = true;
+  accumulated_ = false;
   for (Unit& u : units_) {
-    if (stage_ >= 2)
-      u.grad_shard.zero_(s_);
-    else
+    u.reduced = false;
+    if (stage_ < 2)
       u.block->zero_grad(s_);
+    else if (u.grad_shard.defined())
+      u.grad_shard.zero_(s_);
   }
+  if (update_norms_.defined()) update_norms_.zero_(s_);
+}
+
+void ZeroEngine::begin_micro_step(bool last) {
+  ZP_CHECK(!update_armed_, "ZeroEngine: a micro-step began after the update in the backward was set");
+  sync_grads_ = last;
+}
+
+void ZeroEngine::set_update_in_backward(float grad_scale, double lr) {
+  ZP_CHECK(hyper_.step_in_backward, "ZeroEngine::set_update_in_backward without optimizer.step_in_backward");
+  opt_->advance();
+  update_armed_ = true;
+  update_scale_ = grad_scale;
+  update_lr_ = lr;
 }
 
 void ZeroEngine::finish_gradients() {
-  if (stage_ >= 2 || !dp_) return;
-  for (Unit& u : units_)
-    timed([&] {
-      dp_->all_reduce(u.block->grads().data(), u.block->grads().data(), u.block->padded(), DType::F32,
-                      comm::ReduceOp::Avg, s_);
-    });
+  if (stage_ < 2 && dp_)
+    for (Unit& u : units_)
+      if (!u.reduced) all_reduce_grads(u);  // blocks the backward did not report
+  compute_after_comm();
+  update_armed_ = false;
 }
 
 double ZeroEngine::grad_norm_squared() {
   if (units_.empty()) return 0;
+  if (update_norms_.defined()) {  // stepping in the backward: each block's part was taken before its update
+    const int64_t n = update_norms_.numel();
+    if (dp_) dp_->all_reduce(update_norms_.data(), update_norms_.data(), n, DType::F32, comm::ReduceOp::Sum, s_);
+    Tensor h = update_norms_.to(Device::cpu(), s_);
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += double(h.data<float>()[i]);
+    return sum;
+  }
   std::vector<const void*> ptrs;
   std::vector<int64_t> sizes;
   for (Unit& u : units_) {
@@ -221,6 +327,7 @@ void ZeroEngine::refresh_compute_weights() {
 }
 
 void ZeroEngine::step(float grad_scale, double lr) {
+  ZP_CHECK(!hyper_.step_in_backward, "ZeroEngine::step with optimizer.step_in_backward (the backward updates)");
   drop_prefetches();  // they hold the weights before this update
   std::vector<const float*> grads;
   std::vector<void*> out;
@@ -235,7 +342,7 @@ void ZeroEngine::step(float grad_scale, double lr) {
   if ((stage_ == 1 || stage_ == 2) && dp_)
     for (size_t i = 0; i < units_.size(); ++i) {
       Unit& u = units_[i];
-      timed([&] { dp_->all_gather(out[i], u.block->values().data(), u.shard, u.block->dtype(), s_); });
+      timed(s_, [&] { dp_->all_gather(out[i], u.block->values().data(), u.shard, u.block->dtype(), s_); });
     }
 }
 

@@ -305,7 +305,7 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
     model.check_weights(*hub_weights);
   }
   parallel::ZeroEngine engine(model.blocks(), cfg.zero_stage, dp.get(),
-                              {cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.decay_all}, s,
+                              adamw_hyper(cfg), s,
                               [&](nn::ParamBlock& b) {
                                 if (hub_weights)
                                   model.load_block(*hub_weights, b);
@@ -313,6 +313,7 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
                                   init_unet_block_random(b, cfg.seed, cfg.init_std, s);
                               });
   model.set_block_access(&engine);
+  engine.set_overlap_comm(cfg.overlap_comm);
   LrSchedule sched{cfg.scheduler, cfg.lr, cfg.min_lr_ratio, cfg.warmup_steps, cfg.total_steps};
   LossScaler scaler(cfg.fp16, cfg.initial_scale, cfg.min_scale, cfg.scale_window, cfg.hysteresis);
   const NoiseSchedule noise(ucfg.diffusion);
@@ -394,6 +395,7 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
     const float loss_scale = float(scaler.scale());
     double loss = 0;
     for (int64_t m = 0; m < cfg.grad_accum; ++m) {
+      begin_micro_step(engine, sched, m, cfg.grad_accum, loss_scale);
       const int64_t first = step * global_batch + m * B * world + rank * B;
       loss += run_micro(train_ds, step, first, true, loss_scale / float(cfg.grad_accum)) / double(cfg.grad_accum);
     }

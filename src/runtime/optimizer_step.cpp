@@ -4,10 +4,29 @@
 
 namespace zp::runtime {
 
+parallel::AdamWHyper adamw_hyper(const TrainConfig& cfg) {
+  parallel::AdamWHyper h{cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.decay_all};
+  h.step_in_backward = cfg.step_in_backward;
+  return h;
+}
+
+void begin_micro_step(parallel::ZeroEngine& engine, const LrSchedule& schedule, int64_t micro, int64_t grad_accum,
+                      float loss_scale) {
+  const bool last = micro + 1 == grad_accum;
+  engine.begin_micro_step(last);
+  // No clipping in this mode (the configuration refuses it), and bf16/fp32 never skip a step.
+  if (last && engine.updates_in_backward()) engine.set_update_in_backward(1.f / loss_scale, schedule.at(engine.optimizer_steps()));
+}
+
 StepUpdate finish_step(parallel::ZeroEngine& engine, LossScaler& scaler, const LrSchedule& schedule, double grad_clip,
                        float loss_scale) {
   StepUpdate u;
   engine.finish_gradients();
+  if (engine.updates_in_backward()) {  // the backward has updated every block
+    u.grad_norm = std::sqrt(engine.grad_norm_squared()) / loss_scale;
+    u.lr = schedule.at(engine.optimizer_steps() - 1);
+    return u;
+  }
   u.grad_norm = std::sqrt(engine.grad_norm_squared()) / loss_scale;
   u.skipped = scaler.update(!std::isfinite(u.grad_norm));
   u.lr = schedule.at(engine.optimizer_steps());

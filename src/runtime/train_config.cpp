@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace zp::runtime {
 
@@ -18,7 +19,8 @@ const io::json& train_config_schema() {
     "wall_clock_breakdown": false,
     "optimizer": {"type": "AdamW",
                   "params": {"lr": 6e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,
-                             "torch_adam": false, "adam_w_mode": true}},
+                             "torch_adam": false, "adam_w_mode": true},
+                  "step_in_backward": false},
     "scheduler": {"type": "WarmupCosineLR",
                   "params": {"warmup_num_steps": 0, "total_num_steps": null, "cos_min_ratio": 0.1,
                              "warmup_min_ratio": 0.0, "warmup_type": "linear"}},
@@ -97,6 +99,20 @@ TrainConfig TrainConfig::from(const io::Config& c) {
 
   t.zero_stage = c.get<int>("zero_optimization.stage");
   ZP_REQUIRE(t.zero_stage >= 0 && t.zero_stage <= 3, "zero_optimization.stage must be 0..3, got ", t.zero_stage);
+  t.overlap_comm = c.get<bool>("zero_optimization.overlap_comm");
+  // Each sharding unit (a block's flat buffer) is one bucket, so DeepSpeed's bucket sizes do not apply.
+  for (const char* key : {"zero_optimization.reduce_bucket_size", "zero_optimization.allgather_bucket_size",
+                          "zero_optimization.stage3_prefetch_bucket_size"})
+    if (c.get<double>(key) != 5e8)
+      ZP_LOG_WARN(key, " is ignored: every parameter block is one bucket (and stage 3 prefetches one block ahead)");
+  t.step_in_backward = c.get<bool>("optimizer.step_in_backward");
+  if (t.step_in_backward) {
+    ZP_REQUIRE(t.zero_stage >= 2, "optimizer.step_in_backward needs zero_optimization.stage 2 or 3 (gradient buffers "
+               "that live only while their block runs), got stage ", t.zero_stage);
+    ZP_REQUIRE(t.grad_clip == 0, "optimizer.step_in_backward updates each block before the global gradient norm is "
+               "known, so gradient_clipping must be 0, got ", t.grad_clip);
+    ZP_REQUIRE(!t.fp16, "optimizer.step_in_backward cannot skip an fp16 overflow step: use bf16.enabled or fp32");
+  }
   ZP_REQUIRE(c.get<std::string>("zero_optimization.offload_optimizer.device") == "none" &&
                  c.get<std::string>("zero_optimization.offload_param.device") == "none",
              "zero_optimization.offload_*: offload is not implemented yet (use \"none\")");

@@ -19,6 +19,7 @@ struct TrainConfig {
   // optimizer
   double lr = 6e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, grad_clip = 1.0;
   bool decay_all = false;  // weight decay on norms, biases and embeddings too
+  bool step_in_backward = false;  // update each block as its gradients complete (ZeRO 2/3, no clipping)
   // schedule
   std::string scheduler = "WarmupCosineLR";  // WarmupCosineLR | WarmupDecayLR | WarmupLR
   int64_t warmup_steps = 0, total_steps = 0;
@@ -30,6 +31,7 @@ struct TrainConfig {
   int64_t scale_window = 1000, hysteresis = 2;
   // ZeRO
   int zero_stage = 0;
+  bool overlap_comm = true;  // collectives on a communication stream (GPUs)
   // model
   std::string model_type = "transformer";
   io::json hub_config;       // inline config.json

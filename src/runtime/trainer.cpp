@@ -146,7 +146,7 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
   std::optional<io::SafetensorsCollection> hub_weights;
   if (cfg.init == "hub") hub_weights = io::SafetensorsCollection::open_dir(cfg.hub_dir, "model");
   parallel::ZeroEngine engine(model.blocks(), cfg.zero_stage, dp.get(),
-                              {cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.decay_all}, s,
+                              adamw_hyper(cfg), s,
                               [&](nn::ParamBlock& b) {
                                 if (hub_weights)
                                   model.load_block(*hub_weights, b);
@@ -154,6 +154,7 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
                                   model.init_block_random(b, cfg.seed, cfg.init_std);
                               });
   model.set_block_access(&engine);
+  engine.set_overlap_comm(cfg.overlap_comm);
   LrSchedule sched{cfg.scheduler, cfg.lr, cfg.min_lr_ratio, cfg.warmup_steps, cfg.total_steps};
   LossScaler scaler(cfg.fp16, cfg.initial_scale, cfg.min_scale, cfg.scale_window, cfg.hysteresis);
   ScalerRuns scaler_runs;
@@ -232,6 +233,7 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
     const float loss_scale = float(scaler.scale());
     double loss = 0;
     for (int64_t m = 0; m < cfg.grad_accum; ++m) {
+      begin_micro_step(engine, sched, m, cfg.grad_accum, loss_scale);
       const int64_t first = data_position + (step - start_step) * global_batch + m * cfg.micro_batch * world +
                             rank * cfg.micro_batch;
       loss += run_micro(train_ds, cfg.seed, cfg.shuffle, first, true, loss_scale / float(cfg.grad_accum)) /

@@ -1,6 +1,9 @@
 // ZeRO equivalence (issue: data parallel with ZeRO stages 0-3): at any world size, every stage
 // follows the single-rank loss trajectory over 10 steps and ends with the same parameters (fp32,
-// relative 1e-5), for the same global batch. The reference runs on rank 0 alone (MPI_COMM_SELF).
+// relative 1e-5), for the same global batch: with one micro-step per step, with gradient
+// accumulation (stages 0/1 reduce only in the last micro-step's backward), and for stages 2/3 with
+// the optimizer stepping inside the backward (no clipping there, so against an unclipped
+// reference). The reference runs on rank 0 alone (MPI_COMM_SELF), one micro-step per step.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -50,18 +53,26 @@ std::string shared_token_file(MPI_Comm comm) {
   return p.string();
 }
 
+struct Variant {
+  int accum = 1;                  // gradient_accumulation_steps
+  bool step_in_backward = false;  // optimizer.step_in_backward (needs clip = 0)
+  double clip = 0.5;              // small enough to clip: the global norm must agree
+};
+
 TrainConfig config(const std::string& data, const std::string& model_type, int stage, int world,
-                   const std::string& device = "cpu") {
+                   const std::string& device = "cpu", Variant v = {}) {
   io::json model = model_type == "gpt2"
                        ? io::json{{"model_type", "gpt2"}, {"vocab_size", 100}, {"n_positions", 32}, {"n_embd", 32},
                                   {"n_layer", 2}, {"n_head", 2}}
                        : io::json{{"model_type", "llama"}, {"vocab_size", 70}, {"hidden_size", 32},
                                   {"intermediate_size", 48}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
                                   {"num_key_value_heads", 2}, {"max_position_embeddings", 32}};
-  io::json user = {{"train_micro_batch_size_per_gpu", kGlobalBatch / world},
+  io::json user = {{"train_micro_batch_size_per_gpu", kGlobalBatch / world / v.accum},
+                   {"gradient_accumulation_steps", v.accum},
                    {"steps_per_print", 1000},
-                   {"gradient_clipping", 0.5},  // small enough to clip: the global norm must agree
-                   {"optimizer", {{"params", {{"lr", 3e-3}, {"weight_decay", 0.1}}}}},
+                   {"gradient_clipping", v.clip},
+                   {"optimizer", {{"params", {{"lr", 3e-3}, {"weight_decay", 0.1}}},
+                                  {"step_in_backward", v.step_in_backward}}},
                    {"scheduler", {{"params", {{"warmup_num_steps", 3}}}}},
                    {"zero_optimization", {{"stage", stage}}},
                    {"model", {{"config", model}}},
@@ -70,31 +81,56 @@ TrainConfig config(const std::string& data, const std::string& model_type, int s
   return TrainConfig::from(io::Config(train_config_schema(), user, "zero-test"));
 }
 
-void check_model(const std::string& model_type, const std::string& device = "cpu") {
-  comm::Runtime rt;
-  const int world = rt.world_size(), rank = rt.rank();
-  if (kGlobalBatch % world != 0) GTEST_SKIP() << "global batch " << kGlobalBatch << " does not divide by " << world;
-  const std::string data = shared_token_file(MPI_COMM_WORLD);
+struct Reference {
+  std::vector<double> losses;
+  std::vector<float> final_params;
+};
 
-  TrainResult ref;
-  if (rank == 0) ref = train(config(data, model_type, 0, 1, device), rt, MPI_COMM_SELF, true);
+// Trains on rank 0 alone and gives every rank the result.
+Reference reference_run(const TrainConfig& cfg, comm::Runtime& rt) {
+  Reference ref;
+  if (rt.rank() == 0) {
+    TrainResult r = train(cfg, rt, MPI_COMM_SELF, true);
+    ref.losses = r.losses;
+    ref.final_params = r.final_params;
+  }
   int n_params = int(ref.final_params.size());
   MPI_Bcast(&n_params, 1, MPI_INT, 0, MPI_COMM_WORLD);
   ref.losses.resize(10);
   ref.final_params.resize(size_t(n_params));
   MPI_Bcast(ref.losses.data(), 10, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   MPI_Bcast(ref.final_params.data(), n_params, MPI_FLOAT, 0, MPI_COMM_WORLD);
-  ASSERT_LT(ref.losses.back(), ref.losses.front()) << "the reference run must learn something";
+  return ref;
+}
 
-  for (int stage = 0; stage <= 3; ++stage) {
-    TrainResult r = train(config(data, model_type, stage, world, device), rt, MPI_COMM_WORLD, true);
-    ASSERT_EQ(r.losses.size(), ref.losses.size());
-    for (size_t i = 0; i < r.losses.size(); ++i)
-      EXPECT_NEAR(r.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i]))
-          << model_type << " stage " << stage << " world " << world << " step " << i + 1;
-    EXPECT_LE(rel(r.final_params, ref.final_params), 1e-5)
-        << model_type << " stage " << stage << " world " << world << ": final parameters";
-  }
+void expect_same(const TrainResult& r, const Reference& ref, const std::string& what) {
+  ASSERT_EQ(r.losses.size(), ref.losses.size()) << what;
+  for (size_t i = 0; i < r.losses.size(); ++i)
+    EXPECT_NEAR(r.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i])) << what << " step " << i + 1;
+  EXPECT_LE(rel(r.final_params, ref.final_params), 1e-5) << what << ": final parameters";
+}
+
+void check_model(const std::string& model_type, const std::string& device = "cpu") {
+  comm::Runtime rt;
+  const int world = rt.world_size();
+  if (kGlobalBatch % world != 0) GTEST_SKIP() << "global batch " << kGlobalBatch << " does not divide by " << world;
+  const std::string data = shared_token_file(MPI_COMM_WORLD);
+  int accum = 2;  // the smallest that splits this rank's share of the global batch
+  while ((kGlobalBatch / world) % accum != 0) ++accum;
+
+  const Reference clipped = reference_run(config(data, model_type, 0, 1, device), rt);
+  ASSERT_LT(clipped.losses.back(), clipped.losses.front()) << "the reference run must learn something";
+  const Reference unclipped = reference_run(config(data, model_type, 0, 1, device, {1, false, 0.0}), rt);
+  for (int stage = 0; stage <= 3; ++stage)
+    for (int a : {1, accum}) {
+      const std::string what = model_type + " stage " + std::to_string(stage) + " world " + std::to_string(world) +
+                               " accumulation " + std::to_string(a);
+      expect_same(train(config(data, model_type, stage, world, device, {a}), rt, MPI_COMM_WORLD, true), clipped,
+                  what);
+      if (stage >= 2)
+        expect_same(train(config(data, model_type, stage, world, device, {a, true, 0.0}), rt, MPI_COMM_WORLD, true),
+                    unclipped, what + " step_in_backward");
+    }
 }
 
 }  // namespace
