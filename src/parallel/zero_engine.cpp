@@ -92,6 +92,8 @@ void ZeroEngine::compute_after_comm() {
 
 ZeroEngine::~ZeroEngine() {
   if (comm_stream_) stream_synchronize(comm_stream_->handle());  // nothing in flight into freed buffers
+  units_.clear();  // before the streams their buffers may be freed on
+  opt_.reset();
 }
 
 template <class F>
@@ -222,6 +224,9 @@ void ZeroEngine::reduce_scatter_grads(Unit& u) {
   nn::ParamBlock& b = *u.block;
   Tensor full = b.grads();
   b.bind_grads(Tensor());
+  const bool accumulate = !update_armed_ || accumulated_;
+  if (accumulate && !u.grad_shard.defined())  // step_in_backward with accumulation: created on first use
+    u.grad_shard = Tensor::zeros({u.shard}, DType::F32, b.device(), "grads", s_);
   comm_after_compute();
   const StreamHandle cs = comm_stream();
   full.free_on(cs);  // its last reader is the reduce-scatter
@@ -231,11 +236,8 @@ void ZeroEngine::reduce_scatter_grads(Unit& u) {
     mine = Tensor::empty({u.shard}, DType::F32, b.device(), "gradients in flight", cs);
     timed(cs, [&] { dp_->reduce_scatter(full.data(), mine.data(), u.shard, DType::F32, comm::ReduceOp::Avg, cs); });
   }
-  const bool accumulate = !update_armed_ || accumulated_;
   if (accumulate) {
     accumulated_ = accumulated_ || !update_armed_;
-    if (!u.grad_shard.defined())  // step_in_backward with accumulation: created on first use
-      u.grad_shard = Tensor::zeros({u.shard}, DType::F32, b.device(), "grads", cs);
     ZP_KERNEL_CALL(b.device(), axpy, cs, DType::F32, u.grad_shard.data(), 1.f, mine.data(), u.shard);
   }
   if (!update_armed_) return;
