@@ -14,34 +14,6 @@ namespace {
 
 constexpr int kThreads = 512;
 
-template <class T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-  T v[VEC];
-};
-
-struct MaxSum {
-  float m, s;  // running max and sum of exp(x - m)
-};
-
-__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
-  float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return {m, 0.f};
-  return {m, a.s * __expf(a.m - m) + b.s * __expf(b.m - m)};
-}
-__device__ __forceinline__ MaxSum warp_merge(MaxSum v) {
-  for (int o = 16; o > 0; o >>= 1)
-    v = merge(v, {__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)});
-  return v;
-}
-__device__ __forceinline__ MaxSum block_merge(MaxSum v) {
-  __shared__ MaxSum shared[32];
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_merge(v);
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  v = lane < int(blockDim.x >> 5) ? shared[lane] : MaxSum{-INFINITY, 0.f};
-  return warp_merge(v);
-}
 
 // logsumexp of x[0, V), the whole block cooperating; every thread gets the result.
 template <class T, int VEC>
@@ -61,7 +33,7 @@ __device__ float row_logsumexp(const T* x, int64_t V) {
     for (int k = 0; k < VEC; ++k) sum += __expf(f[k] - m);
     ms = {m, ms.s * __expf(ms.m - m) + sum};
   }
-  for (int64_t c = n_packs * VEC + threadIdx.x; c < V; c += blockDim.x) ms = merge(ms, {to_f(x[c]), 1.f});
+  for (int64_t c = n_packs * VEC + threadIdx.x; c < V; c += blockDim.x) ms = maxsum_merge(ms, {to_f(x[c]), 1.f});
   ms = block_merge(ms);
   return ms.m + __logf(ms.s);
 }

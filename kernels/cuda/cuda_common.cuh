@@ -48,6 +48,44 @@ __device__ __forceinline__ float block_sum(float v) {
   return warp_sum(v);
 }
 
+// A row reduced by a whole block or by one warp (the norm kernels pick per row width).
+template <bool kBlockPerRow>
+__device__ __forceinline__ float row_sum(float v) {
+  if constexpr (kBlockPerRow) return block_sum(v);
+  else return warp_sum(v);
+}
+
+// Online softmax statistics: a running max and the sum of exp(x - max), merged across threads
+// without a second pass over the row (softmax and cross-entropy).
+struct MaxSum {
+  float m, s;  // running max and sum of exp(x - m)
+};
+
+__device__ __forceinline__ MaxSum maxsum_merge(MaxSum a, MaxSum b) {
+  float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.f};
+  return {m, a.s * __expf(a.m - m) + b.s * __expf(b.m - m)};
+}
+__device__ __forceinline__ MaxSum add_value(MaxSum a, float x) {
+  if (x == -INFINITY) return a;
+  if (x > a.m) return {x, a.s * __expf(a.m - x) + 1.f};
+  return {a.m, a.s + __expf(x - a.m)};
+}
+__device__ __forceinline__ MaxSum warp_merge(MaxSum v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v = maxsum_merge(v, {__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)});
+  return v;
+}
+__device__ __forceinline__ MaxSum block_merge(MaxSum v) {
+  __shared__ MaxSum shared[32];  // a block size that is a multiple of 32
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_merge(v);
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < int(blockDim.x >> 5) ? shared[lane] : MaxSum{-INFINITY, 0.f};
+  return warp_merge(v);
+}
+
 inline unsigned ceil_div(long long a, long long b) { return unsigned((a + b - 1) / b); }
 
 // VEC consecutive elements moved as one load/store.

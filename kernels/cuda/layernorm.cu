@@ -16,11 +16,6 @@
 namespace zp::kernels::cuda {
 namespace {
 
-template <bool kBlockPerRow>
-__device__ __forceinline__ float row_sum(float v) {
-  if constexpr (kBlockPerRow) return block_sum(v);
-  else return warp_sum(v);
-}
 
 template <class T, int VEC, bool kBlockPerRow>
 __global__ void layernorm_forward_kernel(T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd,

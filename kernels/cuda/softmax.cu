@@ -11,34 +11,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kWarpRowMaxC = 1024;  // rows up to this length get one warp each
 
-struct MaxSum {
-  float m, s;  // running max and sum of exp(x - m)
-};
-
-__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
-  float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return {m, 0.f};
-  return {m, a.s * __expf(a.m - m) + b.s * __expf(b.m - m)};
-}
-__device__ __forceinline__ MaxSum add_value(MaxSum a, float x) {
-  if (x == -INFINITY) return a;
-  if (x > a.m) return {x, a.s * __expf(a.m - x) + 1.f};
-  return {a.m, a.s + __expf(x - a.m)};
-}
-__device__ __forceinline__ MaxSum warp_merge(MaxSum v) {
-  for (int o = 16; o > 0; o >>= 1)
-    v = merge(v, {__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)});
-  return v;
-}
-__device__ __forceinline__ MaxSum block_merge(MaxSum v) {
-  __shared__ MaxSum shared[32];
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_merge(v);
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  v = lane < int(blockDim.x >> 5) ? shared[lane] : MaxSum{-INFINITY, 0.f};
-  return warp_merge(v);
-}
 
 // WHOLE_BLOCK: one row per block; otherwise one row per warp.
 template <class T, bool WHOLE_BLOCK>
