@@ -4,11 +4,17 @@
 
 namespace zp::test {
 
-// Final parameters whose fp32 trajectory is rounding noise amplified by AdamW (see below).
-static bool ill_conditioned_final(const std::string& name) {
+// Final parameters whose trajectory is rounding noise amplified by AdamW (see below); in bf16 also
+// GPT-2's ln_1.bias, whose gradient reaches it partly through the same key path.
+static bool ill_conditioned_final(const std::string& name, const std::string& dtype) {
   return name.rfind("train.final.", 0) == 0 &&
-         (name.find("attn.c_attn.bias") != std::string::npos || name.find("self_attn.k_proj.bias") != std::string::npos);
+         (name.find("attn.c_attn.bias") != std::string::npos || name.find("self_attn.k_proj.bias") != std::string::npos ||
+          (dtype == "bf16" && name.find("ln_1.bias") != std::string::npos));
 }
+// What they must still meet: twice the error of transformers 5.17 itself on the same folders
+// (tests/reference/transformers_golden_parity.py, H200 host: fp32 worst 7.1e-4 for GPT-2's
+// c_attn.bias and 1.6e-3 for Qwen2's k_proj.bias; bf16 0.61 and 0.81), so a wrong update still fails.
+static double ill_conditioned_bound(const std::string& dtype) { return dtype == "bf16" ? 1.0 : 3e-3; }
 
 static void expect_parity(const std::string& model, const std::string& device, const std::string& dtype,
                           bool skip_ill_conditioned = false) {
@@ -17,7 +23,10 @@ static void expect_parity(const std::string& model, const std::string& device, c
   app::ParityReport r = app::run_parity({dir, device, dtype}, /*print=*/false);
   int checked = 0;
   for (const auto& e : r.entries()) {
-    if (skip_ill_conditioned && ill_conditioned_final(e.name)) continue;
+    if (skip_ill_conditioned && ill_conditioned_final(e.name, dtype)) {
+      EXPECT_LE(e.rel_error, ill_conditioned_bound(dtype)) << model << " " << device << " " << dtype << ": " << e.name;
+      continue;
+    }
     ++checked;
     EXPECT_TRUE(e.ok) << model << " " << device << " " << dtype << ": " << e.name << " rel_err " << e.rel_error
                       << " > " << r.tolerance();
@@ -29,11 +38,13 @@ static void expect_parity(const std::string& model, const std::string& device, c
 TEST(Parity, LlamaCpuFp32) { expect_parity("llama-tiny", "cpu", "fp32"); }
 // GPT-2's key bias has an exactly zero gradient (softmax ignores a per-query shift) and Qwen2's is
 // nearly zero in its slow RoPE channels: in fp32 those gradients are rounding noise that AdamW
-// normalises into full-size steps, so the final values of those two bias tensors are not checked
-// here (everything else, their gradients included, is). GPT-2's are checked in fp64 below. Qwen2's
-// cannot be reproduced by any engine that keeps fp32 gradients: even in fp64 compute its gradient
-// matches the reference to 2e-7 (fp32 accumulation, and the reference itself is stored in fp32),
-// and AdamW turns that into a 4e-4 difference of the final value.
+// normalises into full-size steps, so the final values of those two bias tensors are held only to
+// the bound above (everything else, their gradients included, is held to the tolerance). The
+// reference implementation misses the tolerance on exactly these tensors too (transformers 5.17,
+// fp32: 5.4e-4 to 7.1e-4 for GPT-2, 6.1e-4 to 1.6e-3 for Qwen2, CPU and GPU). GPT-2's are checked in
+// full in fp64 below. Qwen2's cannot be reproduced by any engine that keeps fp32 gradients: even in
+// fp64 compute its gradient matches the reference to 2e-7 (fp32 accumulation, and the reference
+// itself is stored in fp32), and AdamW turns that into a 4e-4 difference of the final value.
 TEST(Parity, Gpt2CpuFp32) { expect_parity("gpt2-tiny", "cpu", "fp32", true); }
 TEST(Parity, Qwen2CpuFp32) { expect_parity("qwen2-tiny", "cpu", "fp32", true); }
 TEST(Parity, Gpt2CpuFp64) { expect_parity("gpt2-tiny", "cpu", "fp64"); }
@@ -45,6 +56,14 @@ TEST(ParityGpu, AllLmsCudaFp32) {
   expect_parity("llama-tiny", "cuda", "fp32");
   expect_parity("gpt2-tiny", "cuda", "fp32", true);
   expect_parity("qwen2-tiny", "cuda", "fp32", true);
+}
+// bf16 operands, fp32 accumulation and master weights: tolerance 3e-2 for everything but the
+// ill-conditioned finals (transformers' bf16 autocast misses those by as much: 0.57-0.81, 0.10).
+TEST(ParityGpu, AllLmsCudaBf16) {
+  ZP_SKIP_WITHOUT_GPU();
+  expect_parity("llama-tiny", "cuda", "bf16");
+  expect_parity("gpt2-tiny", "cuda", "bf16", true);
+  expect_parity("qwen2-tiny", "cuda", "bf16", true);
 }
 
 TEST(Parity, BadFoldersAreClearErrors) {
