@@ -11,6 +11,11 @@ namespace {
 double gelu_ref(double x) {
   return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
 }
+// d gelu / dx by central differences of gelu_ref (independent of the closed form the kernels use).
+double gelu_grad_ref(double x) {
+  const double h = 1e-5;
+  return (gelu_ref(x + h) - gelu_ref(x - h)) / (2 * h);
+}
 
 // One GEMM problem. Operands are stored with padded leading dimensions (ld = natural + pad) and
 // start `offset` elements into their buffers, so odd leading dimensions and unaligned pointers
@@ -38,6 +43,7 @@ struct Case {
   size_t size_c() const { return size_t(offset + batch * stride_c()); }
   bool has_bias() const { return ep == GemmEpilogue::Bias || ep == GemmEpilogue::BiasGelu; }
   bool has_gelu() const { return ep == GemmEpilogue::Gelu || ep == GemmEpilogue::BiasGelu; }
+  bool reads_aux() const { return ep == GemmEpilogue::DGelu; }
 };
 
 std::string describe(const Case& c) {
@@ -63,7 +69,12 @@ void naive_gemm(const Case& c, const std::vector<double>& a, const std::vector<d
         double& out = cm[size_t(c.offset + p * c.stride_c() + i * c.ldc() + j)];
         double pre = c.alpha * sum + (c.beta != 0 ? c.beta * out : 0.0);
         if (c.has_bias()) pre += bias[size_t(j)];
-        if (aux) (*aux)[size_t((p * c.M + i) * c.N + j)] = pre;
+        const size_t ai = size_t((p * c.M + i) * c.N + j);
+        if (c.reads_aux()) {
+          out = pre * gelu_grad_ref((*aux)[ai]);
+          continue;
+        }
+        if (aux) (*aux)[ai] = pre;
         out = c.has_gelu() ? gelu_ref(pre) : pre;
       }
 }
@@ -83,10 +94,11 @@ void expect_cpu_matches_naive(const Case& c, uint64_t seed) {
   auto c0 = to_double(randn(c.size_c(), seed + 2)), bias = to_double(randn(size_t(c.N), seed + 3));
   std::vector<double> got = c0, want = c0;
   std::vector<double> aux_got(size_t(c.batch * c.M * c.N)), aux_want(aux_got.size());
+  if (c.reads_aux()) aux_got = aux_want = to_double(randn(aux_got.size(), seed + 4));
   cpu_gemm(c, DType::F64, DType::F64, a.data(), b.data(), got.data(), c.has_bias() ? bias.data() : nullptr,
            c.with_aux ? aux_got.data() : nullptr);
   naive_gemm(c, a, b, want, bias, c.with_aux ? &aux_want : nullptr);
-  EXPECT_LE(rel_error(got, want), 1e-13) << describe(c);
+  EXPECT_LE(rel_error(got, want), c.reads_aux() ? 1e-9 : 1e-13) << describe(c);  // DGelu: vs a finite difference
   if (c.with_aux) EXPECT_LE(rel_error(aux_got, aux_want), 1e-13) << describe(c);
 }
 
@@ -112,6 +124,13 @@ TEST(Gemm, CpuHandChecked) {
   EXPECT_NEAR(g[1], -0.1588080f, 1e-6f);
   EXPECT_EQ(g[2], 0.f);
   EXPECT_EQ(aux, x);
+  // DGelu: C = (A B) * gelu'(aux) with A B = 2: gelu'(1) = 1.082964, gelu'(-1) = -0.082964, gelu'(0) = 0.5.
+  std::vector<float> ones = {1, 1, 1}, two = {2};
+  cpu::gemm(nullptr, DType::F32, DType::F32, false, false, 3, 1, 1, 1.f, ones.data(), 1, two.data(), 1, 0.f, g.data(),
+            1, GemmEpilogue::DGelu, nullptr, x.data());
+  EXPECT_NEAR(g[0], 2.165929f, 1e-5f);
+  EXPECT_NEAR(g[1], -0.165929f, 1e-5f);
+  EXPECT_EQ(g[2], 1.f);
 }
 
 TEST(Gemm, CpuMatchesNaiveAllTransposes) {
@@ -126,6 +145,15 @@ TEST(Gemm, CpuMatchesNaiveAllTransposes) {
             c.offset = pad;
             expect_cpu_matches_naive(c, seed += 10);
           }
+}
+
+TEST(Gemm, CpuDGeluMatchesNaive) {
+  uint64_t seed = 900;
+  for (bool ta : {false, true}) {
+    Case c{9, 6, 5, ta, !ta, 0.7f, 0.f, GemmEpilogue::DGelu, true, 2};
+    c.pad = 1;
+    expect_cpu_matches_naive(c, seed += 10);
+  }
 }
 
 TEST(Gemm, CpuBetaZeroIgnoresNanInC) {
@@ -221,11 +249,12 @@ void expect_gpu_matches_cpu(const Case& c, DType ab_dt, DType c_dt, uint64_t see
   const size_t aux_n = size_t(c.batch * c.M * c.N);
 
   std::vector<float> want = c0, want_aux(aux_n);
+  if (c.reads_aux()) want_aux = round_to(randn(aux_n, seed + 4), c_dt);
   cpu_gemm(c, DType::F32, DType::F32, a.data(), b.data(), want.data(), c.has_bias() ? bias.data() : nullptr,
            c.with_aux ? want_aux.data() : nullptr);
 
   Tensor da = upload(a, ab_dt), db = upload(b, ab_dt), dc = upload(c0, c_dt), dbias = upload(bias, ab_dt);
-  Tensor daux = Tensor::zeros({int64_t(aux_n)}, c_dt, Device::cuda());
+  Tensor daux = c.reads_aux() ? upload(want_aux, c_dt) : Tensor::zeros({int64_t(aux_n)}, c_dt, Device::cuda());
   cuda::gemm(nullptr, ab_dt, c_dt, c.ta, c.tb, c.M, c.N, c.K, c.alpha, at(da, c.offset), c.lda(), at(db, c.offset),
              c.ldb(), c.beta, at(dc, c.offset), c.ldc(), c.ep, c.has_bias() ? dbias.data() : nullptr,
              c.with_aux ? daux.data() : nullptr, c.batch, c.stride_a(), c.stride_b(), c.stride_c());
@@ -234,9 +263,9 @@ void expect_gpu_matches_cpu(const Case& c, DType ab_dt, DType c_dt, uint64_t see
   // With an fp32 C the only rounding is the operands', which the reference sees too; so C's dtype
   // decides the tolerance. Except: cuBLASLt's fused GELU evaluates tanh approximately (seen on an
   // H200: up to 3e-5 relative on a 1x3 output), so an fp32 C after GELU gets 1e-4.
-  double tol_c = c.has_gelu() && c_dt == DType::F32 ? 1e-4 : tolerance(c_dt);
+  double tol_c = (c.has_gelu() || c.reads_aux()) && c_dt == DType::F32 ? 1e-4 : tolerance(c_dt);
   EXPECT_LE(rel_error(got, want), tol_c) << what;
-  if (c.with_aux) EXPECT_LE(rel_error(download(daux), want_aux), tolerance(c_dt)) << what << " (aux)";
+  if (c.with_aux && !c.reads_aux()) EXPECT_LE(rel_error(download(daux), want_aux), tolerance(c_dt)) << what << " (aux)";
   // Padding columns between rows and the elements before the first matrix are left untouched.
   for (int64_t i = 0; i < c.offset; ++i) EXPECT_EQ(got[size_t(i)], c0[size_t(i)]) << what;
   if (c.pad > 0) EXPECT_EQ(got[size_t(c.offset + c.N)], c0[size_t(c.offset + c.N)]) << what;
@@ -282,14 +311,14 @@ TEST(GemmGpu, Epilogues) {
   // N = 768 (a multiple of 8) takes cuBLASLt's fused epilogues where it has them; N = 257 and N = 3
   // make the aux leading dimension odd, which takes our own epilogue kernel.
   for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 3, 5}, {129, 257, 63}, {64, 768, 128}})
-    for (GemmEpilogue ep : {GemmEpilogue::Bias, GemmEpilogue::Gelu, GemmEpilogue::BiasGelu})
+    for (GemmEpilogue ep : {GemmEpilogue::Bias, GemmEpilogue::Gelu, GemmEpilogue::BiasGelu, GemmEpilogue::DGelu})
       for (bool with_aux : {false, true}) {
-        if (with_aux && ep == GemmEpilogue::Bias) continue;
+        if ((with_aux && ep == GemmEpilogue::Bias) || (!with_aux && ep == GemmEpilogue::DGelu)) continue;
         for (DType ab : gpu_float_dtypes())
           for (DType cd : c_dtypes_for(ab)) {
             Case c{M, N, K, false, true, 1.f, 0.f, ep, with_aux};
             expect_gpu_matches_cpu(c, ab, cd, seed += 10);
-            c.beta = 0.5f;  // the epilogue applies after beta * C
+            if (ep != GemmEpilogue::DGelu) c.beta = 0.5f;  // the epilogue applies after beta * C
             c.ta = true;
             expect_gpu_matches_cpu(c, ab, cd, seed += 10);
           }

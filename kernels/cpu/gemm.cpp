@@ -13,6 +13,11 @@ double gelu_tanh(double x) {
   return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
 }
 
+double gelu_tanh_grad(double x) {
+  const double k = std::sqrt(2.0 / std::numbers::pi), t = std::tanh(k * (x + 0.044715 * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
 template <class T, class TC>
 void gemm_typed(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha,
                 const T* A, int64_t lda, const T* B, int64_t ldb, double beta, TC* C, int64_t ldc,
@@ -43,6 +48,10 @@ void gemm_typed(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, dou
       double pre = alpha * acc[size_t(j)];
       if (beta != 0) pre += beta * double(C[i * ldc + j]);
       if (has_bias) pre += double(bias[j]);
+      if (ep == GemmEpilogue::DGelu) {
+        C[i * ldc + j] = TC(pre * gelu_tanh_grad(double(aux[i * N + j])));
+        continue;
+      }
       if (has_gelu && aux) aux[i * N + j] = TC(pre);
       C[i * ldc + j] = TC(has_gelu ? gelu_tanh(pre) : pre);
     }
@@ -74,8 +83,10 @@ void gemm(StreamHandle, DType ab_dt, DType c_dt, bool trans_a, bool trans_b, int
            dtype_name(c_dt));
   const bool has_bias = ep == GemmEpilogue::Bias || ep == GemmEpilogue::BiasGelu;
   ZP_CHECK(!has_bias || bias != nullptr, "bias epilogue without a bias");
-  ZP_CHECK(aux == nullptr || ep == GemmEpilogue::Gelu || ep == GemmEpilogue::BiasGelu,
-           "aux is only written by the GELU epilogues");
+  ZP_CHECK(aux == nullptr || ep == GemmEpilogue::Gelu || ep == GemmEpilogue::BiasGelu || ep == GemmEpilogue::DGelu,
+           "aux is only written by the GELU epilogues or read by DGelu");
+  ZP_CHECK(ep != GemmEpilogue::DGelu || (aux != nullptr && beta == 0.f),
+           "the DGelu epilogue reads the pre-activation from aux and takes beta = 0");
   ZP_DISPATCH_FLOAT(ab_dt, T, [&] {
     if (c_dt == ab_dt)
       gemm_batched<T, T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ep, bias, aux,

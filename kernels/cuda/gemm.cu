@@ -112,6 +112,7 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue ep, bool has_aux) {
     case GemmEpilogue::Bias: return CUBLASLT_EPILOGUE_BIAS;
     case GemmEpilogue::Gelu: return has_aux ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_GELU;
     case GemmEpilogue::BiasGelu: return has_aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS;
+    case GemmEpilogue::DGelu: return CUBLASLT_EPILOGUE_DGELU;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -151,7 +152,7 @@ bool try_plan(cublasLtHandle_t handle, const PlanKey& k, cublasLtEpilogue_t epi,
                                                    sizeof(bias_type)));
     set_epilogue_pointers(p.desc, bias, nullptr);
   }
-  if (epi == CUBLASLT_EPILOGUE_GELU_AUX || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+  if (epi == CUBLASLT_EPILOGUE_GELU_AUX || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epi == CUBLASLT_EPILOGUE_DGELU) {
     int64_t aux_ld = k.N, aux_stride = k.M * k.N;
     ZP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
     if (k.batch > 1)
@@ -214,38 +215,49 @@ Plan& get_plan(cublasLtHandle_t handle, const PlanKey& k, const void* bias, void
   return plans().emplace(k, p).first->second;
 }
 
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
 __device__ __forceinline__ float gelu_tanh(float x) {
-  const float k = 0.7978845608028654f;  // sqrt(2/pi)
-  return 0.5f * x * (1.f + tanhf(k * (x + 0.044715f * x * x * x)));
+  return 0.5f * x * (1.f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float gelu_tanh_grad(float x) {
+  const float t = tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kSqrt2OverPi * (1.f + 3.f * 0.044715f * x * x);
 }
 
-// pre = c_scale * C + bias; aux = pre; C = gelu(pre) or pre. c_scale is 1 after a matmul that already
+enum class Act : uint8_t { None, Gelu, DGelu };
+
+// pre = c_scale * C + bias; then Gelu: aux = pre (when given), C = gelu(pre); DGelu: C = pre *
+// gelu'(aux); None: aux = pre (when given), C = pre. c_scale is 1 after a matmul that already
 // applied alpha and beta, or beta when K == 0 (no matmul ran); c_scale == 0 never reads C.
 template <class TC, class TB>
 __global__ void epilogue_kernel(TC* C, int64_t ldc, int64_t stride_c, float c_scale, const TB* bias, TC* aux,
-                                bool gelu, int64_t M, int64_t N, int64_t batch) {
+                                Act act, int64_t M, int64_t N, int64_t batch) {
   const int64_t total = batch * M * N;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
     int64_t j = idx % N, row = idx / N, i = row % M, b = row / M;
     TC* c = C + b * stride_c + i * ldc + j;
     float pre = c_scale != 0.f ? c_scale * to_f(*c) : 0.f;
     if (bias) pre += to_f(bias[j]);
+    if (act == Act::DGelu) {
+      *c = from_f<TC>(pre * gelu_tanh_grad(to_f(aux[idx])));
+      continue;
+    }
     if (aux) aux[idx] = from_f<TC>(pre);
-    *c = from_f<TC>(gelu ? gelu_tanh(pre) : pre);
+    *c = from_f<TC>(act == Act::Gelu ? gelu_tanh(pre) : pre);
   }
 }
 
 template <class T>
 void launch_epilogue(StreamHandle s, DType c_dt, void* C, int64_t ldc, int64_t stride_c, float c_scale,
-                     const void* bias, void* aux, bool gelu, int64_t M, int64_t N, int64_t batch) {
+                     const void* bias, void* aux, Act act, int64_t M, int64_t N, int64_t batch) {
   int64_t total = batch * M * N;
   unsigned grid = unsigned(std::min<int64_t>((total + 255) / 256, 65535 * 8));
   if (c_dt == DType::F32)
     epilogue_kernel<float, T><<<grid, 256, 0, s>>>(static_cast<float*>(C), ldc, stride_c, c_scale,
-                                                   static_cast<const T*>(bias), static_cast<float*>(aux), gelu, M, N, batch);
+                                                   static_cast<const T*>(bias), static_cast<float*>(aux), act, M, N, batch);
   else
     epilogue_kernel<T, T><<<grid, 256, 0, s>>>(static_cast<T*>(C), ldc, stride_c, c_scale, static_cast<const T*>(bias),
-                                               static_cast<T*>(aux), gelu, M, N, batch);
+                                               static_cast<T*>(aux), act, M, N, batch);
   ZP_CUDA_LAUNCH_CHECK();
 }
 
@@ -295,13 +307,15 @@ void gemm(StreamHandle s, DType ab_dt, DType c_dt, bool trans_a, bool trans_b, i
   ZP_CHECK(batch <= INT32_MAX, "batch=", batch);
   const bool has_bias = ep == GemmEpilogue::Bias || ep == GemmEpilogue::BiasGelu;
   const bool has_gelu = ep == GemmEpilogue::Gelu || ep == GemmEpilogue::BiasGelu;
+  const Act act = ep == GemmEpilogue::DGelu ? Act::DGelu : has_gelu ? Act::Gelu : Act::None;
   ZP_CHECK(!has_bias || bias != nullptr, "bias epilogue without a bias");
-  ZP_CHECK(aux == nullptr || has_gelu, "aux is only written by the GELU epilogues");
+  ZP_CHECK(aux == nullptr || has_gelu || act == Act::DGelu, "aux is only written by the GELU epilogues or read by DGelu");
+  ZP_CHECK(act != Act::DGelu || (aux != nullptr && beta == 0.f), "the DGelu epilogue reads aux and takes beta = 0");
   if (M == 0 || N == 0 || batch == 0) return;
 
   if (K == 0) {  // cuBLASLt rejects K == 0; the product is zero, so only beta * C and the epilogue remain
     ZP_CUDA_DISPATCH_FLOAT(ab_dt, T, [&] {
-      launch_epilogue<T>(s, c_dt, C, ldc, stride_c, beta, has_bias ? bias : nullptr, aux, has_gelu, M, N, batch);
+      launch_epilogue<T>(s, c_dt, C, ldc, stride_c, beta, has_bias ? bias : nullptr, aux, act, M, N, batch);
     });
     return;
   }
@@ -326,7 +340,7 @@ void gemm(StreamHandle s, DType ab_dt, DType c_dt, bool trans_a, bool trans_b, i
     // Bit-for-bit this rounds pre to c_dt before the GELU, which the fused path does not: within
     // c_dt's precision either way.
     ZP_CUDA_DISPATCH_FLOAT(ab_dt, T, [&] {
-      launch_epilogue<T>(s, c_dt, C, ldc, stride_c, 1.f, has_bias ? bias : nullptr, aux, has_gelu, M, N, batch);
+      launch_epilogue<T>(s, c_dt, C, ldc, stride_c, 1.f, has_bias ? bias : nullptr, aux, act, M, N, batch);
     });
   }
 }

@@ -41,8 +41,28 @@ void Linear::forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t ld
                  ldy ? ldy : out_, b_ ? GemmEpilogue::Bias : GemmEpilogue::None, b_ ? b_->v() : nullptr);
 }
 
+void Linear::forward_gelu(const Ctx& c, void* y, void* pre, const void* x, int64_t N) const {
+  ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, c.dt, false, true, N, out_, in_, 1.f, x, in_, w_->v(), in_, 0.f, y, out_,
+                 b_ ? GemmEpilogue::BiasGelu : GemmEpilogue::Gelu, b_ ? b_->v() : nullptr, pre);
+}
+
+void Linear::backward_input_gelu(const Ctx& c, void* dpre, const void* dy, const void* gelu_pre, int64_t N) const {
+  ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, c.dt, false, false, N, in_, out_, 1.f, dy, out_, w_->v(), in_, 0.f, dpre, in_,
+                 GemmEpilogue::DGelu, nullptr, const_cast<void*>(gelu_pre));
+}
+
 void Linear::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, bool accumulate_dx,
                       int64_t lddy) const {
+  backward_params(c, dy, x, N, lddy);
+  if (dx) backward_input(c, dx, dy, N, accumulate_dx, lddy);
+}
+
+void Linear::backward_input(const Ctx& c, void* dx, const void* dy, int64_t N, bool accumulate_dx, int64_t lddy) const {
+  ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, c.dt, false, false, N, in_, out_, 1.f, dy, lddy ? lddy : out_, w_->v(), in_,
+                 accumulate_dx ? 1.f : 0.f, dx, in_);
+}
+
+void Linear::backward_params(const Ctx& c, const void* dy, const void* x, int64_t N, int64_t lddy) const {
   if (!lddy) lddy = out_;
   // dW[out, in] += dy^T[out, N] x[N, in], accumulated in fp32
   ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, DType::F32, true, false, out_, in_, N, 1.f, dy, lddy, x, in_, 1.f, w_->g(),
@@ -51,9 +71,6 @@ void Linear::backward(const Ctx& c, void* dx, const void* dy, const void* x, int
     ZP_CHECK(lddy == out_, "Linear ", w_->name, ": bias gradient needs a dense dy");
     ZP_KERNEL_CALL(c.dev, bias_grad, c.s, c.dt, b_->g(), dy, N, out_);
   }
-  if (dx)
-    ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, c.dt, false, false, N, in_, out_, 1.f, dy, lddy, w_->v(), in_,
-                   accumulate_dx ? 1.f : 0.f, dx, in_);
 }
 
 }  // namespace zp::nn

@@ -24,10 +24,19 @@ class Linear {
 
   // y = x W^T + b (ldy: row stride of y, 0 = out)
   void forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t ldy = 0) const;
+  // y = gelu(pre), pre = x W^T + b, both from one GEMM (its epilogue applies the tanh GELU).
+  void forward_gelu(const Ctx& c, void* y, void* pre, const void* x, int64_t N) const;
   // dW += dy^T x, db += colsum(dy); dx = dy W (or dx += when accumulate_dx); dx may be nullptr.
   // lddy: row stride of dy (0 = out).
   void backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, bool accumulate_dx = false,
                 int64_t lddy = 0) const;
+  // The two halves of backward(): parameter gradients, and the input gradient.
+  void backward_params(const Ctx& c, const void* dy, const void* x, int64_t N, int64_t lddy = 0) const;
+  void backward_input(const Ctx& c, void* dx, const void* dy, int64_t N, bool accumulate_dx = false,
+                      int64_t lddy = 0) const;
+  // The input half, for an input that was gelu(gelu_pre): dpre = (dy W) * gelu'(gelu_pre) straight
+  // from the GEMM's epilogue, so no separate GELU backward pass (dy dense).
+  void backward_input_gelu(const Ctx& c, void* dpre, const void* dy, const void* gelu_pre, int64_t N) const;
 
  private:
   Parameter* w_ = nullptr;  // first of the packed weights: its value/grad start the fused matrix

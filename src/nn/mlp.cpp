@@ -15,26 +15,32 @@ void Mlp::activate(const Ctx& c, void* h, const void* pre, int64_t N) const {
 
 void Mlp::forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved) const {
   saved.pre = c.act({N, up_.out()});
-  up_.forward(c, saved.pre.data(), x, N);
   Tensor h = c.act({N, hidden()});
-  activate(c, h.data(), saved.pre.data(), N);
+  if (kind_ == MlpKind::GeluTanh) {
+    up_.forward_gelu(c, h.data(), saved.pre.data(), x, N);
+  } else {
+    up_.forward(c, saved.pre.data(), x, N);
+    activate(c, h.data(), saved.pre.data(), N);
+  }
   down_.forward(c, y, h.data(), N);
 }
 
 void Mlp::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, const Saved& saved,
                    bool accumulate_dx) const {
   const int64_t F = hidden();
-  Tensor dh = c.act({N, F});
   {
     Tensor h = c.act({N, F});
     activate(c, h.data(), saved.pre.data(), N);
-    down_.backward(c, dh.data(), dy, h.data(), N);
+    down_.backward_params(c, dy, h.data(), N);
   }
   Tensor dpre = c.act({N, up_.out()});
-  if (kind_ == MlpKind::GeluTanh)
-    ZP_KERNEL_CALL(c.dev, gelu_backward, c.s, c.dt, dpre.data(), dh.data(), saved.pre.data(), N * F, GeluKind::Tanh);
-  else
+  if (kind_ == MlpKind::GeluTanh) {
+    down_.backward_input_gelu(c, dpre.data(), dy, saved.pre.data(), N);
+  } else {
+    Tensor dh = c.act({N, F});
+    down_.backward_input(c, dh.data(), dy, N);
     ZP_KERNEL_CALL(c.dev, swiglu_backward_packed, c.s, c.dt, dpre.data(), dh.data(), saved.pre.data(), N, F);
+  }
   up_.backward(c, dx, dpre.data(), x, N, accumulate_dx);
 }
 

@@ -12,7 +12,9 @@ class Mlp {
  public:
   // Only the up projection's output is kept: the activation (input of the down projection) is
   // recomputed in the backward, which costs one cheap pointwise pass and saves N x F activations
-  // per layer (a quarter of a GPT-2 layer's saved memory).
+  // per layer (a quarter of a GPT-2 layer's saved memory). GELU runs inside the GEMMs' epilogues:
+  // the up projection writes gelu(pre) and pre at once, and the down projection's input gradient
+  // comes out already multiplied by gelu'(pre).
   struct Saved {
     Tensor pre;  // [N, F] (GELU) or [N, 2F] (SwiGLU)
   };
