@@ -16,7 +16,7 @@ struct Conv2dShape {
   bool operator==(const Conv2dShape&) const = default;
 };
 
-// y = conv(x, w) + bias (bias may be nullptr).
+// y = conv(x, w) + bias (bias may be nullptr); in 16-bit dtypes the sum is rounded once.
 ZP_KERNEL(void conv2d_forward(StreamHandle s, DType dt, void* y, const void* x, const void* w, const void* bias,
                               const Conv2dShape& shape))
 // dx = conv_transpose(dy, w)  (written).

@@ -21,7 +21,33 @@ std::string describe(const Conv2dShape& c) {
                      "] stride ", c.stride_h, "x", c.stride_w, " pad ", c.pad_h, "x", c.pad_w);
 }
 
+// A bf16 case that tells one rounding of conv + bias from two: a 1x1 filter of ones over x0 = 1 and
+// x1 = 3 * 2^-10 gives 1 + 3 * 2^-10, which bf16 alone rounds down to 1; with the bias 2^-9 the exact
+// sum 1 + 5 * 2^-10 rounds up to 1 + 2^-7. Rounding the product before adding the bias gives 1.
+struct BiasRoundingCase {
+  Conv2dShape c = conv_shape(2, 2, 4, 4, 8, 1, 1, 1, 1, 0, 0);
+  std::vector<float> x, w, b;
+  const float want = 1.f + std::ldexp(1.f, -7);
+  BiasRoundingCase() {
+    for (int64_t n = 0; n < c.N; ++n) {
+      x.insert(x.end(), size_t(c.H * c.W), 1.f);
+      x.insert(x.end(), size_t(c.H * c.W), 3.f * std::ldexp(1.f, -10));
+    }
+    w.assign(size_t(c.w_numel()), 1.f);
+    b.assign(size_t(c.Cout), std::ldexp(1.f, -9));
+  }
+};
+
 }  // namespace
+
+TEST(Conv2d, CpuBf16BiasRoundsOnce) {
+  BiasRoundingCase k;
+  Tensor y = Tensor::empty({k.c.y_numel()}, DType::BF16, Device::cpu());
+  Tensor x = upload(k.x, DType::BF16, Device::cpu()), w = upload(k.w, DType::BF16, Device::cpu()),
+         b = upload(k.b, DType::BF16, Device::cpu());
+  cpu::conv2d_forward(nullptr, DType::BF16, y.data(), x.data(), w.data(), b.data(), k.c);
+  for (float v : download(y)) ASSERT_EQ(v, k.want);
+}
 
 TEST(Conv2d, CpuHandChecked) {
   // x = 1..9 in a 3x3 image, w = [[1, 0], [0, -1]], bias 0.5, pad 1, stride 2 -> 2x2 output.
@@ -143,6 +169,15 @@ TEST(Conv2dGpu, MatchesCpu) {
       EXPECT_LE(rel_error(download(gdw), dw_twice), tolerance(dt)) << "dw accumulated twice";
     }
   }
+}
+
+TEST(Conv2dGpu, Bf16BiasRoundsOnce) {
+  ZP_SKIP_WITHOUT_GPU();
+  BiasRoundingCase k;
+  Tensor y = Tensor::empty({k.c.y_numel()}, DType::BF16, Device::cuda());
+  Tensor x = upload(k.x, DType::BF16), w = upload(k.w, DType::BF16), b = upload(k.b, DType::BF16);
+  cuda::conv2d_forward(nullptr, DType::BF16, y.data(), x.data(), w.data(), b.data(), k.c);
+  for (float v : download(y)) ASSERT_EQ(v, k.want) << "conv + bias rounded twice?";
 }
 
 }  // namespace zp::test
