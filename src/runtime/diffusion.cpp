@@ -372,7 +372,8 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
     }
     Tensor tgt = upload(target, {B, n}, DType::F32, dev, s), wts = upload(weights, {B}, DType::F32, dev, s);
     Tensor losses = Tensor::empty({B}, DType::F32, dev, "metrics", s);
-    Tensor pred = model.forward(in, train_step && cfg.activation_checkpointing);
+    // Validation too: a plain forward keeps every activation, the peak checkpointing is there to avoid.
+    Tensor pred = model.forward(in, cfg.activation_checkpointing);
     ZP_KERNEL_CALL(dev, mse_forward, s, cfg.dtype, losses.data<float>(), pred.data(), tgt.data<float>(),
                    wts.data<float>(), B, n);
     if (train_step) {
