@@ -5,8 +5,9 @@
 // update, timed with CUDA events. Reports samples/s, achieved TFLOP/s and MFU against the device's
 // dense bf16 peak (FLOPs from runtime::unet_train_flops_per_sample), and peak device memory (the
 // engine allocator's peak, and everything the process holds on the device including library
-// workspaces). The UNet has no activation checkpointing yet, so there is no checkpointed variant.
-// --benchmark_format=json for CI tracking.
+// workspaces). Each runs plain (ckpt:0) and with activation checkpointing (ckpt:1, models/unet.h:
+// every ResBlock and transformer block re-runs its forward in the backward), so one run reports the
+// memory saved and the time it costs. --benchmark_format=json for CI tracking.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -117,7 +118,7 @@ Tensor random_tensor(const Shape& shape, DType dt, uint64_t seed, StreamHandle s
   return h.to(Device::cuda(0), s);
 }
 
-void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L) {
+void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, bool checkpoint) {
   const auto cfg = models::UNetConfig::from_hub_json(hub, "bench");
   const int64_t S = hub["sample_size"].get<int64_t>(), C = cfg.in_channels, n = C * S * S;
   const int64_t D = cfg.cross_dim.back(), E = cfg.text_time ? cfg.add_in_dim - 6 * cfg.add_time_dim : 0;
@@ -156,7 +157,7 @@ void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L) {
     size_t min_free = free0;
     auto step = [&] {
       engine.begin_step();
-      Tensor pred = model.forward(in);
+      Tensor pred = model.forward(in, checkpoint);
       kernels::cuda::mse_forward(s, DType::BF16, losses.data<float>(), pred.data(), target.data<float>(), nullptr, B, n);
       Tensor dpred = Tensor::empty(pred.shape(), DType::BF16, Device::cuda(0), "activations", s);
       kernels::cuda::mse_backward(s, DType::BF16, dpred.data(), pred.data(), target.data<float>(), nullptr, 1.f, B, n);
@@ -181,10 +182,12 @@ void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L) {
   stream.synchronize();
 }
 
-void BM_TrainStepSd15(benchmark::State& st) { train_step(st, sd15_config(), st.range(0), 77); }
-void BM_TrainStepSdxl(benchmark::State& st) { train_step(st, sdxl_config(), st.range(0), 77); }
-BENCHMARK(BM_TrainStepSd15)->ArgNames({"B"})->Arg(8)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(10);
-BENCHMARK(BM_TrainStepSdxl)->ArgNames({"B"})->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+void BM_TrainStepSd15(benchmark::State& st) { train_step(st, sd15_config(), st.range(0), 77, st.range(1)); }
+void BM_TrainStepSdxl(benchmark::State& st) { train_step(st, sdxl_config(), st.range(0), 77, st.range(1)); }
+BENCHMARK(BM_TrainStepSd15)->ArgNames({"B", "ckpt"})->Args({8, 0})->Args({8, 1})
+    ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(10);
+BENCHMARK(BM_TrainStepSdxl)->ArgNames({"B", "ckpt"})->Args({2, 0})->Args({2, 1})
+    ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
 
 }  // namespace zp::bench
 

@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 
+#ifdef ZP_WITH_CUDA
 #define ZP_KERNEL(...)   \
   namespace cpu {        \
   __VA_ARGS__;           \
@@ -18,6 +19,17 @@
   namespace cuda {       \
   __VA_ARGS__;           \
   }
+#else
+// A CPU-only build has no CUDA kernels, but code that names them (the GPU tests, which skip without a
+// device) still links: each cuda::op is defined to fail if it is ever called.
+#define ZP_KERNEL(...)                                                                \
+  namespace cpu {                                                                     \
+  __VA_ARGS__;                                                                        \
+  }                                                                                   \
+  namespace cuda {                                                                    \
+  [[noreturn]] inline __VA_ARGS__ { ZP_FATAL("a CUDA kernel called in a CPU-only build"); } \
+  }
+#endif
 
 #ifdef ZP_WITH_CUDA
 #define ZP_KERNEL_CALL(dev, op, ...) \

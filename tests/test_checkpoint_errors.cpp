@@ -1,6 +1,7 @@
 // Checkpoints in the training loop, one process: what --resume refuses (a truncated file, a file that
-// is not HDF5, a checkpoint of another model, a weights file, a missing file), each with an error
-// naming the file and, where one is at fault, the dataset or config key; a save that fails leaves
+// is not HDF5, a checkpoint of another model, of another model family (an LM's for a UNet and back),
+// a weights file, a missing file), each with an error naming the file and, where one is at fault, the
+// model family, dataset or config key; a save that fails leaves
 // the previous checkpoint intact and no temporary file; and on one rank an fp16 run with loss
 // scaling resumes bit for bit, overflow-skipped steps and all.
 #include <gtest/gtest.h>
@@ -14,11 +15,13 @@
 #include <memory>
 #include <random>
 
+#include "app/make_latents.h"
 #include "comm/bootstrap.h"
 #include "core/error.h"
 #include "io/checkpoint_file.h"
 #include "io/config.h"
 #include "io/token_dataset.h"
+#include "runtime/diffusion.h"
 #include "runtime/train_config.h"
 #include "runtime/trainer.h"
 
@@ -175,6 +178,62 @@ TEST(CheckpointErrors, ResumeRefusesBadFilesNamingThem) {
   const TrainResult again = train(config(data, llama(), "", 4, 0, good), *rt);
   EXPECT_EQ(again.first_step, 2);
   EXPECT_EQ(again.losses.size(), 2u);
+}
+
+// A tiny UNet (SD layout) on 8x8 latents; `width` changes the second block's channels.
+io::json tiny_unet(int width = 32) {
+  return {{"block_out_channels", {16, width}},
+          {"down_block_types", {"CrossAttnDownBlock2D", "DownBlock2D"}},
+          {"up_block_types", {"UpBlock2D", "CrossAttnUpBlock2D"}},
+          {"layers_per_block", 1},
+          {"attention_head_dim", 8},
+          {"cross_attention_dim", 16},
+          {"norm_num_groups", 8},
+          {"sample_size", 8}};
+}
+
+UNetTrainConfig unet_config(const std::string& latents, const io::json& unet, const std::string& dir, int64_t steps,
+                            int64_t save_every, const std::string& resume = "") {
+  io::json user = {{"train_micro_batch_size_per_gpu", 4},
+                   {"steps_per_print", 1000},
+                   {"model", {{"type", "unet"}, {"config", unet}}},
+                   {"data", {{"train_files", {latents}}}},
+                   {"checkpoint", {{"dir", dir}, {"save_every", save_every}, {"keep_last", 0}}},
+                   {"training", {{"max_steps", steps}, {"device", "cpu"}}}};
+  UNetTrainConfig c = UNetTrainConfig::from(io::Config(train_schema_with_diffusion(), user, "checkpoint-errors-test"));
+  c.common.resume = resume;
+  return c;
+}
+
+TEST(CheckpointErrors, UNetResumeRefusesOtherModelsNamingThem) {
+  RuntimeLease rt;
+  Dir d("unet");
+  const std::string tokens = token_file(d), latents = d / "latents.h5";
+  app::make_latents(latents, tiny_unet().dump(), 16, 3);
+  const TrainResult unet = train_unet(unet_config(latents, tiny_unet(), d / "unet", 2, 2), *rt);
+  const TrainResult lm = train(config(tokens, llama(), d / "lm", 1, 1), *rt);
+  ASSERT_EQ(unet.saved.size(), 1u);
+  ASSERT_EQ(lm.saved.size(), 1u);
+
+  // An LM's checkpoint for a UNet run, and a UNet's for an LM run: the family is named first.
+  expect_error([&] { train_unet(unet_config(latents, tiny_unet(), "", 3, 0, lm.saved[0]), *rt); },
+               {lm.saved[0], "a checkpoint of a transformer model", "this run trains a unet"});
+  expect_error([&] { train(config(tokens, llama(), "", 3, 0, unet.saved[0]), *rt); },
+               {unet.saved[0], "a checkpoint of a unet model", "this run trains a transformer"});
+  // A UNet of another width: the dataset whose shape differs, and the config key behind it.
+  expect_error([&] { train_unet(unet_config(latents, tiny_unet(48), "", 3, 0, unet.saved[0]), *rt); },
+               {unet.saved[0], "dataset '/model/", "block_out_channels"});
+  // The same UNet with another setting that no shape shows.
+  io::json eps = tiny_unet();
+  eps["norm_eps"] = 1e-6;
+  expect_error([&] { train_unet(unet_config(latents, eps, "", 3, 0, unet.saved[0]), *rt); },
+               {unet.saved[0], "'norm_eps'", "absent in the checkpoint"});
+
+  // The right model resumes, and continues the step count.
+  const TrainResult again = train_unet(unet_config(latents, tiny_unet(), "", 3, 0, unet.saved[0]), *rt);
+  EXPECT_EQ(again.first_step, 2);
+  EXPECT_EQ(again.resumed_from, unet.saved[0]);
+  EXPECT_EQ(again.losses.size(), 1u);
 }
 
 TEST(CheckpointErrors, LatestWithNoCheckpointStartsFresh) {

@@ -1,9 +1,13 @@
 // The diffusion UNet: parity with diffusers (../shared/golden unet-sd-tiny and unet-sdxl-tiny) on
-// the CPU and the GPU, the sinusoidal time embedding, and config errors that name the key.
+// the CPU and the GPU, activation checkpointing against the plain forward and backward, the
+// sinusoidal time embedding, and config errors that name the key.
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "app/unet_parity.h"
+#include "core/allocator.h"
+#include "io/safetensors.h"
 #include "models/unet.h"
 #include "nn/cross_attention.h"
 #include "test_util.h"
@@ -44,6 +48,86 @@ TEST(UNetParityGpu, SdAndSdxlBf16) {
   ZP_SKIP_WITHOUT_GPU();
   expect_unet_parity("unet-sd-tiny", Device::cuda(0), DType::BF16);
   expect_unet_parity("unet-sdxl-tiny", Device::cuda(0), DType::BF16);
+}
+
+// One forward and backward of a golden model on its reference inputs: what checkpointing must not
+// change, and the peak of activation memory above what was held before the forward.
+struct GoldenRun {
+  std::vector<float> out, dsample;
+  std::vector<std::string> names;
+  std::vector<std::vector<float>> grads;  // per parameter, as names
+  size_t peak_activations = 0;            // bytes
+};
+
+static GoldenRun run_golden_unet(const std::string& dir, Device dev, DType dt, bool checkpoint) {
+  std::ifstream in(dir + "/config.json");
+  const auto cfg = models::UNetConfig::from_hub_json(json::parse(in), dir);
+  models::UNet model(cfg, dev, dt);
+  model.load(io::SafetensorsCollection::open_dir(dir, "diffusion_pytorch_model"));
+  io::SafetensorsFile ref(dir + "/io.safetensors");
+  auto host_floats = [&](const std::string& name) { return download(ref.read_as(name, DType::F32)); };
+  models::UNetInputs inputs;
+  inputs.sample = ref.read_as("input.sample", dt).to(dev);
+  inputs.timesteps = host_floats("input.timestep");
+  inputs.encoder_hidden_states = ref.read_as("input.encoder_hidden_states", dt).to(dev);
+  if (cfg.text_time) {
+    inputs.text_embeds = ref.read_as("input.text_embeds", dt).to(dev);
+    inputs.time_ids = host_floats("input.time_ids");
+  }
+  const Tensor dout = ref.read_as("grad_output.sample", dt).to(dev);
+
+  Allocator& alloc = allocator_for(dev);
+  const size_t held = alloc.stats().current_by_tag["activations"];
+  alloc.reset_peak();
+  GoldenRun r;
+  r.out = download(model.forward(inputs, checkpoint));
+  r.dsample = download(model.backward(dout));
+  r.peak_activations = alloc.stats().peak_by_tag["activations"] - held;
+  for (nn::Parameter* p : model.parameters()) {
+    r.names.push_back(p->name);
+    r.grads.push_back(download(p->grad));
+  }
+  return r;
+}
+
+// Checkpointing re-runs the same kernels on the same inputs: the output, the input gradient and every
+// parameter gradient are those of the plain run, bit for bit on the CPU (tol = 0) and to `tol` on
+// the GPU, where kernels may accumulate in another order from run to run. It must also hold less.
+static void expect_checkpointing_changes_nothing(const std::string& model, Device dev, DType dt, double tol) {
+  const std::string dir = golden_path(model);
+  if (dir.empty()) GTEST_SKIP() << "golden folder " << model << " not found (set ZP_GOLDEN_DIR)";
+  const GoldenRun plain = run_golden_unet(dir, dev, dt, false), ckpt = run_golden_unet(dir, dev, dt, true);
+  const std::string what = model + " " + dev.str() + " " + std::string(dtype_name(dt));
+  auto expect_same = [&](const std::vector<float>& a, const std::vector<float>& b, const std::string& name) {
+    ASSERT_EQ(a.size(), b.size()) << what << ": " << name;
+    if (tol == 0)
+      EXPECT_EQ(a, b) << what << ": " << name << " differs with checkpointing";
+    else
+      EXPECT_LE(rel_error(a, b), tol) << what << ": " << name;
+  };
+  expect_same(ckpt.out, plain.out, "output");
+  expect_same(ckpt.dsample, plain.dsample, "input gradient");
+  ASSERT_EQ(ckpt.grads.size(), plain.grads.size());
+  for (size_t i = 0; i < plain.grads.size(); ++i) expect_same(ckpt.grads[i], plain.grads[i], "gradient of " + plain.names[i]);
+  EXPECT_LT(ckpt.peak_activations, plain.peak_activations) << what;
+  std::printf("%s: peak activation memory %zu bytes plain, %zu checkpointed (%.0f%%)\n", what.c_str(),
+              plain.peak_activations, ckpt.peak_activations,
+              100.0 * double(ckpt.peak_activations) / double(plain.peak_activations));
+}
+
+TEST(UNet, CheckpointingChangesNoGradientSdTinyCpu) {
+  expect_checkpointing_changes_nothing("unet-sd-tiny", Device::cpu(), DType::F32, 0);
+}
+TEST(UNet, CheckpointingChangesNoGradientSdxlTinyCpu) {
+  expect_checkpointing_changes_nothing("unet-sdxl-tiny", Device::cpu(), DType::F32, 0);
+  expect_checkpointing_changes_nothing("unet-sdxl-tiny", Device::cpu(), DType::BF16, 0);
+}
+TEST(UNetCheckpointingGpu, ChangesNoGradientSdAndSdxlTiny) {
+  ZP_SKIP_WITHOUT_GPU();
+  for (const char* model : {"unet-sd-tiny", "unet-sdxl-tiny"}) {
+    expect_checkpointing_changes_nothing(model, Device::cuda(0), DType::F32, 1e-6);
+    expect_checkpointing_changes_nothing(model, Device::cuda(0), DType::BF16, 1e-2);
+  }
 }
 
 // diffusers' get_timestep_embedding, by hand: flip puts cos first, freq_shift moves the denominator.

@@ -135,11 +135,11 @@ int cmd_train(int argc, char** argv) {
   zp::io::Config cfg = zp::io::Config::from_file(zp::runtime::train_schema_with_diffusion(), config_path);
   for (const auto& s : sets) cfg.set(s);
   const bool unet = cfg.get<std::string>("model.type") == "unet";
-  if (unet && !resume.empty()) throw zp::Error("--resume: checkpoints of UNet training are not supported yet");
   std::optional<zp::runtime::UNetTrainConfig> uc;
   std::optional<zp::runtime::TrainConfig> tc;
   if (unet) {
     uc = zp::runtime::UNetTrainConfig::from(cfg);
+    uc->common.resume = resume;
   } else {
     tc = zp::runtime::TrainConfig::from(cfg);
     tc->resume = resume;

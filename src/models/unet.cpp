@@ -301,14 +301,17 @@ Norm add_layer_norm(ParamBlock& b, const std::string& p, int64_t C) {
 }
 
 // ---- ResnetBlock2D: norm1+SiLU, conv1, + time_emb_proj(temb) per channel, norm2+SiLU, conv2,
-// (1x1 conv_shortcut when the width changes), (shortcut + h) / output_scale_factor.
+// (1x1 conv_shortcut when the width changes), (shortcut + h) / output_scale_factor. An up block's
+// resnet reads its input concatenated with a skip connection (torch.cat(dim=1)), done here so that a
+// checkpointed resnet keeps the two halves, which exist anyway, rather than their concatenation.
 struct ResBlock {
   GroupNorm norm1, norm2;
   Conv2d conv1, conv2, shortcut;
   Linear temb_proj;
   float out_scale = 1.f;
-  struct {
-    Tensor x, a1, h1, a2;
+  struct Saved {
+    Tensor in, skip;        // the forward's arguments: all a checkpointed forward keeps
+    Tensor x, a1, h1, a2;   // x: the input, [in | skip] along channels with a skip
     GroupNorm::Saved n1, n2;
   } sv;
 
@@ -322,8 +325,12 @@ struct ResBlock {
     if (cin != cout) shortcut = add_conv(b, p + ".conv_shortcut", cin, cout, 1, 1, 0);
   }
 
-  Tensor forward(const Ctx& c, const Tensor& x, int64_t H, int64_t W, const Cond& cond) {
+  // skip: empty except in up blocks. checkpoint: keep only `in` and `skip`; backward() re-runs this
+  // forward from them first.
+  Tensor forward(const Ctx& c, const Tensor& in, const Tensor& skip, int64_t H, int64_t W, const Cond& cond,
+                 bool checkpoint) {
     const int64_t B = cond.B, Ci = conv1.in(), Co = conv1.out(), HW = H * W;
+    const Tensor x = skip.defined() ? concat_channels(c, in, skip) : in;
     sv.x = x;
     sv.a1 = c.act({B, Ci, H, W});
     norm1.forward(c, sv.a1.data(), x.data(), B, HW, sv.n1);
@@ -344,10 +351,21 @@ struct ResBlock {
       add_into(c, y, x);
     }
     if (out_scale != 1.f) ZP_KERNEL_CALL(c.dev, scale, c.s, c.dt, y.data(), y.data(), 1.f / out_scale, y.numel());
+    if (checkpoint) {
+      sv = {};
+      sv.in = in;
+      sv.skip = skip;
+    }
     return y;
   }
 
-  Tensor backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W, Cond& cond) {
+  // Returns the gradient of the input x (with a skip: of [in | skip]). recompute: the forward was
+  // checkpointed.
+  Tensor backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W, Cond& cond, bool recompute) {
+    if (recompute) {
+      const Saved args = sv;
+      forward(c, args.in, args.skip, H, W, cond, false);
+    }
     const int64_t B = cond.B, Ci = conv1.in(), Co = conv1.out(), HW = H * W;
     Tensor g = dy;
     if (out_scale != 1.f) {
@@ -381,8 +399,8 @@ struct TransformerBlock {
   CrossAttention attn1, attn2;
   Linear ff_in, ff_out;
   int64_t width = 0, ff_inner = 0;
-  struct {
-    Tensor x, a1, t1, a2, t2, a3, pre, h;
+  struct Saved {
+    Tensor x, a1, t1, a2, t2, a3, pre, h;  // x: the input, all a checkpointed forward keeps
     Norm::Saved n1, n2, n3;
     CrossAttention::Saved s1, s2;
   } sv;
@@ -410,7 +428,8 @@ struct TransformerBlock {
     ff_out = add_linear(b, p + ".ff.net.2", ff_inner, I);
   }
 
-  Tensor forward(const Ctx& c, const Tensor& x, int64_t T, const Cond& cond) {
+  // checkpoint: keep only the input; recompute() re-runs this forward from it before the backward.
+  Tensor forward(const Ctx& c, const Tensor& x, int64_t T, const Cond& cond, bool checkpoint) {
     const int64_t B = cond.B, N = B * T, I = width, F = ff_inner;
     sv.x = x;
     Tensor tmp = c.act({N, I});
@@ -433,7 +452,17 @@ struct TransformerBlock {
     ff_out.forward(c, tmp.data(), sv.h.data(), N);
     Tensor y = c.act({N, I});
     ZP_KERNEL_CALL(c.dev, add, c.s, c.dt, y.data(), sv.t2.data(), tmp.data(), N * I);
+    if (checkpoint) {
+      sv = {};
+      sv.x = x;
+    }
     return y;
+  }
+
+  // After a checkpointed forward: everything the backward needs, again. Returns the output.
+  Tensor recompute(const Ctx& c, int64_t T, const Cond& cond) {
+    const Tensor x = sv.x;
+    return forward(c, x, T, cond, false);
   }
 
   // dres holds the output gradient on entry and the input gradient on return: each branch's input
@@ -459,6 +488,9 @@ struct TransformerBlock {
 
 // ---- Transformer2DModel: GroupNorm (eps 1e-6), proj_in (1x1 conv before the NCHW -> tokens move,
 // or linear after it), transformer blocks, proj_out (the mirror image), + the block's input.
+// Checkpointed, it keeps its input and each transformer block's input: the backward re-runs the last
+// block first (its output is proj_out's input), every other block just before its backward, and the
+// GroupNorm (proj_in's input) last; the proj_in and proj_out GEMMs are not re-run.
 struct Transformer2D {
   GroupNorm norm;
   bool linear = false;
@@ -466,8 +498,10 @@ struct Transformer2D {
   Linear proj_in_lin, proj_out_lin;
   std::vector<TransformerBlock> blocks;
   int64_t channels = 0, inner = 0;
-  struct {
-    Tensor x, a, at, t_last, u;
+  struct Saved {
+    Tensor x;      // the input, all a checkpointed forward keeps (with the blocks' inputs)
+    Tensor p_in;   // proj_in's input: the normalised x, [B, C, H, W] (conv) or [B*HW, C] (linear)
+    Tensor p_out;  // proj_out's input: the last block's output, [B*HW, I] (linear) or [B, I, H, W] (conv)
     GroupNorm::Saved n;
   } sv;
 
@@ -488,59 +522,87 @@ struct Transformer2D {
       proj_out_conv = add_conv(b, p + ".proj_out", inner, C, 1, 1, 0);
   }
 
-  Tensor forward(const Ctx& c, const Tensor& x, int64_t H, int64_t W, const Cond& cond) {
+  // sv.n and sv.p_in from sv.x.
+  void normalise_input(const Ctx& c, int64_t B, int64_t HW) {
+    const int64_t C = channels;
+    Tensor a = c.act({B, C, HW});
+    norm.forward(c, a.data(), sv.x.data(), B, HW, sv.n);
+    if (linear) {
+      sv.p_in = c.act({B * HW, C});
+      ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, sv.p_in.data(), a.data(), B, C, HW);
+    } else {
+      sv.p_in = a;
+    }
+  }
+  // sv.p_out from the last block's output t [B*HW, I].
+  void keep_proj_out_input(const Ctx& c, const Tensor& t, int64_t B, int64_t HW) {
+    if (linear) {
+      sv.p_out = t;
+    } else {
+      sv.p_out = c.act({B, inner, HW});
+      ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, sv.p_out.data(), t.data(), B, HW, inner);
+    }
+  }
+
+  Tensor forward(const Ctx& c, const Tensor& x, int64_t H, int64_t W, const Cond& cond, bool checkpoint) {
     const int64_t B = cond.B, HW = H * W, C = channels, I = inner;
     sv.x = x;
-    sv.a = c.act({B, C, H, W});
-    norm.forward(c, sv.a.data(), x.data(), B, HW, sv.n);
+    normalise_input(c, B, HW);
     Tensor t = c.act({B * HW, I});
     if (linear) {
-      sv.at = c.act({B * HW, C});
-      ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, sv.at.data(), sv.a.data(), B, C, HW);
-      proj_in_lin.forward(c, t.data(), sv.at.data(), B * HW);
+      proj_in_lin.forward(c, t.data(), sv.p_in.data(), B * HW);
     } else {
       Tensor p = c.act({B, I, H, W});
-      proj_in_conv.forward(c, p.data(), sv.a.data(), B, H, W);
+      proj_in_conv.forward(c, p.data(), sv.p_in.data(), B, H, W);
       ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, t.data(), p.data(), B, I, HW);
     }
-    for (TransformerBlock& blk : blocks) t = blk.forward(c, t, HW, cond);
-    sv.t_last = t;
+    for (TransformerBlock& blk : blocks) t = blk.forward(c, t, HW, cond, checkpoint);
+    keep_proj_out_input(c, t, B, HW);
     Tensor y = c.act({B, C, H, W});
     if (linear) {
       Tensor yt = c.act({B * HW, C});
-      proj_out_lin.forward(c, yt.data(), t.data(), B * HW);
+      proj_out_lin.forward(c, yt.data(), sv.p_out.data(), B * HW);
       ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, y.data(), yt.data(), B, HW, C);
     } else {
-      sv.u = c.act({B, I, H, W});
-      ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, sv.u.data(), t.data(), B, HW, I);
-      proj_out_conv.forward(c, y.data(), sv.u.data(), B, H, W);
+      proj_out_conv.forward(c, y.data(), sv.p_out.data(), B, H, W);
     }
     add_into(c, y, x);
+    if (checkpoint) {
+      sv = {};
+      sv.x = x;
+    }
     return y;
   }
 
-  Tensor backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W, const Cond& cond) {
+  // recompute: the forward was checkpointed.
+  Tensor backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W, const Cond& cond, bool recompute) {
     const int64_t B = cond.B, HW = H * W, C = channels, I = inner;
+    if (recompute) keep_proj_out_input(c, blocks.back().recompute(c, HW, cond), B, HW);
     Tensor dt = c.act({B * HW, I});
     if (linear) {
       Tensor dyt = c.act({B * HW, C});
       ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, dyt.data(), dy.data(), B, C, HW);
-      proj_out_lin.backward(c, dt.data(), dyt.data(), sv.t_last.data(), B * HW);
+      proj_out_lin.backward(c, dt.data(), dyt.data(), sv.p_out.data(), B * HW);
     } else {
       Tensor du = c.act({B, I, H, W});
-      proj_out_conv.backward(c, du.data(), dy.data(), sv.u.data(), B, H, W);
+      proj_out_conv.backward(c, du.data(), dy.data(), sv.p_out.data(), B, H, W);
       ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, dt.data(), du.data(), B, I, HW);
     }
-    for (size_t i = blocks.size(); i-- > 0;) blocks[i].backward(c, dt, HW, cond);
+    sv.p_out = Tensor();
+    for (size_t i = blocks.size(); i-- > 0;) {
+      if (recompute && i + 1 < blocks.size()) blocks[i].recompute(c, HW, cond);
+      blocks[i].backward(c, dt, HW, cond);
+    }
+    if (recompute) normalise_input(c, B, HW);
     Tensor da = c.act({B, C, H, W});
     if (linear) {
       Tensor dat = c.act({B * HW, C});
-      proj_in_lin.backward(c, dat.data(), dt.data(), sv.at.data(), B * HW);
+      proj_in_lin.backward(c, dat.data(), dt.data(), sv.p_in.data(), B * HW);
       ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, da.data(), dat.data(), B, HW, C);
     } else {
       Tensor dp = c.act({B, I, H, W});
       ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, dp.data(), dt.data(), B, HW, I);
-      proj_in_conv.backward(c, da.data(), dp.data(), sv.a.data(), B, H, W);
+      proj_in_conv.backward(c, da.data(), dp.data(), sv.p_in.data(), B, H, W);
     }
     Tensor dx = c.act({B, C, H, W});
     norm.backward(c, dx.data(), da.data(), sv.x.data(), B, HW, sv.n);
@@ -564,7 +626,9 @@ struct UNet::Stage {
   Conv2d sampler;                         // downsamplers.0.conv (stride 2) or upsamplers.0.conv
   // State of the last forward.
   int64_t H = 0, W = 0;          // input size
-  Tensor sampler_in;             // input of the sampler conv (for Up: after the nearest 2x)
+  bool checkpoint = false;       // the resnets and attentions kept only their inputs
+  Tensor sampler_in;             // input of the sampler conv (Up: after the nearest 2x; before it when
+                                 // checkpointed, a quarter of the size)
   std::vector<int64_t> skips;    // indices into the skip list: pushed (Down) or popped (Up), per resnet
   int64_t sampler_skip = -1;     // Down: index of the downsampler's output in the skip list
 
@@ -572,30 +636,31 @@ struct UNet::Stage {
   bool has_attention() const { return !attentions.empty(); }
 
   Tensor forward(const Ctx& c, Tensor h, int64_t& H_, int64_t& W_, const Cond& cond, std::vector<Tensor>& skip_list,
-                 int64_t& skip_top) {
+                 int64_t& skip_top, bool checkpoint_) {
     H = H_;
     W = W_;
+    checkpoint = checkpoint_;
     skips.clear();
     sampler_skip = -1;
     if (kind == Kind::Mid) {
-      h = resnets[0].forward(c, h, H, W, cond);
+      h = resnets[0].forward(c, h, Tensor(), H, W, cond, checkpoint);
       for (size_t j = 0; j < attentions.size(); ++j) {
-        h = attentions[j].forward(c, h, H, W, cond);
-        h = resnets[j + 1].forward(c, h, H, W, cond);
+        h = attentions[j].forward(c, h, H, W, cond, checkpoint);
+        h = resnets[j + 1].forward(c, h, Tensor(), H, W, cond, checkpoint);
       }
       return h;
     }
     for (size_t j = 0; j < resnets.size(); ++j) {
+      Tensor skip;
       if (kind == Kind::Up) {
         ZP_CHECK(skip_top > 0, "skip connections exhausted");
         skips.push_back(--skip_top);
-        const Tensor& skip = skip_list[size_t(skip_top)];
+        skip = skip_list[size_t(skip_top)];
         ZP_CHECK(skip.size(1) == skip_channels[j], "skip connection ", skip_top, " is ", skip.str(), ", expected ",
                  skip_channels[j], " channels");
-        h = concat_channels(c, h, skip);
       }
-      h = resnets[j].forward(c, h, H, W, cond);
-      if (has_attention()) h = attentions[j].forward(c, h, H, W, cond);
+      h = resnets[j].forward(c, h, skip, H, W, cond, checkpoint);
+      if (has_attention()) h = attentions[j].forward(c, h, H, W, cond, checkpoint);
       if (kind == Kind::Down) {
         skips.push_back(int64_t(skip_list.size()));
         skip_list.push_back(h);
@@ -605,7 +670,7 @@ struct UNet::Stage {
     const int64_t B = cond.B, C = h.size(1);
     if (kind == Kind::Down) {
       const kernels::Conv2dShape s = sampler.shape(B, H, W);
-      sampler_in = h;
+      sampler_in = h;  // a skip connection: kept anyway
       Tensor y = c.act({B, C, s.oh(), s.ow()});
       sampler.forward(c, y.data(), h.data(), B, H, W);
       H_ = s.oh();
@@ -614,10 +679,11 @@ struct UNet::Stage {
       skip_list.push_back(y);
       return y;
     }
-    sampler_in = c.act({B, C, 2 * H, 2 * W});
-    ZP_KERNEL_CALL(c.dev, upsample_nearest2x_forward, c.s, c.dt, sampler_in.data(), h.data(), B, C, H, W);
+    Tensor up = c.act({B, C, 2 * H, 2 * W});
+    ZP_KERNEL_CALL(c.dev, upsample_nearest2x_forward, c.s, c.dt, up.data(), h.data(), B, C, H, W);
+    sampler_in = checkpoint ? h : up;
     Tensor y = c.act({B, C, 2 * H, 2 * W});
-    sampler.forward(c, y.data(), sampler_in.data(), B, 2 * H, 2 * W);
+    sampler.forward(c, y.data(), up.data(), B, 2 * H, 2 * W);
     H_ = 2 * H;
     W_ = 2 * W;
     return y;
@@ -628,10 +694,10 @@ struct UNet::Stage {
     const int64_t B = cond.B;
     if (kind == Kind::Mid) {
       for (size_t j = attentions.size(); j-- > 0;) {
-        g = resnets[j + 1].backward(c, g, H, W, cond);
-        g = attentions[j].backward(c, g, H, W, cond);
+        g = resnets[j + 1].backward(c, g, H, W, cond, checkpoint);
+        g = attentions[j].backward(c, g, H, W, cond, checkpoint);
       }
-      return resnets[0].backward(c, g, H, W, cond);
+      return resnets[0].backward(c, g, H, W, cond, checkpoint);
     }
     if (sampler.defined()) {
       const int64_t C = g.size(1);
@@ -641,8 +707,13 @@ struct UNet::Stage {
         sampler.backward(c, dx.data(), g.data(), sampler_in.data(), B, H, W);
         g = dx;
       } else {
+        Tensor up = sampler_in;
+        if (checkpoint) {
+          up = c.act({B, C, 2 * H, 2 * W});
+          ZP_KERNEL_CALL(c.dev, upsample_nearest2x_forward, c.s, c.dt, up.data(), sampler_in.data(), B, C, H, W);
+        }
         Tensor du = c.act({B, C, 2 * H, 2 * W});
-        sampler.backward(c, du.data(), g.data(), sampler_in.data(), B, 2 * H, 2 * W);
+        sampler.backward(c, du.data(), g.data(), up.data(), B, 2 * H, 2 * W);
         g = c.act({B, C, H, W});
         ZP_KERNEL_CALL(c.dev, upsample_nearest2x_backward, c.s, c.dt, g.data(), du.data(), B, C, H, W);
       }
@@ -650,8 +721,8 @@ struct UNet::Stage {
     }
     for (size_t j = resnets.size(); j-- > 0;) {
       if (kind == Kind::Down) add_into(c, g, dskips[size_t(skips[j])]);
-      if (has_attention()) g = attentions[j].backward(c, g, H, W, cond);
-      g = resnets[j].backward(c, g, H, W, cond);
+      if (has_attention()) g = attentions[j].backward(c, g, H, W, cond, checkpoint);
+      g = resnets[j].backward(c, g, H, W, cond, checkpoint);
       if (kind == Kind::Up) {
         const int64_t k = skips[j];
         Tensor dh;
@@ -804,7 +875,7 @@ void UNet::load(const io::SafetensorsCollection& files) {
   for (ParamBlock* b : blocks()) load_block(files, *b);
 }
 
-Tensor UNet::forward(const UNetInputs& in) {
+Tensor UNet::forward(const UNetInputs& in, bool checkpoint) {
   const Ctx& c = ctx_;
   const UNetConfig& cfg = cfg_;
   ZP_REQUIRE(in.sample.defined() && in.sample.dim() == 4 && in.sample.size(1) == cfg.in_channels,
@@ -896,16 +967,16 @@ Tensor UNet::forward(const UNetInputs& in) {
   int64_t h_ = H, w_ = W, top = 0;
   for (auto& sg : down_) {
     ParamsInUse use(access_, *sg->block);
-    h = sg->forward(c, h, h_, w_, st.cond, st.skips, top);
+    h = sg->forward(c, h, h_, w_, st.cond, st.skips, top, checkpoint);
   }
   {
     ParamsInUse use(access_, *mid_->block);
-    h = mid_->forward(c, h, h_, w_, st.cond, st.skips, top);
+    h = mid_->forward(c, h, h_, w_, st.cond, st.skips, top, checkpoint);
   }
   top = int64_t(st.skips.size());
   for (auto& sg : up_) {
     ParamsInUse use(access_, *sg->block);
-    h = sg->forward(c, h, h_, w_, st.cond, st.skips, top);
+    h = sg->forward(c, h, h_, w_, st.cond, st.skips, top, checkpoint);
   }
   ZP_CHECK(top == 0 && h_ == H && w_ == W, "UNet: skip connections or sizes out of step");
   st.h_last = h;

@@ -34,11 +34,12 @@ int comm_size(MPI_Comm comm) {
   return n;
 }
 
-// Hub keys that describe how a config was produced rather than the model.
+// Hub keys that describe how a config was produced rather than the model (diffusers' metadata keys
+// all start with '_': _class_name, _diffusers_version, _name_or_path).
 bool informational_key(const std::string& k) {
-  static const std::set<std::string> keys = {"architectures", "torch_dtype", "transformers_version", "_name_or_path",
-                                             "use_cache", "auto_map"};
-  return keys.count(k) > 0;
+  static const std::set<std::string> keys = {"architectures", "torch_dtype", "transformers_version", "use_cache",
+                                             "auto_map"};
+  return keys.count(k) > 0 || (!k.empty() && k[0] == '_');
 }
 
 // "" when the two hub configs describe the same model, else the first differing key and both values.
@@ -121,7 +122,7 @@ void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngin
 }
 
 TrainState load_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngine& engine,
-                           const io::json& model_config, StreamHandle s) {
+                           const CheckpointModel& model, StreamHandle s) {
   io::CheckpointReader reader(path, comm);
   const io::H5File& f = reader.file();
   auto string_attr = [&](const char* name) -> std::string {
@@ -133,6 +134,10 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm comm, parallel::Zer
   ZP_REQUIRE(kind == kKind, path, ": not a training checkpoint (kind = '", kind, "'",
              kind == "weights" ? "; a weights file initialises a model through model.hub_dir, it cannot be resumed" : "",
              ")");
+  const std::string family = string_attr("model_family");
+  ZP_REQUIRE(family == model.model_family, path, ": a checkpoint of a ", family, " model (model_family '", family,
+             "'), this run trains a ", model.model_family);
+  const io::json& model_config = model.model_config;
   io::json file_config;
   try {
     file_config = io::json::parse(string_attr("model_config"));

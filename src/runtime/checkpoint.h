@@ -5,9 +5,9 @@
 // File layout (on top of io::CheckpointWriter's zeropipe_format and per-slice checksums):
 //   root attributes
 //     kind               "checkpoint" (a weights file from `zeropipe convert` says "weights")
-//     model_family       "transformer"
+//     model_family       "transformer" (runtime/trainer.h) or "unet" (runtime/diffusion.h)
 //     config             the training configuration JSON, as given (after --set)
-//     model_config       the hub config.json object of the model
+//     model_config       the model's config.json object (transformers' or diffusers')
 //     step               training steps done (steps skipped for an fp16 overflow included)
 //     optimizer_steps    AdamW updates done (bias correction and the LR schedule follow it)
 //     data_position      global index of the first sample the next step reads
@@ -57,10 +57,12 @@ struct TrainState {
   int world_size = 1, zero_stage = 0;  // of the writer; filled in by save_checkpoint
 };
 
+// What a checkpoint says about the run that wrote it; a resumed run must have the same model_family
+// and model_config.
 struct CheckpointModel {
   std::string config_json;   // the training configuration
   io::json model_config;     // the hub config.json object
-  std::string model_family = "transformer";
+  std::string model_family;  // "transformer" | "unet"
 };
 
 // Collective over `comm` (the engine's data group; a null or one-rank communicator writes serially).
@@ -69,13 +71,14 @@ struct CheckpointModel {
 void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngine& engine, const CheckpointModel& model,
                      TrainState state, StreamHandle s = nullptr);
 
-// Collective over `comm`. Checks that `path` is a checkpoint of this model (kind "checkpoint"; every
-// parameter present as f32 with the model's shape, under /model and /optimizer, and no other; the
-// same hub config), reads the owned ranges into the engine's master weights and moments, refreshes
-// the compute weights and sets the optimizer step count. Returns the loop state. Throws zp::Error
-// naming the file (and the dataset or config key) on any mismatch, before anything is loaded.
+// Collective over `comm`. Checks that `path` is a checkpoint of this model (kind "checkpoint"; the
+// same model_family; every parameter present as f32 with the model's shape, under /model and
+// /optimizer, and no other; the same hub config, keys starting with '_' and other metadata aside),
+// reads the owned ranges into the engine's master weights and moments, refreshes the compute weights
+// and sets the optimizer step count. Returns the loop state. Throws zp::Error naming the file (and
+// the model family, dataset or config key) on any mismatch, before anything is loaded.
 TrainState load_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngine& engine,
-                           const io::json& model_config, StreamHandle s = nullptr);
+                           const CheckpointModel& model, StreamHandle s = nullptr);
 
 // What `--resume` names: "latest" is the newest complete checkpoint in `dir` ("" when there is none:
 // start fresh), anything else a file that must exist. Decided on rank 0 of `comm` and broadcast, so

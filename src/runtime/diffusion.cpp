@@ -19,6 +19,7 @@
 #include "models/unet.h"
 #include "nn/init.h"
 #include "parallel/zero_engine.h"
+#include "runtime/loop_checkpoints.h"
 #include "runtime/loss_scaler.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/optimizer_step.h"
@@ -78,11 +79,8 @@ UNetTrainConfig UNetTrainConfig::from(const io::Config& c) {
   UNetTrainConfig u;
   u.common = TrainConfig::from(shared);
   u.common.model_type = "unet";
+  u.common.config_json = c.dump();  // as given, model.type "unet" included
   u.diffusion = DiffusionConfig::from(c);
-  ZP_REQUIRE(!u.common.activation_checkpointing,
-             "model.activation_checkpointing: the UNet has no activation checkpointing yet");
-  ZP_REQUIRE(c.get<std::string>("checkpoint.dir").empty(),
-             "checkpoint.dir: checkpointing is not implemented for UNet training yet (leave it empty)");
   ZP_REQUIRE(u.common.train_files.size() == 1, "data.train_files must hold exactly one latent file (HDF5), got ",
              u.common.train_files.size());
   ZP_REQUIRE(u.common.val_files.size() <= 1, "data.val_files holds at most one latent file (HDF5), got ",
@@ -318,12 +316,15 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
   LossScaler scaler(cfg.fp16, cfg.initial_scale, cfg.min_scale, cfg.scale_window, cfg.hysteresis);
   const NoiseSchedule noise(ucfg.diffusion);
   const int64_t T_train = noise.num_timesteps();
-
+  TrainResult result;
+  LoopCheckpoints checkpoints(cfg, group, engine, {cfg.config_json, hub, "unet"}, global_batch, s);
+  checkpoints.resume(scaler, result);
 
   ZP_LOG_INFO(engine.memory_plan().str(cfg.zero_stage, world));
   const double flops_sample = unet_train_flops_per_sample(model, H, W, L);
+  // A resumed run continues its metrics file.
   StepReporter reporter(cfg.metrics_file, rank, world, dev, "samples", global_batch, flops_sample, cfg.max_steps,
-                        cfg.print_every, false);
+                        cfg.print_every, !result.resumed_from.empty());
   std::string widths;
   for (int64_t w : mcfg.block_out) widths += (widths.empty() ? "" : ", ") + std::to_string(w);
   char gamma[64] = "";
@@ -372,7 +373,8 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
     }
     Tensor tgt = upload(target, {B, n}, DType::F32, dev, s), wts = upload(weights, {B}, DType::F32, dev, s);
     Tensor losses = Tensor::empty({B}, DType::F32, dev, "metrics", s);
-    Tensor pred = model.forward(in);
+    // Validation too: a plain forward keeps every activation, the peak checkpointing is there to avoid.
+    Tensor pred = model.forward(in, cfg.activation_checkpointing);
     ZP_KERNEL_CALL(dev, mse_forward, s, cfg.dtype, losses.data<float>(), pred.data(), tgt.data<float>(),
                    wts.data<float>(), B, n);
     if (train_step) {
@@ -388,15 +390,14 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
     return sum / double(B);
   };
 
-  TrainResult result;
-  for (int64_t step = 0; step < cfg.max_steps; ++step) {
+  for (int64_t step = checkpoints.start_step(); step < cfg.max_steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     engine.begin_step();
     const float loss_scale = float(scaler.scale());
     double loss = 0;
     for (int64_t m = 0; m < cfg.grad_accum; ++m) {
       begin_micro_step(engine, sched, m, cfg.grad_accum, loss_scale);
-      const int64_t first = step * global_batch + m * B * world + rank * B;
+      const int64_t first = checkpoints.first_sample(step) + m * B * world + rank * B;
       loss += run_micro(train_ds, step, first, true, loss_scale / float(cfg.grad_accum)) / double(cfg.grad_accum);
     }
     const StepUpdate upd = finish_step(engine, scaler, sched, cfg.grad_clip, loss_scale);
@@ -414,8 +415,9 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
       result.val_losses.push_back(val);
     }
     reporter.report(step + 1, loss, lr, grad_norm, secs, skip, loss_scale, val);
+    checkpoints.step_done(step + 1, skip, scaler, result);
   }
-  result.skipped_steps = scaler.skipped();
+  result.skipped_steps = checkpoints.skipped_steps(scaler);
   if (return_params) result.final_params = engine.gather_master();
   return result;
 }

@@ -16,7 +16,10 @@
 // s*G + m*(micro*world) + r*micro + i of the seeded epoch order, exactly as in the LM loop.
 //
 // Everything else (optimizer, ZeRO engine, loss scaling, schedule, progress line with samples/s,
-// metrics JSONL) is the LM loop's (runtime/trainer.h).
+// metrics JSONL, checkpoints and --resume: runtime/loop_checkpoints.h) is the LM loop's
+// (runtime/trainer.h); model.activation_checkpointing checkpoints the UNet's ResBlocks and
+// transformer blocks (models/unet.h). A checkpoint also fixes the draws: they are keyed by the step
+// and the global sample position, both of which a resumed run continues from.
 #pragma once
 #include <memory>
 #include <string>

@@ -3,7 +3,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -12,20 +11,18 @@
 #include "comm/mpi_comm.h"
 #include "comm/topology.h"
 #include "core/log.h"
-#include "io/checkpoint_file.h"
 #include "io/safetensors.h"
 #include "io/token_dataset.h"
 #include "kernels/reduce.h"
 #include "models/transformer.h"
 #include "parallel/zero_engine.h"
-#include "runtime/checkpoint.h"
+#include "runtime/loop_checkpoints.h"
 #include "runtime/loss_scaler.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/optimizer_step.h"
 #include "runtime/step_report.h"
 
 namespace zp::runtime {
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -43,60 +40,6 @@ Batch make_batch(const io::TokenDataset& ds, uint64_t seed, bool shuffle, int64_
     ds.window(w, b.ids.data<int32_t>() + i * T, b.targets.data<int32_t>() + i * T);
   }
   return b;
-}
-
-// LossScaler keeps its growth and hysteresis counters to itself, but both follow from the current
-// run of equal outcomes (the scale only changes at the end of one): after k clean steps in a row the
-// growth counter is k mod window and the hysteresis budget is full; after j overflows in a row the
-// growth counter is 0 and the budget is hysteresis - j mod hysteresis. A checkpoint records those,
-// and replaying that many outcomes on a scaler built at the saved scale restores it exactly (neither
-// replay reaches a change of scale).
-struct ScalerRuns {
-  int64_t clean = 0, overflows = 0;
-  void record(bool overflow) {
-    if (overflow) {
-      ++overflows;
-      clean = 0;
-    } else {
-      ++clean;
-      overflows = 0;
-    }
-  }
-};
-
-LossScalerState scaler_state(const TrainConfig& cfg, const LossScaler& sc, const ScalerRuns& runs, int64_t skipped) {
-  LossScalerState st;
-  st.enabled = sc.enabled();
-  st.scale = sc.scale();
-  st.skipped = skipped;
-  st.clean_steps = sc.enabled() && cfg.scale_window > 1 ? runs.clean % cfg.scale_window : 0;
-  st.overflows_left =
-      sc.enabled() && cfg.hysteresis > 0 ? cfg.hysteresis - runs.overflows % cfg.hysteresis : cfg.hysteresis;
-  return st;
-}
-
-// Rebuilds `sc` and `runs` from a checkpoint; returns how many skips the replay added to sc.skipped().
-int64_t restore_scaler(const TrainConfig& cfg, const LossScalerState& st, LossScaler& sc, ScalerRuns& runs) {
-  runs = ScalerRuns();
-  if (!cfg.fp16) return 0;
-  if (!st.enabled) {
-    ZP_LOG_INFO("the checkpoint was not trained with fp16 loss scaling: starting the scale at ", cfg.initial_scale);
-    return 0;
-  }
-  sc = LossScaler(true, st.scale, cfg.min_scale, cfg.scale_window, cfg.hysteresis);
-  int64_t replayed = 0;
-  if (st.overflows_left < cfg.hysteresis) {
-    for (int64_t j = 0; j < cfg.hysteresis - st.overflows_left; ++j, ++replayed) {
-      sc.update(true);
-      runs.record(true);
-    }
-  } else {
-    for (int64_t k = 0; k < st.clean_steps; ++k) {
-      sc.update(false);
-      runs.record(false);
-    }
-  }
-  return replayed;
 }
 
 }  // namespace
@@ -157,48 +100,9 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
   engine.set_overlap_comm(cfg.overlap_comm);
   LrSchedule sched{cfg.scheduler, cfg.lr, cfg.min_lr_ratio, cfg.warmup_steps, cfg.total_steps};
   LossScaler scaler(cfg.fp16, cfg.initial_scale, cfg.min_scale, cfg.scale_window, cfg.hysteresis);
-  ScalerRuns scaler_runs;
-  int64_t skipped_before = 0;  // skips before this run, less those of the scaler's replay
-
   TrainResult result;
-  int64_t start_step = 0, data_position = 0;  // where this run starts
-  if (const std::string from = resolve_resume(cfg.resume, cfg.checkpoint_dir, group); !from.empty()) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const TrainState st = load_checkpoint(from, group, engine, hub, s);
-    start_step = st.step;
-    data_position = st.data_position;
-    skipped_before = st.scaler.skipped - restore_scaler(cfg, st.scaler, scaler, scaler_runs);
-    result.first_step = start_step;
-    result.resumed_from = from;
-    ZP_LOG_INFO("resumed from ", from, " in ",
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s: step ", st.step,
-                ", ", st.optimizer_steps, " optimizer steps, sample ", st.data_position, " (written by ", st.world_size,
-                " rank(s) at ZeRO stage ", st.zero_stage, "; now ", world, " at stage ", cfg.zero_stage, ")");
-    if (st.global_batch != global_batch)
-      ZP_LOG_INFO("note: the checkpoint was trained with a global batch of ", st.global_batch, ", this run uses ",
-                  global_batch, "; the data continues from sample ", st.data_position);
-    if (st.seed != cfg.seed)
-      ZP_LOG_INFO("note: the checkpoint was trained with seed ", st.seed, ", this run uses ", cfg.seed,
-                  ": the data order changes");
-  }
-  auto save = [&](int64_t steps_done) {
-    const auto t0 = std::chrono::steady_clock::now();
-    TrainState st;
-    st.step = steps_done;
-    st.data_position = data_position + (steps_done - start_step) * global_batch;
-    st.global_batch = global_batch;
-    st.seed = cfg.seed;
-    st.scaler = scaler_state(cfg, scaler, scaler_runs, skipped_before + scaler.skipped());
-    const std::string path = (fs::path(cfg.checkpoint_dir) / io::checkpoint_filename(steps_done)).string();
-    save_checkpoint(path, group, engine, {cfg.config_json, hub, "transformer"}, st, s);
-    std::vector<std::string> deleted;
-    if (cfg.keep_last > 0) deleted = io::keep_last_checkpoints(cfg.checkpoint_dir, "step-", int(cfg.keep_last), group);
-    result.saved.push_back(path);
-    ZP_LOG_INFO("saved ", path, " in ", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                " s", deleted.empty() ? "" : " (deleted " + std::to_string(deleted.size()) + " older)");
-  };
-
-
+  LoopCheckpoints checkpoints(cfg, group, engine, {cfg.config_json, hub, "transformer"}, global_batch, s);
+  checkpoints.resume(scaler, result);
 
   ZP_LOG_INFO(engine.memory_plan().str(cfg.zero_stage, world));
   // A resumed run continues its metrics file.
@@ -227,20 +131,18 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
     return model.loss();  // read after the backward is queued, so the GPU never waits for the host
   };
 
-  for (int64_t step = start_step; step < cfg.max_steps; ++step) {
+  for (int64_t step = checkpoints.start_step(); step < cfg.max_steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     engine.begin_step();
     const float loss_scale = float(scaler.scale());
     double loss = 0;
     for (int64_t m = 0; m < cfg.grad_accum; ++m) {
       begin_micro_step(engine, sched, m, cfg.grad_accum, loss_scale);
-      const int64_t first = data_position + (step - start_step) * global_batch + m * cfg.micro_batch * world +
-                            rank * cfg.micro_batch;
+      const int64_t first = checkpoints.first_sample(step) + m * cfg.micro_batch * world + rank * cfg.micro_batch;
       loss += run_micro(train_ds, cfg.seed, cfg.shuffle, first, true, loss_scale / float(cfg.grad_accum)) /
               double(cfg.grad_accum);
     }
     const StepUpdate upd = finish_step(engine, scaler, sched, cfg.grad_clip, loss_scale);
-    scaler_runs.record(upd.skipped);
     const double grad_norm = upd.grad_norm, lr = upd.lr;
     const bool skip = upd.skipped;
     if (s) stream_synchronize(s);
@@ -256,9 +158,9 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
       result.val_losses.push_back(val);
     }
     reporter.report(step + 1, loss, lr, grad_norm, secs, skip, loss_scale, val);
-    if (cfg.save_every > 0 && ((step + 1) % cfg.save_every == 0 || step + 1 == cfg.max_steps)) save(step + 1);
+    checkpoints.step_done(step + 1, skip, scaler, result);
   }
-  result.skipped_steps = skipped_before + scaler.skipped();
+  result.skipped_steps = checkpoints.skipped_steps(scaler);
   if (return_params) result.final_params = engine.gather_master();
   return result;
 }

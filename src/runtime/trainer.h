@@ -7,13 +7,9 @@
 // s*G + m*(micro*world) + r*micro + i of the seeded epoch order (G = the global batch), so the
 // same global batch is seen whatever the world size, for the same global batch size.
 //
-// Checkpoints (runtime/checkpoint.h): with checkpoint.save_every = N, every N steps and after the
-// last step the ranks save <checkpoint.dir>/step-<step>.h5 together and keep the newest
-// checkpoint.keep_last. cfg.resume ("latest" or a file) continues from a checkpoint: the weights,
-// moments, optimizer step (bias correction, LR schedule), loss scaler and data position are
-// restored, so that an fp32 run resumed at the same world size and stage reproduces the
-// uninterrupted run bit for bit; another world size or stage continues to rounding (the reduction
-// order changes). The data position moves by one global batch per step from the saved one.
+// Checkpoints (runtime/loop_checkpoints.h): with checkpoint.save_every = N, every N steps and after
+// the last step the ranks save <checkpoint.dir>/step-<step>.h5 together; cfg.resume ("latest" or a
+// file) continues from one, bit for bit in fp32 at the same world size and stage.
 #pragma once
 #include <memory>
 

@@ -1,6 +1,7 @@
-// Checkpoints in the training loop (issue 5), at any world size (mpirun -np 2, 3, 5):
+// Checkpoints in the training loops (issue 5), at any world size (mpirun -np 2, 3, 5), for the LMs
+// and for the UNet (the demo config, configs/unet-demo-tiny.json, on its own latents):
 //  - 6 steps straight vs 3 steps, save, resume, 3 steps at the same world size and ZeRO stage: the
-//    same losses and final fp32 parameters, bit for bit;
+//    same losses and final fp32 parameters, bit for bit (the UNet also with activation checkpointing);
 //  - resharding: saved by 3 ranks at stage 2 (sub-communicators emulate the world sizes of one
 //    mpirun), resumed by 2 ranks at stage 3 and by all ranks at stage 1, steps 4-6 follow the
 //    single-rank reference to 1e-5;
@@ -20,12 +21,14 @@
 #include <random>
 
 #include "mpi_test_util.h"
+#include "app/make_latents.h"
 #include "comm/bootstrap.h"
 #include "core/device.h"
 #include "io/checkpoint_file.h"
 #include "io/config.h"
 #include "io/token_dataset.h"
 #include "models/transformer.h"
+#include "runtime/diffusion.h"
 #include "runtime/train_config.h"
 #include "runtime/trainer.h"
 
@@ -38,13 +41,26 @@ namespace {
 constexpr int kGlobalBatch = 30;  // divisible by 1, 2, 3 and 5
 constexpr int kSteps = 6, kSaveAt = 3;
 
-std::string token_file(const SharedDir& dir) {
-  const std::string p = dir / "tokens.bin";
+const std::string kUNetDemo =
+    (fs::path(__FILE__).parent_path().parent_path().parent_path() / "configs" / "unet-demo-tiny.json").string();
+
+// The training data of `model`: tokens for an LM, latents for "unet" (make-latents for the demo
+// config's UNet, at 8x8 rather than its 16x16 to keep the test short; two global batches' worth, so
+// the order wraps into a second epoch).
+std::string data_file(const SharedDir& dir, const std::string& model) {
+  const std::string p = dir / (model == "unet" ? "latents.h5" : "tokens.bin");
   if (world_rank() == 0) {
-    std::mt19937_64 g(11);
-    std::vector<int32_t> t(kGlobalBatch * kSteps * 16 + 1);
-    for (auto& x : t) x = int32_t(g() % 64);
-    io::write_token_file(p, t, 64);
+    if (model == "unet") {
+      std::ifstream in(kUNetDemo);
+      io::json unet = io::json::parse(in)["model"]["config"];
+      unet["sample_size"] = 8;
+      app::make_latents(p, unet.dump(), 2 * kGlobalBatch, 5);
+    } else {
+      std::mt19937_64 g(11);
+      std::vector<int32_t> t(kGlobalBatch * kSteps * 16 + 1);
+      for (auto& x : t) x = int32_t(g() % 64);
+      io::write_token_file(p, t, 64);
+    }
   }
   MPI_Barrier(MPI_COMM_WORLD);
   return p;
@@ -59,14 +75,16 @@ io::json model_json(const std::string& type) {
 }
 
 struct Run {
-  std::string model = "llama";
+  std::string model = "llama";  // llama | gpt2 | unet
   int stage = 0, world = 1;
   int64_t max_steps = kSteps, save_every = 0;
   std::string dir, resume;
   std::string device = "cpu";
+  bool activation_checkpointing = false;
 };
 
-TrainConfig config(const std::string& data, const Run& r) {
+// The LMs' config is written here; the UNet's is the demo config with the same overrides.
+io::Config user_config(const std::string& data, const Run& r) {
   io::json user = {{"train_micro_batch_size_per_gpu", kGlobalBatch / r.world},
                    {"steps_per_print", 1000},
                    {"gradient_clipping", 0.5},
@@ -74,13 +92,32 @@ TrainConfig config(const std::string& data, const Run& r) {
                    // The schedule's length is fixed: a 3-step run that saves is the start of the 6-step one.
                    {"scheduler", {{"params", {{"warmup_num_steps", 2}, {"total_num_steps", kSteps}}}}},
                    {"zero_optimization", {{"stage", r.stage}}},
-                   {"model", {{"config", model_json(r.model)}}},
-                   {"data", {{"train_files", {data}}, {"seq_len", 16}}},
+                   {"model", {{"activation_checkpointing", r.activation_checkpointing}}},
+                   {"data", {{"train_files", {data}}, {"val_fraction", 0.0}}},
                    {"checkpoint", {{"dir", r.dir}, {"save_every", r.save_every}, {"keep_last", 0}}},
-                   {"training", {{"max_steps", r.max_steps}, {"device", r.device}}}};
-  TrainConfig c = TrainConfig::from(io::Config(train_config_schema(), user, "resume-test"));
-  c.resume = r.resume;
-  return c;
+                   {"training", {{"max_steps", r.max_steps}, {"device", r.device}, {"eval_every", 0}}}};
+  if (r.model == "unet") {
+    std::ifstream in(kUNetDemo);
+    io::json demo = io::json::parse(in);
+    demo.merge_patch(user);
+    return io::Config(train_schema_with_diffusion(), demo, kUNetDemo);
+  }
+  user["model"]["config"] = model_json(r.model);
+  user["data"]["seq_len"] = 16;
+  return io::Config(train_config_schema(), user, "resume-test");
+}
+
+TrainResult run(const std::string& data, const Run& r, comm::Runtime& rt, MPI_Comm group,
+                bool return_params = false) {
+  const io::Config c = user_config(data, r);
+  if (r.model == "unet") {
+    UNetTrainConfig u = UNetTrainConfig::from(c);
+    u.common.resume = r.resume;
+    return train_unet(u, rt, group, return_params);
+  }
+  TrainConfig t = TrainConfig::from(c);
+  t.resume = r.resume;
+  return train(t, rt, group, return_params);
 }
 
 // The first `n` ranks of the world, or MPI_COMM_NULL on the others.
@@ -96,21 +133,23 @@ std::vector<double> tail(const std::vector<double>& v, size_t from) {
 
 // On GPUs the embedding's backward adds rows with fp32 atomics, whose order (and so the last bits)
 // varies from run to run: there the resumed run must agree to 1e-5 instead of bit for bit.
-void check_same_world(const std::string& model, int stage, const std::string& device = "cpu") {
+void check_same_world(const std::string& model, int stage, const std::string& device = "cpu",
+                      bool activation_checkpointing = false) {
   comm::Runtime rt;
   const bool bitwise = device == "cpu";
   const int world = world_size();
   SharedDir dir("resume_same_" + model + std::to_string(stage));
-  const std::string data = token_file(dir);
+  const std::string data = data_file(dir, model);
   const std::string ckpt = dir / "ckpt";
-  const std::string what = model + " stage " + std::to_string(stage) + " world " + std::to_string(world);
+  const std::string what = model + " stage " + std::to_string(stage) + " world " + std::to_string(world) +
+                           (activation_checkpointing ? " with activation checkpointing" : "");
+  auto with = [&](int64_t steps, int64_t save_every, const std::string& dir, const std::string& resume) {
+    return Run{model, stage, world, steps, save_every, dir, resume, device, activation_checkpointing};
+  };
 
-  const TrainResult straight =
-      train(config(data, {model, stage, world, kSteps, 0, "", "", device}), rt, MPI_COMM_WORLD, true);
-  const TrainResult first =
-      train(config(data, {model, stage, world, kSaveAt, kSaveAt, ckpt, "", device}), rt, MPI_COMM_WORLD);
-  const TrainResult second =
-      train(config(data, {model, stage, world, kSteps, kSaveAt, ckpt, "latest", device}), rt, MPI_COMM_WORLD, true);
+  const TrainResult straight = run(data, with(kSteps, 0, "", ""), rt, MPI_COMM_WORLD, true);
+  const TrainResult first = run(data, with(kSaveAt, kSaveAt, ckpt, ""), rt, MPI_COMM_WORLD);
+  const TrainResult second = run(data, with(kSteps, kSaveAt, ckpt, "latest"), rt, MPI_COMM_WORLD, true);
 
   ASSERT_EQ(straight.losses.size(), size_t(kSteps));
   ASSERT_EQ(first.saved.size(), 1u) << what;
@@ -148,6 +187,10 @@ void check_same_world(const std::string& model, int stage, const std::string& de
 TEST(CheckpointResume, LlamaStage0BitwiseAtSameWorld) { check_same_world("llama", 0); }
 TEST(CheckpointResume, LlamaStage3BitwiseAtSameWorld) { check_same_world("llama", 3); }
 TEST(CheckpointResume, Gpt2Stage2BitwiseAtSameWorld) { check_same_world("gpt2", 2); }
+TEST(CheckpointResume, UNetStage0BitwiseAtSameWorld) { check_same_world("unet", 0); }
+TEST(CheckpointResume, UNetStage3WithActivationCheckpointingBitwiseAtSameWorld) {
+  check_same_world("unet", 3, "cpu", true);
+}
 
 // The same save and resume on GPUs with NCCL (one GPU per rank).
 TEST(CheckpointResumeGpu, Stages0And3OnGpus) {
@@ -160,25 +203,28 @@ TEST(CheckpointResumeGpu, Stages0And3OnGpus) {
   if (!all) GTEST_SKIP() << "needs one GPU per rank";
   check_same_world("llama", 0, "cuda");
   check_same_world("gpt2", 3, "cuda");
+  check_same_world("unet", 3, "cuda", true);
 }
+
+namespace {
 
 // Saved by 3 ranks at stage 2 (2 when that is all there is), resumed by 2 ranks at stage 3 and by
 // every rank at stage 1: at np = 5 that is the issue's "np=3 stage 2 -> np=2 stage 3 and np=5 stage 1".
-TEST(CheckpointResume, ReshardsAcrossWorldSizesAndStages) {
+void check_reshard(const std::string& model) {
   comm::Runtime rt;
   const int world = world_size(), rank = world_rank();
-  SharedDir dir("resume_reshard");
-  const std::string data = token_file(dir);
+  SharedDir dir("resume_reshard_" + model);
+  const std::string data = data_file(dir, model);
   const std::string ckpt = dir / "ckpt";
 
   std::vector<double> ref(kSteps);
-  if (rank == 0) ref = train(config(data, {"llama", 0, 1}), rt, MPI_COMM_SELF).losses;
+  if (rank == 0) ref = run(data, {model, 0, 1}, rt, MPI_COMM_SELF).losses;
   ref.resize(kSteps);
   MPI_Bcast(ref.data(), kSteps, MPI_DOUBLE, 0, MPI_COMM_WORLD);
 
   const int savers = std::min(3, world);
   if (MPI_Comm g = first_ranks(savers); g != MPI_COMM_NULL) {
-    const TrainResult r = train(config(data, {"llama", 2, savers, kSaveAt, kSaveAt, ckpt}), rt, g);
+    const TrainResult r = run(data, {model, 2, savers, kSaveAt, kSaveAt, ckpt}, rt, g);
     EXPECT_EQ(r.losses.size(), size_t(kSaveAt));  // EXPECT: an ASSERT would skip the barrier below
     for (size_t i = 0; i < r.losses.size() && i < size_t(kSaveAt); ++i)
       EXPECT_NEAR(r.losses[i], ref[i], 1e-5 * ref[i]);
@@ -192,18 +238,23 @@ TEST(CheckpointResume, ReshardsAcrossWorldSizesAndStages) {
   };
   for (const Resume& to : {Resume{2, 3}, Resume{world, 1}}) {
     if (MPI_Comm g = first_ranks(to.world); g != MPI_COMM_NULL) {
-      const TrainResult r = train(config(data, {"llama", to.stage, to.world, kSteps, 0, "", file}), rt, g);
+      const TrainResult r = run(data, {model, to.stage, to.world, kSteps, 0, "", file}, rt, g);
       EXPECT_EQ(r.first_step, kSaveAt);
       EXPECT_EQ(r.losses.size(), size_t(kSteps - kSaveAt));
       for (int i = kSaveAt; i < kSteps && size_t(i - kSaveAt) < r.losses.size(); ++i)
         EXPECT_NEAR(r.losses[size_t(i - kSaveAt)], ref[size_t(i)], 1e-5 * ref[size_t(i)])
-            << "saved by " << savers << " ranks at stage 2, resumed by " << to.world << " at stage " << to.stage
-            << ": step " << i + 1;
+            << model << " saved by " << savers << " ranks at stage 2, resumed by " << to.world << " at stage "
+            << to.stage << ": step " << i + 1;
       MPI_Comm_free(&g);
     }
     MPI_Barrier(MPI_COMM_WORLD);
   }
 }
+
+}  // namespace
+
+TEST(CheckpointResume, ReshardsAcrossWorldSizesAndStages) { check_reshard("llama"); }
+TEST(CheckpointResume, UNetReshardsAcrossWorldSizesAndStages) { check_reshard("unet"); }
 
 // h5py reads /model/<name> of a checkpoint: the master weights the engine ended with. GPT-2 has
 // Conv1D weights, which the file keeps [out, in] with hub_transposed = 1.
@@ -214,9 +265,8 @@ TEST(CheckpointResume, H5pyReadsMasterWeights) {
   MPI_Bcast(&have, 1, MPI_INT, 0, MPI_COMM_WORLD);
   if (!have) GTEST_SKIP() << "needs /usr/bin/python3 with h5py";
   SharedDir dir("resume_h5py");
-  const std::string data = token_file(dir);
-  const TrainResult r =
-      train(config(data, {"gpt2", 1, world, kSaveAt, kSaveAt, dir / "ckpt"}), rt, MPI_COMM_WORLD, true);
+  const std::string data = data_file(dir, "gpt2");
+  const TrainResult r = run(data, {"gpt2", 1, world, kSaveAt, kSaveAt, dir / "ckpt"}, rt, MPI_COMM_WORLD, true);
   ASSERT_EQ(r.saved.size(), 1u);
   if (rank != 0) return;
 

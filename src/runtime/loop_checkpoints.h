@@ -1,0 +1,63 @@
+// The checkpoints of a training loop, the same for every model (the LM loop, runtime/trainer.h, and
+// the diffusion loop, runtime/diffusion.h): before the first step, `--resume` ("latest" or a file)
+// restores the engine's weights and moments, the optimizer step (bias correction, LR schedule), the
+// fp16 loss scaler and the data position; after every checkpoint.save_every steps and after the last
+// one, the ranks save <checkpoint.dir>/step-<step>.h5 together (runtime/checkpoint.h) and keep the
+// newest checkpoint.keep_last. An fp32 run resumed at the same world size and ZeRO stage reproduces
+// the uninterrupted run bit for bit; another world size or stage continues to rounding (the
+// reduction order changes). The data position moves by one global batch per step from the saved one.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+
+#include "parallel/zero_engine.h"
+#include "runtime/checkpoint.h"
+#include "runtime/loss_scaler.h"
+#include "runtime/train_config.h"
+#include "runtime/trainer.h"
+
+namespace zp::runtime {
+
+class LoopCheckpoints {
+ public:
+  // `model` names the model in every file written and is what a resumed file must match.
+  LoopCheckpoints(const TrainConfig& cfg, MPI_Comm group, parallel::ZeroEngine& engine, CheckpointModel model,
+                  int64_t global_batch, StreamHandle s);
+
+  // Before the first step: with cfg.resume naming a checkpoint, loads it into the engine, rebuilds
+  // `scaler` and records the resume in `result` (first_step, resumed_from). Collective over the group.
+  void resume(LossScaler& scaler, TrainResult& result);
+  int64_t start_step() const { return start_step_; }
+  // Global position, in the seeded sample order, of the first sample that step `step` (0-based) reads.
+  int64_t first_sample(int64_t step) const { return data_position_ + (step - start_step_) * global_batch_; }
+
+  // After step `steps_done` (1-based) of cfg.max_steps: records whether the update was skipped (the
+  // loss scaler's state) and saves when one is due, adding the file to result.saved. Collective.
+  void step_done(int64_t steps_done, bool skipped, const LossScaler& scaler, TrainResult& result);
+  // Steps skipped for an fp16 overflow over the whole training, those before the resume included.
+  int64_t skipped_steps(const LossScaler& scaler) const { return skipped_before_ + scaler.skipped(); }
+
+ private:
+  // LossScaler keeps its growth and hysteresis counters to itself, but both follow from the current
+  // run of equal outcomes (the scale only changes at the end of one); see loop_checkpoints.cpp.
+  struct ScalerRuns {
+    int64_t clean = 0, overflows = 0;
+    void record(bool overflow);
+  };
+  LossScalerState scaler_state(const LossScaler& sc) const;
+  void save(int64_t steps_done, const LossScaler& scaler, TrainResult& result);
+
+  const TrainConfig& cfg_;
+  MPI_Comm group_;
+  parallel::ZeroEngine& engine_;
+  CheckpointModel model_;
+  int64_t global_batch_;
+  StreamHandle s_;
+  int64_t start_step_ = 0, data_position_ = 0;  // where this run starts
+  int64_t skipped_before_ = 0;                  // skips before this run, less those of the scaler's replay
+  ScalerRuns runs_;
+};
+
+}  // namespace zp::runtime
