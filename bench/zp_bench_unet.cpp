@@ -7,7 +7,10 @@
 // engine allocator's peak, and everything the process holds on the device including library
 // workspaces). Each runs plain (ckpt:0) and with activation checkpointing (ckpt:1, models/unet.h:
 // every ResBlock and transformer block re-runs its forward in the backward), so one run reports the
-// memory saved and the time it costs. --benchmark_format=json for CI tracking.
+// memory saved and the time it costs; in_backward:1 runs the optimizer inside the backward
+// (optimizer.step_in_backward: ZeRO stage 2 on one GPU, each block updated as soon as its gradients
+// are complete, so no step-long fp32 gradient buffer; no clipping). --benchmark_format=json for CI
+// tracking.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -118,7 +121,7 @@ Tensor random_tensor(const Shape& shape, DType dt, uint64_t seed, StreamHandle s
   return h.to(Device::cuda(0), s);
 }
 
-void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, bool checkpoint) {
+void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, bool checkpoint, bool in_backward) {
   const auto cfg = models::UNetConfig::from_hub_json(hub, "bench");
   const int64_t S = hub["sample_size"].get<int64_t>(), C = cfg.in_channels, n = C * S * S;
   const int64_t D = cfg.cross_dim.back(), E = cfg.text_time ? cfg.add_in_dim - 6 * cfg.add_time_dim : 0;
@@ -137,7 +140,9 @@ void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, boo
   {
     models::UNet model(cfg, Device::cuda(0), DType::BF16, s);
     fill_blocks_random(model.blocks(), Device::cuda(0), s);
-    parallel::ZeroEngine engine(model.blocks(), 0, nullptr, {1e-4, 0.9, 0.999, 1e-8, 0.01, false}, s);
+    parallel::AdamWHyper hyper{1e-4, 0.9, 0.999, 1e-8, 0.01, false};
+    hyper.step_in_backward = in_backward;
+    parallel::ZeroEngine engine(model.blocks(), in_backward ? 2 : 0, nullptr, hyper, s);
     model.set_block_access(&engine);
     flops_sample = runtime::unet_train_flops_per_sample(model, S, S, L);
     params = model.num_parameters();
@@ -157,14 +162,17 @@ void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, boo
     size_t min_free = free0;
     auto step = [&] {
       engine.begin_step();
+      engine.begin_micro_step(true);
+      if (in_backward) engine.set_update_in_backward(1.f, -1.0);
       Tensor pred = model.forward(in, checkpoint);
       kernels::cuda::mse_forward(s, DType::BF16, losses.data<float>(), pred.data(), target.data<float>(), nullptr, B, n);
       Tensor dpred = Tensor::empty(pred.shape(), DType::BF16, Device::cuda(0), "activations", s);
       kernels::cuda::mse_backward(s, DType::BF16, dpred.data(), pred.data(), target.data<float>(), nullptr, 1.f, B, n);
       pred = Tensor();
       model.backward(dpred);
+      engine.finish_gradients();
       const double norm = std::sqrt(engine.grad_norm_squared());
-      engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);
+      if (!in_backward) engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);
       size_t f = 0;
       cudaMemGetInfo(&f, &total);
       min_free = std::min(min_free, f);
@@ -182,11 +190,15 @@ void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, boo
   stream.synchronize();
 }
 
-void BM_TrainStepSd15(benchmark::State& st) { train_step(st, sd15_config(), st.range(0), 77, st.range(1)); }
-void BM_TrainStepSdxl(benchmark::State& st) { train_step(st, sdxl_config(), st.range(0), 77, st.range(1)); }
-BENCHMARK(BM_TrainStepSd15)->ArgNames({"B", "ckpt"})->Args({8, 0})->Args({8, 1})
+void BM_TrainStepSd15(benchmark::State& st) {
+  train_step(st, sd15_config(), st.range(0), 77, st.range(1), st.range(2));
+}
+void BM_TrainStepSdxl(benchmark::State& st) {
+  train_step(st, sdxl_config(), st.range(0), 77, st.range(1), st.range(2));
+}
+BENCHMARK(BM_TrainStepSd15)->ArgNames({"B", "ckpt", "in_backward"})->ArgsProduct({{8}, {0, 1}, {0, 1}})
     ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(10);
-BENCHMARK(BM_TrainStepSdxl)->ArgNames({"B", "ckpt"})->Args({2, 0})->Args({2, 1})
+BENCHMARK(BM_TrainStepSdxl)->ArgNames({"B", "ckpt", "in_backward"})->ArgsProduct({{2}, {0, 1}, {0, 1}})
     ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
 
 }  // namespace zp::bench
