@@ -24,6 +24,7 @@
 #include "runtime/diffusion.h"
 #include "runtime/train_config.h"
 #include "runtime/trainer.h"
+#include "tiny_unet_config.h"
 
 namespace zp::test {
 using namespace zp::runtime;
@@ -181,16 +182,7 @@ TEST(CheckpointErrors, ResumeRefusesBadFilesNamingThem) {
 }
 
 // A tiny UNet (SD layout) on 8x8 latents; `width` changes the second block's channels.
-io::json tiny_unet(int width = 32) {
-  return {{"block_out_channels", {16, width}},
-          {"down_block_types", {"CrossAttnDownBlock2D", "DownBlock2D"}},
-          {"up_block_types", {"UpBlock2D", "CrossAttnUpBlock2D"}},
-          {"layers_per_block", 1},
-          {"attention_head_dim", 8},
-          {"cross_attention_dim", 16},
-          {"norm_num_groups", 8},
-          {"sample_size", 8}};
-}
+io::json tiny_unet(int width = 32) { return tiny_unet_config(false, 8, width); }
 
 UNetTrainConfig unet_config(const std::string& latents, const io::json& unet, const std::string& dir, int64_t steps,
                             int64_t save_every, const std::string& resume = "") {

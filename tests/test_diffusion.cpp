@@ -17,6 +17,7 @@
 #include "models/unet.h"
 #include "runtime/diffusion.h"
 #include "test_util.h"
+#include "tiny_unet_config.h"
 
 namespace zp::test {
 using namespace zp::runtime;
@@ -62,24 +63,7 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 // A tiny SD-layout UNet (golden unet-sd-tiny's shape) on 8x8 latents.
-json tiny_unet(bool sdxl = false) {
-  json j = {{"_class_name", "UNet2DConditionModel"},
-            {"block_out_channels", {16, 32}},
-            {"down_block_types", {"CrossAttnDownBlock2D", "DownBlock2D"}},
-            {"up_block_types", {"UpBlock2D", "CrossAttnUpBlock2D"}},
-            {"layers_per_block", 1},
-            {"attention_head_dim", 8},
-            {"cross_attention_dim", 16},
-            {"norm_num_groups", 8},
-            {"sample_size", 8}};
-  if (sdxl) {
-    j["addition_embed_type"] = "text_time";
-    j["addition_time_embed_dim"] = 8;
-    j["projection_class_embeddings_input_dim"] = 56;  // text_embeds of 8
-    j["use_linear_projection"] = true;
-  }
-  return j;
-}
+json tiny_unet(bool sdxl = false) { return tiny_unet_config(sdxl); }
 
 std::string demo_file(const std::string& name, int64_t n, bool sdxl = false, uint64_t seed = 1) {
   const std::string p = (fs::temp_directory_path() / name).string();

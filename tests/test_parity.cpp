@@ -4,12 +4,18 @@
 
 namespace zp::test {
 
-// Final parameters whose trajectory is rounding noise amplified by AdamW (see below); in bf16 also
-// GPT-2's ln_1.bias, whose gradient reaches it partly through the same key path.
+// Final parameters whose trajectory is rounding noise amplified by AdamW (see below). In bf16 also
+// GPT-2's ln_1.bias (its gradient reaches it partly through the same key path) and Qwen2's
+// q_proj.bias: a few of its elements have a true first gradient below bf16's gradient noise (0.006x
+// the tensor's RMS), AdamW's first step moves each element by lr times the sign it sees, and one
+// wrong sign alone is a 0.07 relative error of the final tensor. In 40 runs with other, equally
+// valid bf16 rounding noise it failed 3e-2 in 25 (layer 0) and 7 (layer 1); transformers' bf16 run
+// happens to pass (8.7e-3).
 static bool ill_conditioned_final(const std::string& name, const std::string& dtype) {
+  auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
   return name.rfind("train.final.", 0) == 0 &&
-         (name.find("attn.c_attn.bias") != std::string::npos || name.find("self_attn.k_proj.bias") != std::string::npos ||
-          (dtype == "bf16" && name.find("ln_1.bias") != std::string::npos));
+         (has("attn.c_attn.bias") || has("self_attn.k_proj.bias") ||
+          (dtype == "bf16" && (has("ln_1.bias") || has("self_attn.q_proj.bias"))));
 }
 // What they must still meet: twice the error of transformers 5.17 itself on the same folders
 // (tests/reference/transformers_golden_parity.py, H200 host: fp32 worst 7.1e-4 for GPT-2's
@@ -58,7 +64,8 @@ TEST(ParityGpu, AllLmsCudaFp32) {
   expect_parity("qwen2-tiny", "cuda", "fp32", true);
 }
 // bf16 operands, fp32 accumulation and master weights: tolerance 3e-2 for everything but the
-// ill-conditioned finals (transformers' bf16 autocast misses those by as much: 0.57-0.81, 0.10).
+// ill-conditioned finals (transformers' bf16 autocast misses the key biases by as much: 0.57-0.81,
+// and GPT-2's ln_1.bias: 0.10).
 TEST(ParityGpu, AllLmsCudaBf16) {
   ZP_SKIP_WITHOUT_GPU();
   expect_parity("llama-tiny", "cuda", "bf16");

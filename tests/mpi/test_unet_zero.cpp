@@ -13,6 +13,7 @@
 #include "core/device.h"
 #include "io/config.h"
 #include "runtime/diffusion.h"
+#include "tiny_unet_config.h"
 
 namespace zp::test {
 using namespace zp::runtime;
@@ -32,23 +33,7 @@ double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() != b.size() ? INFINITY : std::sqrt(num / std::max(den, 1e-300));
 }
 
-nlohmann::json tiny_unet(bool sdxl) {
-  nlohmann::json j = {{"block_out_channels", {16, 32}},
-                      {"down_block_types", {"CrossAttnDownBlock2D", "DownBlock2D"}},
-                      {"up_block_types", {"UpBlock2D", "CrossAttnUpBlock2D"}},
-                      {"layers_per_block", 1},
-                      {"attention_head_dim", 8},
-                      {"cross_attention_dim", 16},
-                      {"norm_num_groups", 8},
-                      {"sample_size", 4}};  // 4x4 latents: every path runs, and fast
-  if (sdxl) {
-    j["addition_embed_type"] = "text_time";
-    j["addition_time_embed_dim"] = 8;
-    j["projection_class_embeddings_input_dim"] = 56;
-    j["use_linear_projection"] = true;
-  }
-  return j;
-}
+nlohmann::json tiny_unet(bool sdxl) { return tiny_unet_config(sdxl, 4); }  // 4x4 latents: every path runs, and fast
 
 std::string shared_latent_file(bool sdxl) {
   int rank = 0;
