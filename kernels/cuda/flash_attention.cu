@@ -64,6 +64,20 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// Double buffering: issue the loads of the next tile (when there is one) and wait until the
+// current tile, committed one round earlier, has landed in shared memory for every thread.
+template <class LoadNext>
+__device__ __forceinline__ void next_tile_async(bool has_next, LoadNext&& load_next) {
+  if (has_next) {
+    load_next();
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+}
+
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -240,15 +254,10 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
 
   for (int nb = 0; nb < n_blocks; ++nb) {
     const int buf = nb & 1, j0 = nb * kBlockN;
-    if (nb + 1 < n_blocks) {
+    next_tile_async(nb + 1 < n_blocks, [&] {
       load_rows_async<T, D, kBlockN, kThreads>(Ks + (buf ^ 1) * kBlockN * kPitch, kb, p.ks, j0 + kBlockN, p.Tk);
       load_rows_async<T, D, kBlockN, kThreads>(Vs + (buf ^ 1) * kBlockN * kPitch, vb, p.vs, j0 + kBlockN, p.Tk);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    });
     if constexpr (Tile::kQInRegs) {
       if (nb == 0) {
 #pragma unroll
@@ -512,14 +521,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
   for (int it = 0; it < n_iters; ++it) {
     const int buf = it & 1;
     const int h = hk * p.group + it / m_tiles, i0 = m_begin + (it % m_tiles) * kBlockM;
-    if (it + 1 < n_iters) {
-      load_query_tile(it + 1, buf ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    next_tile_async(it + 1 < n_iters, [&] { load_query_tile(it + 1, buf ^ 1); });
     if constexpr (Tile::kKVInRegs) {
       if (it == 0) {
 #pragma unroll

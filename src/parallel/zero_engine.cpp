@@ -375,7 +375,9 @@ MemoryPlan ZeroEngine::memory_plan() const {
   }
   const double psi = double(p.params), n = double(world_);
   p.param_bytes = (stage_ == 3 ? psi / n + 2.0 * double(largest) : psi) * double(k);
-  p.grad_bytes = (stage_ >= 2 ? psi / n + 2.0 * double(largest) : psi) * 4.0;
+  // Stepping in the backward keeps no gradient shard, only the blocks in flight (no accumulation).
+  const double grad_shards = hyper_.step_in_backward ? 0.0 : psi / n;
+  p.grad_bytes = (stage_ >= 2 ? grad_shards + 2.0 * double(largest) : psi) * 4.0;
   p.optimizer_bytes = (stage_ == 0 ? psi : psi / n) * 12.0;
   return p;
 }
