@@ -2,6 +2,8 @@
 //
 // gemm computes, for each of `batch` problems b,
 //   pre  = alpha * op(A_b) @ op(B_b) + beta * C_b + bias      (bias only for Bias / BiasGelu)
+// where C_b is read from `c_in` instead when it is given (same layout as C: a residual added in the
+// same pass, e.g. y = x W^T + b + r with beta = 1), and the result is written to C.
 //   C_b  = gelu(pre) for Gelu / BiasGelu, else pre
 //   aux_b = pre                                               (Gelu / BiasGelu, when aux != nullptr)
 // and for DGelu (the GELU backward fused into the input-gradient GEMM; aux is read, not written):
@@ -28,7 +30,7 @@ ZP_KERNEL(void gemm(StreamHandle s, DType ab_dt, DType c_dt, bool trans_a, bool 
                     int64_t ldb, float beta, void* C, int64_t ldc,
                     GemmEpilogue ep = GemmEpilogue::None, const void* bias = nullptr,
                     void* aux = nullptr, int64_t batch = 1, int64_t stride_a = 0,
-                    int64_t stride_b = 0, int64_t stride_c = 0))
+                    int64_t stride_b = 0, int64_t stride_c = 0, const void* c_in = nullptr))
 
 // dbias[N] += column sums of dy[M,N] (dy contiguous, dtype dt; fp32 accumulation). Deterministic.
 ZP_KERNEL(void bias_grad(StreamHandle s, DType dt, float* dbias, const void* dy, int64_t M, int64_t N))

@@ -390,3 +390,39 @@ TEST(GemmGpu, BiasGradMatchesCpu) {
 }
 
 }  // namespace zp::test
+
+namespace zp::test {
+
+// A separate C input (a residual added by the epilogue) equals copying it into C first, and the
+// output's old contents are never read: on the CPU (exact) and against the CPU on the GPU.
+TEST(Gemm, SeparateCInputActsAsC) {
+  for (GemmEpilogue ep : {GemmEpilogue::None, GemmEpilogue::Bias}) {
+    const int64_t M = 9, N = 16, K = 12;
+    auto a = randn(size_t(M * K), 1), b = randn(size_t(N * K), 2), r = randn(size_t(M * N), 3), bias = randn(16, 4);
+    std::vector<float> want = r, got(size_t(M * N), NAN);
+    cpu::gemm(nullptr, DType::F32, DType::F32, false, true, M, N, K, 1.f, a.data(), K, b.data(), K, 1.f, want.data(), N,
+              ep, bias.data());
+    cpu::gemm(nullptr, DType::F32, DType::F32, false, true, M, N, K, 1.f, a.data(), K, b.data(), K, 1.f, got.data(), N,
+              ep, bias.data(), nullptr, 1, 0, 0, 0, r.data());
+    EXPECT_EQ(got, want);
+  }
+}
+
+TEST(GemmGpu, SeparateCInputActsAsC) {
+  ZP_SKIP_WITHOUT_GPU();
+  for (DType dt : gpu_float_dtypes())
+    for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{9, 16, 12}, {256, 768, 768}}) {
+      auto a = round_to(randn(size_t(M * K), 5), dt), b = round_to(randn(size_t(N * K), 6), dt);
+      auto r = round_to(randn(size_t(M * N), 7), dt), bias = round_to(randn(size_t(N), 8), dt);
+      std::vector<float> want = r;
+      cpu::gemm(nullptr, DType::F32, DType::F32, false, true, M, N, K, 1.f, a.data(), K, b.data(), K, 1.f, want.data(),
+                N, GemmEpilogue::Bias, bias.data());
+      Tensor da = upload(a, dt), db = upload(b, dt), dr = upload(r, dt), dbias = upload(bias, dt);
+      Tensor dc = upload(std::vector<float>(size_t(M * N), NAN), dt);
+      cuda::gemm(nullptr, dt, dt, false, true, M, N, K, 1.f, da.data(), K, db.data(), K, 1.f, dc.data(), N,
+                 GemmEpilogue::Bias, dbias.data(), nullptr, 1, 0, 0, 0, dr.data());
+      EXPECT_LE(rel_error(download(dc), want), tolerance(dt)) << dtype_name(dt) << " M=" << M;
+    }
+}
+
+}  // namespace zp::test

@@ -21,7 +21,8 @@ double gelu_tanh_grad(double x) {
 template <class T, class TC>
 void gemm_typed(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha,
                 const T* A, int64_t lda, const T* B, int64_t ldb, double beta, TC* C, int64_t ldc,
-                GemmEpilogue ep, const T* bias, TC* aux) {
+                GemmEpilogue ep, const T* bias, TC* aux, const TC* c_in) {
+  if (!c_in) c_in = C;
   auto a_at = [&](int64_t i, int64_t k) { return double(trans_a ? A[k * lda + i] : A[i * lda + k]); };
   const bool has_bias = ep == GemmEpilogue::Bias || ep == GemmEpilogue::BiasGelu;
   const bool has_gelu = ep == GemmEpilogue::Gelu || ep == GemmEpilogue::BiasGelu;
@@ -46,7 +47,7 @@ void gemm_typed(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, dou
     }
     for (int64_t j = 0; j < N; ++j) {
       double pre = alpha * acc[size_t(j)];
-      if (beta != 0) pre += beta * double(C[i * ldc + j]);
+      if (beta != 0) pre += beta * double(c_in[i * ldc + j]);
       if (has_bias) pre += double(bias[j]);
       if (ep == GemmEpilogue::DGelu) {
         C[i * ldc + j] = TC(pre * gelu_tanh_grad(double(aux[i * N + j])));
@@ -62,11 +63,12 @@ template <class T, class TC>
 void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
                   int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc,
                   GemmEpilogue ep, const void* bias, void* aux, int64_t batch, int64_t stride_a,
-                  int64_t stride_b, int64_t stride_c) {
+                  int64_t stride_b, int64_t stride_c, const void* c_in) {
   for (int64_t b = 0; b < batch; ++b)
     gemm_typed<T, TC>(trans_a, trans_b, M, N, K, alpha, static_cast<const T*>(A) + b * stride_a, lda,
                       static_cast<const T*>(B) + b * stride_b, ldb, beta, static_cast<TC*>(C) + b * stride_c,
-                      ldc, ep, static_cast<const T*>(bias), aux ? static_cast<TC*>(aux) + b * M * N : nullptr);
+                      ldc, ep, static_cast<const T*>(bias), aux ? static_cast<TC*>(aux) + b * M * N : nullptr,
+                      c_in ? static_cast<const TC*>(c_in) + b * stride_c : nullptr);
 }
 
 }  // namespace
@@ -74,7 +76,7 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 void gemm(StreamHandle, DType ab_dt, DType c_dt, bool trans_a, bool trans_b, int64_t M, int64_t N,
           int64_t K, float alpha, const void* A, int64_t lda, const void* B, int64_t ldb, float beta,
           void* C, int64_t ldc, GemmEpilogue ep, const void* bias, void* aux, int64_t batch,
-          int64_t stride_a, int64_t stride_b, int64_t stride_c) {
+          int64_t stride_a, int64_t stride_b, int64_t stride_c, const void* c_in) {
   ZP_CHECK(M >= 0 && N >= 0 && K >= 0 && batch >= 0, "M=", M, " N=", N, " K=", K, " batch=", batch);
   ZP_CHECK(lda >= std::max<int64_t>(1, trans_a ? M : K), "lda=", lda);
   ZP_CHECK(ldb >= std::max<int64_t>(1, trans_b ? K : N), "ldb=", ldb);
@@ -90,10 +92,10 @@ void gemm(StreamHandle, DType ab_dt, DType c_dt, bool trans_a, bool trans_b, int
   ZP_DISPATCH_FLOAT(ab_dt, T, [&] {
     if (c_dt == ab_dt)
       gemm_batched<T, T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ep, bias, aux,
-                         batch, stride_a, stride_b, stride_c);
+                         batch, stride_a, stride_b, stride_c, c_in);
     else
       gemm_batched<T, float>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ep, bias,
-                             aux, batch, stride_a, stride_b, stride_c);
+                             aux, batch, stride_a, stride_b, stride_c, c_in);
   });
 }
 

@@ -296,7 +296,7 @@ __global__ void bias_grad_finish_kernel(float* dbias, const float* partial, int6
 void gemm(StreamHandle s, DType ab_dt, DType c_dt, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
           float alpha, const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc,
           GemmEpilogue ep, const void* bias, void* aux, int64_t batch, int64_t stride_a, int64_t stride_b,
-          int64_t stride_c) {
+          int64_t stride_c, const void* c_in) {
   ZP_CHECK(M >= 0 && N >= 0 && K >= 0 && batch >= 0, "M=", M, " N=", N, " K=", K, " batch=", batch);
   ZP_CHECK(lda >= std::max<int64_t>(1, trans_a ? M : K), "lda=", lda);
   ZP_CHECK(ldb >= std::max<int64_t>(1, trans_b ? K : N), "ldb=", ldb);
@@ -312,6 +312,7 @@ void gemm(StreamHandle s, DType ab_dt, DType c_dt, bool trans_a, bool trans_b, i
   ZP_CHECK(aux == nullptr || has_gelu || act == Act::DGelu, "aux is only written by the GELU epilogues or read by DGelu");
   ZP_CHECK(act != Act::DGelu || (aux != nullptr && beta == 0.f), "the DGelu epilogue reads aux and takes beta = 0");
   if (M == 0 || N == 0 || batch == 0) return;
+  ZP_CHECK(c_in == nullptr || K > 0, "gemm: a separate C input needs K > 0");
 
   if (K == 0) {  // cuBLASLt rejects K == 0; the product is zero, so only beta * C and the epilogue remain
     ZP_CUDA_DISPATCH_FLOAT(ab_dt, T, [&] {
@@ -326,7 +327,8 @@ void gemm(StreamHandle s, DType ab_dt, DType c_dt, bool trans_a, bool trans_b, i
   PlanKey key{dev, ab_dt, c_dt, trans_a, trans_b, M, N, K, lda, ldb, ldc, batch,
               batch > 1 ? stride_a : 0, batch > 1 ? stride_b : 0, batch > 1 ? stride_c : 0, ep, aux != nullptr,
               alignment(A, batch, stride_a, ab_size), alignment(B, batch, stride_b, ab_size),
-              alignment(C, batch, stride_c, c_size), has_bias ? alignment(bias, 1, 0, ab_size) : 0,
+              std::min(alignment(C, batch, stride_c, c_size), c_in ? alignment(c_in, batch, stride_c, c_size) : 16u),
+              has_bias ? alignment(bias, 1, 0, ab_size) : 0,
               aux ? alignment(aux, batch, M * N, c_size) : 0};
 
   std::lock_guard<std::mutex> lock(g_mu);
@@ -334,8 +336,8 @@ void gemm(StreamHandle s, DType ab_dt, DType c_dt, bool trans_a, bool trans_b, i
   void* ws = workspace(d, s);
   Plan& plan = get_plan(d.handle, key, has_bias ? bias : nullptr, aux);
   if (plan.fused_epilogue) set_epilogue_pointers(plan.desc, has_bias ? bias : nullptr, aux);
-  ZP_CUBLAS_CHECK(cublasLtMatmul(d.handle, plan.desc, &alpha, B, plan.lt_a, A, plan.lt_b, &beta, C, plan.lt_c, C,
-                                 plan.lt_c, &plan.algo, ws, kWorkspaceBytes, s));
+  ZP_CUBLAS_CHECK(cublasLtMatmul(d.handle, plan.desc, &alpha, B, plan.lt_a, A, plan.lt_b, &beta, c_in ? c_in : C,
+                                 plan.lt_c, C, plan.lt_c, &plan.algo, ws, kWorkspaceBytes, s));
   if (!plan.fused_epilogue && ep != GemmEpilogue::None) {
     // Bit-for-bit this rounds pre to c_dt before the GELU, which the fused path does not: within
     // c_dt's precision either way.

@@ -298,14 +298,12 @@ void Transformer::layer_forward(const Layer& l, const Tensor& x_in, Tensor& x_ou
   const int64_t N = B * T, C = cfg_.hidden;
   sv.a1 = c.act({N, C});
   l.ln1.forward(c, sv.a1.data(), x_in.data(), N, sv.n1);
-  Tensor tmp = c.act({N, C});
-  l.attn.forward(c, tmp.data(), sv.a1.data(), B, T, sv.attn);
+  // Both residual adds happen in the output projections' GEMMs.
   sv.x_mid = c.act({N, C});
-  ZP_KERNEL_CALL(c.dev, add, c.s, c.dt, sv.x_mid.data(), x_in.data(), tmp.data(), N * C);
+  l.attn.forward(c, sv.x_mid.data(), sv.a1.data(), B, T, sv.attn, x_in.data());
   sv.a2 = c.act({N, C});
   l.ln2.forward(c, sv.a2.data(), sv.x_mid.data(), N, sv.n2);
-  l.mlp.forward(c, tmp.data(), sv.a2.data(), N, sv.mlp);
-  ZP_KERNEL_CALL(c.dev, add, c.s, c.dt, x_out.data(), sv.x_mid.data(), tmp.data(), N * C);
+  l.mlp.forward(c, x_out.data(), sv.a2.data(), N, sv.mlp, sv.x_mid.data());
 }
 
 void Transformer::layer_backward(const Layer& l, const Tensor& x_in, Tensor& dres, LayerSaved& sv, int64_t B,

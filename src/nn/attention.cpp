@@ -6,7 +6,8 @@
 namespace zp::nn {
 using namespace zp::kernels;
 
-void SelfAttention::forward(const Ctx& c, void* y, const void* x, int64_t B, int64_t T, Saved& saved) const {
+void SelfAttention::forward(const Ctx& c, void* y, const void* x, int64_t B, int64_t T, Saved& saved,
+                            const void* residual) const {
   const int64_t N = B * T, W = sh_.qkv_width(), Hq = sh_.Hq, Hkv = sh_.Hkv, D = sh_.D;
   saved.qkv = c.act({N, W});
   saved.att = c.act({N, Hq * D});
@@ -20,7 +21,7 @@ void SelfAttention::forward(const Ctx& c, void* y, const void* x, int64_t B, int
   ZP_KERNEL_CALL(c.dev, attention_forward, c.s, c.dt, saved.att.data(), saved.lse.data<float>(), base,
                  base + size_t(Hq * D) * esz, base + size_t((Hq + Hkv) * D) * esz, B, T, T, Hq, Hkv, D, W, W, W,
                  Hq * D, attention_default_scale(D), true);
-  out_.forward(c, y, saved.att.data(), N);
+  out_.forward(c, y, saved.att.data(), N, 0, residual);
 }
 
 void SelfAttention::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t B, int64_t T,

@@ -24,8 +24,10 @@ class SelfAttention {
   };
   SelfAttention() = default;
   SelfAttention(Linear qkv, Linear out, AttentionShape shape) : qkv_(qkv), out_(out), sh_(shape) {}
-  // y[N, C] = attention(x[N, C]) for N = B * T tokens.
-  void forward(const Ctx& c, void* y, const void* x, int64_t B, int64_t T, Saved& saved) const;
+  // y[N, C] = attention(x[N, C]) (+ residual[N, C], added by the output projection's GEMM) for
+  // N = B * T tokens.
+  void forward(const Ctx& c, void* y, const void* x, int64_t B, int64_t T, Saved& saved,
+               const void* residual = nullptr) const;
   // dx = (or += with accumulate_dx) the input gradient; parameter gradients accumulate.
   void backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t B, int64_t T, const Saved& saved,
                 bool accumulate_dx) const;

@@ -36,9 +36,10 @@ Linear Linear::padded(Parameter* weight, int64_t padded_rows) {
   return l;
 }
 
-void Linear::forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t ldy) const {
-  ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, c.dt, false, true, N, out_, in_, 1.f, x, in_, w_->v(), in_, 0.f, y,
-                 ldy ? ldy : out_, b_ ? GemmEpilogue::Bias : GemmEpilogue::None, b_ ? b_->v() : nullptr);
+void Linear::forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t ldy, const void* residual) const {
+  ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, c.dt, false, true, N, out_, in_, 1.f, x, in_, w_->v(), in_,
+                 residual ? 1.f : 0.f, y, ldy ? ldy : out_, b_ ? GemmEpilogue::Bias : GemmEpilogue::None,
+                 b_ ? b_->v() : nullptr, nullptr, 1, 0, 0, 0, residual);
 }
 
 void Linear::forward_gelu(const Ctx& c, void* y, void* pre, const void* x, int64_t N) const {

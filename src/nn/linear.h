@@ -22,8 +22,9 @@ class Linear {
   int64_t out() const { return out_; }
   bool has_bias() const { return b_ != nullptr; }
 
-  // y = x W^T + b (ldy: row stride of y, 0 = out)
-  void forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t ldy = 0) const;
+  // y = x W^T + b (ldy: row stride of y, 0 = out), + residual [N, out] when given (added in the
+  // GEMM's epilogue: no separate pass, one rounding).
+  void forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t ldy = 0, const void* residual = nullptr) const;
   // y = gelu(pre), pre = x W^T + b, both from one GEMM (its epilogue applies the tanh GELU).
   void forward_gelu(const Ctx& c, void* y, void* pre, const void* x, int64_t N) const;
   // dW += dy^T x, db += colsum(dy); dx = dy W (or dx += when accumulate_dx); dx may be nullptr.

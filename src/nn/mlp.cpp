@@ -13,7 +13,7 @@ void Mlp::activate(const Ctx& c, void* h, const void* pre, int64_t N) const {
     ZP_KERNEL_CALL(c.dev, swiglu_forward_packed, c.s, c.dt, h, pre, N, F);
 }
 
-void Mlp::forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved) const {
+void Mlp::forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved, const void* residual) const {
   saved.pre = c.act({N, up_.out()});
   Tensor h = c.act({N, hidden()});
   if (kind_ == MlpKind::GeluTanh) {
@@ -22,7 +22,7 @@ void Mlp::forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved)
     up_.forward(c, saved.pre.data(), x, N);
     activate(c, h.data(), saved.pre.data(), N);
   }
-  down_.forward(c, y, h.data(), N);
+  down_.forward(c, y, h.data(), N, 0, residual);
 }
 
 void Mlp::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, const Saved& saved,

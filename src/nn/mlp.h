@@ -20,7 +20,8 @@ class Mlp {
   };
   Mlp() = default;
   Mlp(MlpKind kind, Linear up, Linear down) : kind_(kind), up_(up), down_(down) {}
-  void forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved) const;
+  // y = mlp(x) (+ residual, added by the down projection's GEMM).
+  void forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved, const void* residual = nullptr) const;
   void backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, const Saved& saved,
                 bool accumulate_dx) const;
 
