@@ -38,7 +38,7 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, int stage, comm::Com
       if (stage_ < 2) b->bind_grads(Tensor::zeros({b->padded()}, DType::F32, b->device(), "grads", s));
       fill(*b);
     }
-    Unit u{b, b->padded() / world_, {}, {}, 0, 0, false, {}, {}};
+    Unit u{b, b->padded() / world_, {}, {}, 0, 0, false, false, {}, {}};
     const int64_t begin = stage_ == 0 ? 0 : rank_ * u.shard, end = stage_ == 0 ? b->padded() : begin + u.shard;
     const size_t esz = dtype_size(b->dtype());
     if (stage_ == 3) {  // keep only the owned slice of the compute weights
@@ -242,8 +242,12 @@ void ZeroEngine::reduce_scatter_grads(Unit& u) {
   }
   if (!update_armed_) return;
   // The optimizer in the backward: this block's slice is final, update it now.
+  update_in_backward(u, accumulate ? u.grad_shard : mine, cs);
+}
+
+void ZeroEngine::update_in_backward(Unit& u, const Tensor& grad, StreamHandle cs) {
+  nn::ParamBlock& b = *u.block;
   const size_t i = size_t(&u - units_.data());
-  const Tensor& grad = accumulate ? u.grad_shard : mine;
   const void* gp = grad.data();
   ZP_KERNEL_CALL(b.device(), l2norm_squared, cs, DType::F32, update_norms_.data<float>() + i, &gp, &u.shard, 1);
   const OwnedRange& r = opt_->ranges()[i];
@@ -251,6 +255,7 @@ void ZeroEngine::reduce_scatter_grads(Unit& u) {
                           : static_cast<char*>(b.values().data()) + size_t(r.begin) * dtype_size(b.dtype());
   opt_->update(i, grad.data<float>(), out, update_scale_, update_lr_, cs);
   if (stage_ == 2 && dp_) timed(cs, [&] { dp_->all_gather(out, b.values().data(), u.shard, b.dtype(), cs); });
+  u.updated = true;
 }
 
 void ZeroEngine::begin_step() {
@@ -263,7 +268,7 @@ void ZeroEngine::begin_step() {
   sync_grads_ = true;
   accumulated_ = false;
   for (Unit& u : units_) {
-    u.reduced = false;
+    u.reduced = u.updated = false;
     if (stage_ < 2)
       u.block->zero_grad(s_);
     else if (u.grad_shard.defined())
@@ -289,6 +294,14 @@ void ZeroEngine::finish_gradients() {
   if (stage_ < 2 && dp_)
     for (Unit& u : units_)
       if (!u.reduced) all_reduce_grads(u);  // blocks the backward did not report
+  if (update_armed_)  // a block the backward did not use still gets its step (weight decay), as in step()
+    for (Unit& u : units_)
+      if (!u.updated) {
+        comm_after_compute();
+        Tensor g = u.grad_shard.defined() ? u.grad_shard
+                                          : Tensor::zeros({u.shard}, DType::F32, u.block->device(), "grads", comm_stream());
+        update_in_backward(u, g, comm_stream());
+      }
   compute_after_comm();
   update_armed_ = false;
 }

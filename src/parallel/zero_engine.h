@@ -119,6 +119,7 @@ class ZeroEngine : public nn::BlockAccess {
     int params_refs = 0, grads_refs = 0;
     bool reduced = false;   // stages 0/1: this block's gradients were all-reduced since it last
                             // accumulated (the all-reduce may still be in flight)
+    bool updated = false;   // step_in_backward: this step's update has been applied
     Tensor prefetched;                   // stage 3: a full buffer being gathered on the comm stream
     std::shared_ptr<Event> prefetch_done;  // recorded on the comm stream after that gather
   };
@@ -130,6 +131,7 @@ class ZeroEngine : public nn::BlockAccess {
   void compute_after_comm();
   void all_reduce_grads(Unit& u);
   void reduce_scatter_grads(Unit& u);
+  void update_in_backward(Unit& u, const Tensor& grad, StreamHandle cs);
   Unit& unit(nn::ParamBlock& b);
   std::vector<Unit> units_;
   int stage_, world_ = 1, rank_ = 0;
