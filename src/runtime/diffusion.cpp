@@ -1,8 +1,8 @@
 #include "runtime/diffusion.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <cstdio>
 #include <filesystem>
@@ -23,6 +23,7 @@
 #include "runtime/loss_scaler.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/optimizer_step.h"
+#include "runtime/step_loop.h"
 #include "runtime/step_report.h"
 
 namespace zp::runtime {
@@ -335,12 +336,6 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
               " latents, ", L, " text tokens (micro ", B, ", accum ", cfg.grad_accum, ") | ", train_ds.size(),
               " training samples | ", ucfg.diffusion.prediction_type, ", ", T_train, " timesteps", gamma);
 
-  auto dp_mean = [&](double v) {
-    if (!ctrl) return v;
-    double out = 0;
-    ctrl->all_reduce(&v, &out, 1, DType::F64, comm::ReduceOp::Avg);
-    return out;
-  };
 
   // Host buffers of one micro-batch, reused.
   std::vector<float> x0(static_cast<size_t>(B * n)), eps(static_cast<size_t>(n)), xt(static_cast<size_t>(B * n)),
@@ -390,34 +385,11 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
     return sum / double(B);
   };
 
-  for (int64_t step = checkpoints.start_step(); step < cfg.max_steps; ++step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    engine.begin_step();
-    const float loss_scale = float(scaler.scale());
-    double loss = 0;
-    for (int64_t m = 0; m < cfg.grad_accum; ++m) {
-      begin_micro_step(engine, sched, m, cfg.grad_accum, loss_scale);
-      const int64_t first = checkpoints.first_sample(step) + m * B * world + rank * B;
-      loss += run_micro(train_ds, step, first, true, loss_scale / float(cfg.grad_accum)) / double(cfg.grad_accum);
-    }
-    const StepUpdate upd = finish_step(engine, scaler, sched, cfg.grad_clip, loss_scale);
-    const double grad_norm = upd.grad_norm, lr = upd.lr;
-    const bool skip = upd.skipped;
-    if (s) stream_synchronize(s);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    loss = dp_mean(loss);
-    result.losses.push_back(loss);
-    double val = NAN;
-    if (val_ds && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.max_steps)) {
-      double sum = 0;
-      for (int64_t e = 0; e < cfg.eval_batches; ++e) sum += run_micro(*val_ds, -1, (e * world + rank) * B, false, 1.f);
-      val = dp_mean(sum / double(cfg.eval_batches));
-      result.val_losses.push_back(val);
-    }
-    reporter.report(step + 1, loss, lr, grad_norm, secs, skip, loss_scale, val);
-    checkpoints.step_done(step + 1, skip, scaler, result);
-  }
-  result.skipped_steps = checkpoints.skipped_steps(scaler);
+  std::function<double(int64_t)> validate;
+  if (val_ds) validate = [&](int64_t first) { return run_micro(*val_ds, -1, first, false, 1.f); };
+  run_steps({cfg, engine, scaler, sched, checkpoints, reporter, ctrl.get(), rank, world, s},
+            [&](int64_t step, int64_t first, float scale) { return run_micro(train_ds, step, first, true, scale); },
+            validate, result);
   if (return_params) result.final_params = engine.gather_master();
   return result;
 }

@@ -1,7 +1,7 @@
 #include "runtime/trainer.h"
 
-#include <chrono>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -20,6 +20,7 @@
 #include "runtime/loss_scaler.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/optimizer_step.h"
+#include "runtime/step_loop.h"
 #include "runtime/step_report.h"
 
 namespace zp::runtime {
@@ -113,12 +114,6 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
               " | global batch ", global_batch, " x ", cfg.seq_len, " tokens (micro ", cfg.micro_batch, ", accum ",
               cfg.grad_accum, ") | ", train_ds.num_windows(), " training windows");
 
-  auto dp_mean = [&](double v) {
-    if (!ctrl) return v;
-    double out = 0;
-    ctrl->all_reduce(&v, &out, 1, DType::F64, comm::ReduceOp::Avg);
-    return out;
-  };
   auto run_micro = [&](const io::TokenDataset& ds, uint64_t seed, bool shuffle, int64_t first, bool train_step,
                        float loss_scale) {
     Batch b = make_batch(ds, seed, shuffle, first, cfg.micro_batch);
@@ -131,36 +126,13 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
     return model.loss();  // read after the backward is queued, so the GPU never waits for the host
   };
 
-  for (int64_t step = checkpoints.start_step(); step < cfg.max_steps; ++step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    engine.begin_step();
-    const float loss_scale = float(scaler.scale());
-    double loss = 0;
-    for (int64_t m = 0; m < cfg.grad_accum; ++m) {
-      begin_micro_step(engine, sched, m, cfg.grad_accum, loss_scale);
-      const int64_t first = checkpoints.first_sample(step) + m * cfg.micro_batch * world + rank * cfg.micro_batch;
-      loss += run_micro(train_ds, cfg.seed, cfg.shuffle, first, true, loss_scale / float(cfg.grad_accum)) /
-              double(cfg.grad_accum);
-    }
-    const StepUpdate upd = finish_step(engine, scaler, sched, cfg.grad_clip, loss_scale);
-    const double grad_norm = upd.grad_norm, lr = upd.lr;
-    const bool skip = upd.skipped;
-    if (s) stream_synchronize(s);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    loss = dp_mean(loss);
-    result.losses.push_back(loss);
-    double val = NAN;
-    if (val_ds && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.max_steps)) {
-      double sum = 0;
-      for (int64_t e = 0; e < cfg.eval_batches; ++e)
-        sum += run_micro(*val_ds, cfg.seed, false, (e * world + rank) * cfg.micro_batch, false, 1.f);
-      val = dp_mean(sum / double(cfg.eval_batches));
-      result.val_losses.push_back(val);
-    }
-    reporter.report(step + 1, loss, lr, grad_norm, secs, skip, loss_scale, val);
-    checkpoints.step_done(step + 1, skip, scaler, result);
-  }
-  result.skipped_steps = checkpoints.skipped_steps(scaler);
+  std::function<double(int64_t)> validate;
+  if (val_ds) validate = [&](int64_t first) { return run_micro(*val_ds, cfg.seed, false, first, false, 1.f); };
+  run_steps({cfg, engine, scaler, sched, checkpoints, reporter, ctrl.get(), rank, world, s},
+            [&](int64_t, int64_t first, float scale) {
+              return run_micro(train_ds, cfg.seed, cfg.shuffle, first, true, scale);
+            },
+            validate, result);
   if (return_params) result.final_params = engine.gather_master();
   return result;
 }

@@ -1,0 +1,48 @@
+#include "runtime/step_loop.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "runtime/optimizer_step.h"
+
+namespace zp::runtime {
+
+void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t, float)>& train,
+               const std::function<double(int64_t)>& validate, TrainResult& result) {
+  const TrainConfig& cfg = loop.cfg;
+  const int64_t micro = cfg.micro_batch, world = loop.world, rank = loop.rank;
+  auto dp_mean = [&](double v) {
+    if (!loop.ctrl) return v;
+    double out = 0;
+    loop.ctrl->all_reduce(&v, &out, 1, DType::F64, comm::ReduceOp::Avg);
+    return out;
+  };
+  for (int64_t step = loop.checkpoints.start_step(); step < cfg.max_steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    loop.engine.begin_step();
+    const float loss_scale = float(loop.scaler.scale());
+    double loss = 0;
+    for (int64_t m = 0; m < cfg.grad_accum; ++m) {
+      begin_micro_step(loop.engine, loop.schedule, m, cfg.grad_accum, loss_scale);
+      const int64_t first = loop.checkpoints.first_sample(step) + m * micro * world + rank * micro;
+      loss += train(step, first, loss_scale / float(cfg.grad_accum)) / double(cfg.grad_accum);
+    }
+    const StepUpdate upd = finish_step(loop.engine, loop.scaler, loop.schedule, cfg.grad_clip, loss_scale);
+    if (loop.s) stream_synchronize(loop.s);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    loss = dp_mean(loss);
+    result.losses.push_back(loss);
+    double val = NAN;
+    if (validate && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.max_steps)) {
+      double sum = 0;
+      for (int64_t e = 0; e < cfg.eval_batches; ++e) sum += validate((e * world + rank) * micro);
+      val = dp_mean(sum / double(cfg.eval_batches));
+      result.val_losses.push_back(val);
+    }
+    loop.reporter.report(step + 1, loss, upd.lr, upd.grad_norm, secs, upd.skipped, loss_scale, val);
+    loop.checkpoints.step_done(step + 1, upd.skipped, loop.scaler, result);
+  }
+  result.skipped_steps = loop.checkpoints.skipped_steps(loop.scaler);
+}
+
+}  // namespace zp::runtime

@@ -1,0 +1,40 @@
+// The step loop every training loop shares (runtime/trainer.h for LMs, runtime/diffusion.h for
+// UNets): per step, the micro-steps of gradient accumulation (the engine told which one completes
+// the step), the optimizer (finish_step), the loss averaged over the data group, validation every
+// training.eval_every steps and after the last, the progress report and the checkpoints. The model
+// side comes in as two callbacks, so each loop keeps its own batches and objective.
+#pragma once
+#include <cstdint>
+#include <functional>
+
+#include "comm/communicator.h"
+#include "parallel/zero_engine.h"
+#include "runtime/loop_checkpoints.h"
+#include "runtime/loss_scaler.h"
+#include "runtime/lr_schedule.h"
+#include "runtime/step_report.h"
+#include "runtime/train_config.h"
+#include "runtime/trainer.h"
+
+namespace zp::runtime {
+
+struct StepLoop {
+  const TrainConfig& cfg;
+  parallel::ZeroEngine& engine;
+  LossScaler& scaler;
+  const LrSchedule& schedule;
+  LoopCheckpoints& checkpoints;
+  StepReporter& reporter;
+  comm::Communicator* ctrl;  // host scalars over the data group; nullptr for a single rank
+  int rank, world;
+  StreamHandle s;
+};
+
+// Position `first` is a global index into the sample order. train(step, first, loss_scale) runs one
+// training micro-batch's forward and backward and returns its loss (read after the backward is
+// queued); validate(first) runs a validation forward and returns its loss, and is empty without
+// validation data. Fills result.losses, result.val_losses, result.saved and result.skipped_steps.
+void run_steps(const StepLoop& loop, const std::function<double(int64_t step, int64_t first, float loss_scale)>& train,
+               const std::function<double(int64_t first)>& validate, TrainResult& result);
+
+}  // namespace zp::runtime
