@@ -1,12 +1,15 @@
-// Shared by the GPU benchmarks: timing with CUDA events, and benchmark weights.
+// Shared by the GPU benchmarks: timing with CUDA events, benchmark weights, and main().
 #pragma once
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <string>
 #include <functional>
 #include <random>
 #include <vector>
 
+#include "core/device.h"
 #include "core/tensor.h"
 #include "kernels/elementwise.h"
 #include "nn/parameter.h"
@@ -53,6 +56,26 @@ inline void fill_blocks_random(const std::vector<nn::ParamBlock*>& blocks, Devic
       blk->values().flat(o, n).copy_from(b.flat(0, n), s);
     }
   }
+}
+
+// main() of a one-GPU benchmark binary: refuses to run without a GPU (exit 1, saying why), records
+// the device and its dense bf16 peak (and what `extra` adds, asked once the GPU is known to exist)
+// in the output, runs the benchmarks.
+using ContextPairs = std::vector<std::pair<std::string, std::string>>;
+inline int run_gpu_benchmarks(int argc, char** argv, const char* name,
+                              const std::function<ContextPairs()>& extra = {}) {
+  if (cuda_device_count() == 0) {
+    std::fprintf(stderr, "%s: %s\n", name, cuda_unavailable_reason().c_str());
+    return 1;
+  }
+  benchmark::AddCustomContext("device", cuda_device_name(0));
+  benchmark::AddCustomContext("peak_bf16_dense_TFLOPs", std::to_string(cuda_peak_bf16_tflops(0)));
+  if (extra)
+    for (const auto& [k, v] : extra()) benchmark::AddCustomContext(k, v);
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
 }
 
 }  // namespace zp::bench

@@ -235,16 +235,7 @@ BENCHMARK(BM_AdamW)->ArgNames({"params", "tensors"})->Args({124439808, 148})
 }  // namespace zp::bench
 
 int main(int argc, char** argv) {
-  if (zp::cuda_device_count() == 0) {
-    std::fprintf(stderr, "zp_bench_kernels: %s\n", zp::cuda_unavailable_reason().c_str());
-    return 1;
-  }
-  auto peak = zp::bench::device_peak();
-  benchmark::AddCustomContext("device", zp::cuda_device_name(0));
-  benchmark::AddCustomContext("peak_bf16_dense_TFLOPs", std::to_string(peak.tflops_bf16));
-  benchmark::AddCustomContext("peak_dram_GBs", std::to_string(peak.gbs));
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return zp::bench::run_gpu_benchmarks(argc, argv, "zp_bench_kernels", [] {
+    return zp::bench::ContextPairs{{"peak_dram_GBs", std::to_string(zp::bench::device_peak().gbs)}};
+  });
 }

@@ -69,15 +69,4 @@ BENCHMARK(BM_TrainStepGpt2)->ArgNames({"B", "T", "ckpt"})->Args({32, 1024, 0})->
 
 }  // namespace zp::bench
 
-int main(int argc, char** argv) {
-  if (zp::cuda_device_count() == 0) {
-    std::fprintf(stderr, "zp_bench_train: %s\n", zp::cuda_unavailable_reason().c_str());
-    return 1;
-  }
-  benchmark::AddCustomContext("device", zp::cuda_device_name(0));
-  benchmark::AddCustomContext("peak_bf16_dense_TFLOPs", std::to_string(zp::cuda_peak_bf16_tflops(0)));
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return zp::bench::run_gpu_benchmarks(argc, argv, "zp_bench_train"); }

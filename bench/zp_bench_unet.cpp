@@ -203,15 +203,4 @@ BENCHMARK(BM_TrainStepSdxl)->ArgNames({"B", "ckpt", "in_backward"})->ArgsProduct
 
 }  // namespace zp::bench
 
-int main(int argc, char** argv) {
-  if (zp::cuda_device_count() == 0) {
-    std::fprintf(stderr, "zp_bench_unet: %s\n", zp::cuda_unavailable_reason().c_str());
-    return 1;
-  }
-  benchmark::AddCustomContext("device", zp::cuda_device_name(0));
-  benchmark::AddCustomContext("peak_bf16_dense_TFLOPs", std::to_string(zp::cuda_peak_bf16_tflops(0)));
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return zp::bench::run_gpu_benchmarks(argc, argv, "zp_bench_unet"); }
