@@ -218,18 +218,9 @@ std::vector<ParamBlock*> Transformer::blocks() {
   return b;
 }
 
-std::vector<Parameter*> Transformer::parameters() {
-  std::vector<Parameter*> ps;
-  for (ParamBlock* b : blocks())
-    for (auto& p : b->params()) ps.push_back(p.get());
-  return ps;
-}
+std::vector<Parameter*> Transformer::parameters() { return parameters_of(blocks()); }
 
-Parameter* Transformer::find(const std::string& name) {
-  for (Parameter* p : parameters())
-    if (p->name == name) return p;
-  return nullptr;
-}
+Parameter* Transformer::find(const std::string& name) { return find_parameter(blocks(), name); }
 
 void Transformer::init_random(uint64_t seed, double std) {
   for (ParamBlock* b : blocks()) init_block_random(*b, seed, std);

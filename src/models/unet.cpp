@@ -833,18 +833,9 @@ std::vector<ParamBlock*> UNet::blocks() {
   return b;
 }
 
-std::vector<Parameter*> UNet::parameters() {
-  std::vector<Parameter*> ps;
-  for (ParamBlock* b : blocks())
-    for (auto& p : b->params()) ps.push_back(p.get());
-  return ps;
-}
+std::vector<Parameter*> UNet::parameters() { return parameters_of(blocks()); }
 
-Parameter* UNet::find(const std::string& name) {
-  for (Parameter* p : parameters())
-    if (p->name == name) return p;
-  return nullptr;
-}
+Parameter* UNet::find(const std::string& name) { return find_parameter(blocks(), name); }
 
 int64_t UNet::num_parameters() {
   int64_t total = 0;

@@ -43,4 +43,18 @@ void ParamBlock::bind_grads(Tensor full) {
   for (auto& p : params_) p->grad = grads_.defined() ? grads_.flat(p->offset, p->numel()).view(p->shape) : Tensor();
 }
 
+std::vector<Parameter*> parameters_of(const std::vector<ParamBlock*>& blocks) {
+  std::vector<Parameter*> ps;
+  for (ParamBlock* b : blocks)
+    for (const auto& p : b->params()) ps.push_back(p.get());
+  return ps;
+}
+
+Parameter* find_parameter(const std::vector<ParamBlock*>& blocks, const std::string& name) {
+  for (ParamBlock* b : blocks)
+    for (const auto& p : b->params())
+      if (p->name == name) return p.get();
+  return nullptr;
+}
+
 }  // namespace zp::nn

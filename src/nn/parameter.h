@@ -68,4 +68,9 @@ class ParamBlock {
   Tensor values_, grads_;
 };
 
+// A model's parameters across its blocks, in block order, and one of them by name (nullptr when
+// absent): what every model exposes over its blocks() (models/transformer.h, models/unet.h).
+std::vector<Parameter*> parameters_of(const std::vector<ParamBlock*>& blocks);
+Parameter* find_parameter(const std::vector<ParamBlock*>& blocks, const std::string& name);
+
 }  // namespace zp::nn
