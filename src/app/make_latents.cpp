@@ -3,10 +3,10 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <vector>
 
 #include "core/error.h"
+#include "io/config.h"
 #include "io/h5file.h"
 #include "models/unet.h"
 #include "nn/init.h"
@@ -16,16 +16,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  ZP_REQUIRE(in.good(), path, ": cannot open");
-  try {
-    return json::parse(in);
-  } catch (const std::exception& e) {
-    throw Error(path + ": not valid JSON: " + e.what());
-  }
-}
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -57,10 +47,10 @@ json resolve_unet_config(const std::string& spec, std::string& source) {
     }
   } else if (fs::is_directory(spec)) {
     source = (fs::path(spec) / "config.json").string();
-    j = read_json_file(source);
+    j = io::read_json_file(source);
   } else {
     source = spec;
-    j = read_json_file(spec);
+    j = io::read_json_file(spec);
   }
   if (j.is_object() && j.contains("model") && j["model"].is_object()) {  // a training config
     const json& m = j["model"];
@@ -71,7 +61,7 @@ json resolve_unet_config(const std::string& spec, std::string& source) {
     ZP_REQUIRE(m.contains("hub_dir") && m["hub_dir"].is_string() && !m["hub_dir"].get<std::string>().empty(), source,
                ": a training config needs model.config or model.hub_dir to name the UNet");
     source = (fs::path(m["hub_dir"].get<std::string>()) / "config.json").string();
-    return read_json_file(source);
+    return io::read_json_file(source);
   }
   return j;
 }

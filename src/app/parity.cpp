@@ -5,11 +5,11 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "core/log.h"
+#include "io/config.h"
 #include "io/safetensors.h"
 #include "models/transformer.h"
 #include "parallel/zero_engine.h"
@@ -31,14 +31,7 @@ ParityReport run_parity(const ParityOptions& opt, bool print) {
   const double tol = dt == DType::BF16 ? 3e-2 : 1e-4;
 
   const fs::path cfg_path = dir / "config.json";
-  std::ifstream in(cfg_path);
-  ZP_REQUIRE(in.good(), cfg_path.string(), ": cannot open");
-  json cfg_json;
-  try {
-    cfg_json = json::parse(in);
-  } catch (const std::exception& e) {
-    throw Error(cfg_path.string() + ": not valid JSON: " + e.what());
-  }
+  const json cfg_json = io::read_json_file(cfg_path.string());
   if (cfg_json.contains("_class_name")) {
     ZP_REQUIRE(cfg_json["_class_name"] == "UNet2DConditionModel", cfg_path.string(), ": _class_name ",
                cfg_json["_class_name"].dump(), " is not supported (UNet2DConditionModel or a transformer LM)");

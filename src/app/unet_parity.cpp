@@ -2,9 +2,9 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "io/config.h"
 #include "io/safetensors.h"
 #include "models/unet.h"
 
@@ -27,14 +27,7 @@ ParityReport run_unet_parity(const std::string& dir, Device dev, DType dt, bool 
   const double tol = dt == DType::BF16 ? 3e-2 : 1e-4;
 
   const fs::path cfg_path = fs::path(dir) / "config.json";
-  std::ifstream in(cfg_path);
-  ZP_REQUIRE(in.good(), cfg_path.string(), ": cannot open");
-  json cfg_json;
-  try {
-    cfg_json = json::parse(in);
-  } catch (const std::exception& e) {
-    throw Error(cfg_path.string() + ": not valid JSON: " + e.what());
-  }
+  const json cfg_json = io::read_json_file(cfg_path.string());
   const auto cfg = models::UNetConfig::from_hub_json(cfg_json, cfg_path.string());
 
   const fs::path io_path = fs::path(dir) / "io.safetensors";

@@ -42,6 +42,16 @@ Config::Config(const json& schema, const json& user, const std::string& source)
   merge(schema_, j_, user, "");
 }
 
+json read_json_file(const std::string& path, const std::string& note) {
+  std::ifstream in(path);
+  ZP_REQUIRE(in.good(), path, ": cannot open", note);
+  try {
+    return json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw Error(path + ": not valid JSON: " + e.what());
+  }
+}
+
 Config Config::from_file(const json& schema, const std::string& path) {
   std::ifstream in(path);
   ZP_REQUIRE(in.good(), path, ": cannot open the configuration file");

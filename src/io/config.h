@@ -14,6 +14,10 @@ namespace zp::io {
 
 using json = nlohmann::json;
 
+// The JSON document in file `path`; a file that cannot be opened or parsed is a zp::Error naming it
+// ("<path>: cannot open<note>", "<path>: not valid JSON: ...").
+json read_json_file(const std::string& path, const std::string& note = "");
+
 class Config {
  public:
   // `schema`: the defaults. `user`: the file's content. Throws zp::Error naming `source` and the key.

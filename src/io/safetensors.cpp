@@ -10,9 +10,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "io/config.h"
 #include "kernels/elementwise.h"
 
 namespace zp::io {
@@ -160,13 +160,7 @@ SafetensorsCollection SafetensorsCollection::open_dir(const std::string& dir, co
   if (fs::exists(single)) {
     c.files_.push_back(std::make_unique<SafetensorsFile>(single.string()));
   } else if (fs::exists(index)) {
-    std::ifstream in(index);
-    json j;
-    try {
-      j = json::parse(in);
-    } catch (const std::exception& e) {
-      throw Error(index.string() + ": not valid JSON: " + e.what());
-    }
+    const json j = read_json_file(index.string());
     ZP_REQUIRE(j.contains("weight_map") && j["weight_map"].is_object(), index.string(), ": no \"weight_map\" object");
     std::map<std::string, size_t> file_ids;
     for (auto& [name, f] : j["weight_map"].items()) {

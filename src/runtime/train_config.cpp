@@ -47,13 +47,7 @@ io::json TrainConfig::hub_config_json(std::string& source) const {
     return hub_config;
   }
   source = (std::filesystem::path(hub_dir) / "config.json").string();
-  std::ifstream in(source);
-  ZP_REQUIRE(in.good(), source, ": cannot open (model.hub_dir)");
-  try {
-    return io::json::parse(in);
-  } catch (const std::exception& e) {
-    throw Error(source + ": not valid JSON: " + e.what());
-  }
+  return io::read_json_file(source, " (model.hub_dir)");
 }
 
 TrainConfig TrainConfig::from(const io::Config& c) {
