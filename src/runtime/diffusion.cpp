@@ -9,8 +9,6 @@
 #include <fstream>
 
 #include "comm/communicator.h"
-#include "comm/mpi_comm.h"
-#include "comm/topology.h"
 #include "core/log.h"
 #include "io/latent_dataset.h"
 #include "io/safetensors.h"
@@ -129,21 +127,10 @@ void NoiseSchedule::noisy_and_target(int64_t t, const float* x0, const float* ep
   }
 }
 
-namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
 int64_t draw_timestep(uint64_t seed, int64_t step, int64_t index, int64_t num_timesteps) {
   ZP_CHECK(num_timesteps >= 1, "draw_timestep over ", num_timesteps, " timesteps");
-  const uint64_t key = splitmix64(splitmix64(seed ^ 0x74696D6573746570ull) + uint64_t(step));  // "timestep"
-  const uint64_t r = splitmix64(key + uint64_t(index));
+  const uint64_t key = nn::splitmix64(nn::splitmix64(seed ^ 0x74696D6573746570ull) + uint64_t(step));  // "timestep"
+  const uint64_t r = nn::splitmix64(key + uint64_t(index));
   // The high half of r * T: uniform on [0, T) up to a bias of T / 2^64.
   return int64_t((unsigned __int128)r * uint64_t(num_timesteps) >> 64);
 }
@@ -249,17 +236,8 @@ Tensor upload(const std::vector<float>& v, const Shape& shape, DType dt, Device 
 
 TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm group, bool return_params) {
   const TrainConfig& cfg = ucfg.common;
-  if (group == MPI_COMM_NULL) group = rt.world();
-  int world = 1, rank = 0;
-  ZP_MPI_CHECK(MPI_Comm_size(group, &world));
-  ZP_MPI_CHECK(MPI_Comm_rank(group, &rank));
-  Device dev = rt.device();
-  if (cfg.device == "cpu") dev = Device::cpu();
-  if (cfg.device == "cuda") ZP_REQUIRE(dev.is_cuda(), "training.device = \"cuda\": ", cuda_unavailable_reason());
-  const int64_t global_batch = cfg.micro_batch * cfg.grad_accum * world;
-  ZP_REQUIRE(cfg.train_batch_size == 0 || cfg.train_batch_size == global_batch, "train_batch_size ",
-             cfg.train_batch_size, " != train_micro_batch_size_per_gpu ", cfg.micro_batch,
-             " x gradient_accumulation_steps ", cfg.grad_accum, " x world size ", world);
+  const LoopPlace at = place_loop(cfg, rt, group);
+  const auto [world, rank, dev, global_batch] = at;
 
   // Model config and data first: a bad config or file is reported before any model memory exists.
   std::string source;
@@ -287,12 +265,7 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
                 L = train_ds.text_len(), D = train_ds.text_dim(), E = need.text_embeds_dim;
   const int64_t n = C * H * W;
 
-  std::unique_ptr<comm::Communicator> dp;
-  std::unique_ptr<comm::MpiComm> ctrl;
-  if (world > 1) {
-    dp = comm::make_communicator(dev.is_cuda() ? comm::Backend::Nccl : comm::Backend::Mpi, group);
-    ctrl = std::make_unique<comm::MpiComm>(group);
-  }
+  const auto [dp, ctrl] = make_loop_comms(at, group);
 
   std::unique_ptr<Stream> stream = dev.is_cuda() ? std::make_unique<Stream>(dev) : nullptr;
   const StreamHandle s = stream ? stream->handle() : nullptr;

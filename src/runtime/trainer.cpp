@@ -8,8 +8,6 @@
 #include <optional>
 
 #include "comm/communicator.h"
-#include "comm/mpi_comm.h"
-#include "comm/topology.h"
 #include "core/log.h"
 #include "io/safetensors.h"
 #include "io/token_dataset.h"
@@ -46,17 +44,8 @@ Batch make_batch(const io::TokenDataset& ds, uint64_t seed, bool shuffle, int64_
 }  // namespace
 
 TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, bool return_params) {
-  if (group == MPI_COMM_NULL) group = rt.world();
-  int world = 1, rank = 0;
-  ZP_MPI_CHECK(MPI_Comm_size(group, &world));
-  ZP_MPI_CHECK(MPI_Comm_rank(group, &rank));
-  Device dev = rt.device();
-  if (cfg.device == "cpu") dev = Device::cpu();
-  if (cfg.device == "cuda") ZP_REQUIRE(dev.is_cuda(), "training.device = \"cuda\": ", cuda_unavailable_reason());
-  const int64_t global_batch = cfg.micro_batch * cfg.grad_accum * world;
-  ZP_REQUIRE(cfg.train_batch_size == 0 || cfg.train_batch_size == global_batch, "train_batch_size ",
-             cfg.train_batch_size, " != train_micro_batch_size_per_gpu ", cfg.micro_batch,
-             " x gradient_accumulation_steps ", cfg.grad_accum, " x world size ", world);
+  const LoopPlace at = place_loop(cfg, rt, group);
+  const auto [world, rank, dev, global_batch] = at;
 
   // Data first: a missing or bad file is reported before any model memory is allocated.
   io::TokenDataset train_ds(cfg.train_files, cfg.seq_len, 0.0, 1.0 - cfg.val_fraction);
@@ -65,13 +54,7 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
     val_ds = std::make_unique<io::TokenDataset>(cfg.val_files, cfg.seq_len);
   else if (cfg.val_fraction > 0)
     val_ds = std::make_unique<io::TokenDataset>(cfg.train_files, cfg.seq_len, 1.0 - cfg.val_fraction, 1.0);
-  // Communicators: tensors on the device's backend, host scalars (losses) over MPI.
-  std::unique_ptr<comm::Communicator> dp;
-  std::unique_ptr<comm::MpiComm> ctrl;
-  if (world > 1) {
-    dp = comm::make_communicator(dev.is_cuda() ? comm::Backend::Nccl : comm::Backend::Mpi, group);
-    ctrl = std::make_unique<comm::MpiComm>(group);
-  }
+  const auto [dp, ctrl] = make_loop_comms(at, group);
 
   // Model.
   std::string source;
