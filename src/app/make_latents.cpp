@@ -17,13 +17,6 @@ using nlohmann::json;
 
 namespace {
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 constexpr int64_t kClasses = 8, kPhases = 4, kTokens = 8;
 constexpr uint64_t kEmbeddingSeed = 20240601;  // fixed: the conditioning means the same in every file
 
@@ -107,7 +100,7 @@ int make_latents(const std::string& path, const std::string& unet_config_json_or
     std::vector<float> lat(size_t(C * H * W)), ctx(size_t(L * D));
     const double two_pi = 2.0 * M_PI;
     for (int64_t s = 0; s < n; ++s) {
-      const uint64_t r = splitmix64(splitmix64(seed) + uint64_t(s));
+      const uint64_t r = nn::splitmix64(nn::splitmix64(seed) + uint64_t(s));
       const int64_t k = int64_t(r % kClasses), q = int64_t((r >> 8) % kPhases);
       const double amp = 0.75 + 0.5 * double((r >> 16) & 0xffff) / 65535.0;
       for (int64_t c = 0; c < C; ++c) {

@@ -7,39 +7,13 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
+#include "models/hub_keys.h"
 #include "nn/init.h"
 
 namespace zp::models {
 using nlohmann::json;
 using namespace zp::nn;
 using namespace zp::kernels;
-
-namespace {
-
-struct HubKeys {
-  const json& j;
-  const std::string& source;
-  const json& need(const char* key) const {
-    ZP_REQUIRE(j.contains(key) && !j[key].is_null(), source, ": missing key '", key, "'");
-    return j[key];
-  }
-  template <class T> T get(const char* key) const {
-    try {
-      return need(key).get<T>();
-    } catch (const json::exception&) {
-      throw Error(source + ": key '" + key + "' has the wrong type: " + j[key].dump());
-    }
-  }
-  template <class T> T get_or(const char* key, T fallback) const {
-    return j.contains(key) && !j[key].is_null() ? get<T>(key) : fallback;
-  }
-  void reject_if(const char* key, const json& bad_value, const char* why) const {
-    if (j.contains(key) && j[key] == bad_value)
-      throw Error(source + ": key '" + key + "' = " + j[key].dump() + " is not supported (" + why + ")");
-  }
-};
-
-}  // namespace
 
 TransformerConfig TransformerConfig::from_hub_json(const json& j, const std::string& source) {
   HubKeys k{j, source};

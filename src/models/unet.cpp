@@ -10,6 +10,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/nchw.h"
 #include "kernels/upsample.h"
+#include "models/hub_keys.h"
 
 namespace zp::models {
 using nlohmann::json;
@@ -35,29 +36,10 @@ const std::set<std::string> kKnownKeys = {
     "projection_class_embeddings_input_dim", "attention_type", "class_embeddings_concat",
     "mid_block_only_cross_attention", "cross_attention_norm", "addition_embed_type_num_heads"};
 
-struct DiffusersKeys {
-  const json& j;
-  const std::string& source;
-
-  bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
-  [[noreturn]] void unsupported(const char* key, const std::string& why) const {
-    throw Error(source + ": key '" + key + "' = " + j[key].dump() + " is not supported (" + why + ")");
-  }
+struct DiffusersKeys : HubKeys {
   [[noreturn]] void wrong(const char* key, const std::string& want) const {
     throw Error(source + ": key '" + key + "' = " + j[key].dump() + " must be " + want);
   }
-  const json& need(const char* key) const {
-    ZP_REQUIRE(has(key), source, ": missing key '", key, "'");
-    return j[key];
-  }
-  template <class T> T get(const char* key) const {
-    try {
-      return need(key).get<T>();
-    } catch (const json::exception&) {
-      throw Error(source + ": key '" + key + "' has the wrong type: " + j[key].dump());
-    }
-  }
-  template <class T> T get_or(const char* key, T fallback) const { return has(key) ? get<T>(key) : fallback; }
   // The key is absent, or null when null is allowed, or one of `allowed` (diffusers' default first).
   void allow_only(const char* key, const std::vector<json>& allowed, bool null_ok, const std::string& why) const {
     if (!j.contains(key) || (null_ok && j[key].is_null())) return;
@@ -93,7 +75,7 @@ UNetConfig UNetConfig::from_hub_json(const json& j, const std::string& source) {
   for (const auto& [key, value] : j.items())
     if (!key.empty() && key[0] != '_' && !kKnownKeys.count(key))
       throw Error(source + ": unknown key '" + key + "' (not a diffusers UNet2DConditionModel key)");
-  DiffusersKeys k{j, source};
+  DiffusersKeys k{{j, source}};
   if (k.has("_class_name")) {
     std::string cls = k.get<std::string>("_class_name");
     ZP_REQUIRE(cls == "UNet2DConditionModel", source, ": key '_class_name' = \"", cls,

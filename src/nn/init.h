@@ -9,6 +9,16 @@
 
 namespace zp::nn {
 
+// The counter-based generator's mixing function (SplitMix64's finaliser): every random draw of the
+// engine (initialisation, diffusion timesteps and noise, demo latents) is splitmix64 of a key plus
+// a counter, so it depends only on what it is for, never on the world size or the order of calls.
+inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
 // Normal(0, std) for elements [begin, begin + count) of `name`'s flat index space, into host floats.
 void counter_normal(uint64_t seed, const std::string& name, int64_t begin, int64_t count, double std, float* out);
 // Fills a parameter (any device, any dtype) with counter_normal values or a constant.
