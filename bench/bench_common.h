@@ -1,6 +1,7 @@
-// Shared by the GPU benchmarks: timing with CUDA events, benchmark weights, and main().
+// Shared by the GPU benchmarks: timing with CUDA events, memory peaks, benchmark weights, and main().
 #pragma once
 #include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/device.h"
 #include "core/tensor.h"
 #include "kernels/elementwise.h"
@@ -37,6 +39,34 @@ inline double timed_iterations(benchmark::State& st, StreamHandle s, const std::
   }
   return total_ms / 1e3 / double(st.iterations());
 }
+
+// Peak memory of one benchmark on GPU 0, in GiB: the engine allocator's peak (what
+// torch.cuda.max_memory_allocated measures) and everything the process holds on the device, library
+// workspaces included, sampled with sample() (after each step). The constructor gives back what an
+// earlier benchmark left cached in the pool, so both peaks are this one's.
+class MemoryPeaks {
+ public:
+  MemoryPeaks() {
+    cudaDeviceSynchronize();
+    cudaMemPool_t pool = nullptr;
+    cudaDeviceGetDefaultMemPool(&pool, 0);
+    cudaMemPoolTrimTo(pool, 0);
+    size_t total = 0;
+    cudaMemGetInfo(&free0_, &total);
+    min_free_ = free0_;
+    device_allocator(0).reset_peak();
+  }
+  void sample() {
+    size_t f = 0, total = 0;
+    cudaMemGetInfo(&f, &total);
+    min_free_ = std::min(min_free_, f);
+  }
+  double engine_gib() const { return double(device_allocator(0).stats().peak) / double(1ull << 30); }
+  double device_gib() const { return double(free0_ - min_free_) / double(1ull << 30); }
+
+ private:
+  size_t free0_ = 0, min_free_ = 0;
+};
 
 // Every block's compute buffer filled by tiling one block of Normal(0, 0.02) values. Weight values do
 // not change kernel timings, and the engine's counter-based initialisation of billions of values on

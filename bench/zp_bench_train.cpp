@@ -27,14 +27,7 @@ void BM_TrainStepGpt2(benchmark::State& st) {
   auto cfg = models::TransformerConfig::from_hub_json(hub, "gpt2-124m");
   Stream stream(Device::cuda(0));
   const StreamHandle s = stream.handle();
-  // Give back what an earlier benchmark left cached in the pool, so the device-level peak is this one's.
-  cudaDeviceSynchronize();
-  cudaMemPool_t pool = nullptr;
-  cudaDeviceGetDefaultMemPool(&pool, 0);
-  cudaMemPoolTrimTo(pool, 0);
-  size_t free0 = 0, total = 0;
-  cudaMemGetInfo(&free0, &total);
-  device_allocator(0).reset_peak();
+  MemoryPeaks peaks;
   models::Transformer model(cfg, Device::cuda(0), DType::BF16, s);
   model.init_random(1234, 0.02);
   parallel::ZeroEngine engine(model.blocks(), 0, nullptr, {6e-4, 0.9, 0.95, 1e-8, 0.1, false}, s);
@@ -46,23 +39,20 @@ void BM_TrainStepGpt2(benchmark::State& st) {
     tgt_h.data<int32_t>()[i] = int32_t(g() % 50257);
   }
   Tensor ids = ids_h.to(Device::cuda(0), s), tgt = tgt_h.to(Device::cuda(0), s);
-  size_t min_free = free0;
   auto step = [&] {
     engine.begin_step();
     model.forward(ids.data<int32_t>(), tgt.data<int32_t>(), B * T, B, T, checkpoint);
     model.backward();
     const double norm = std::sqrt(engine.grad_norm_squared());
     engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);
-    size_t f = 0;
-    cudaMemGetInfo(&f, &total);
-    min_free = std::min(min_free, f);
+    peaks.sample();
   };
   const double secs = timed_iterations(st, s, step);
   const double tok_s = double(B * T) / secs;
   st.counters["tokens_per_s"] = tok_s;
   st.counters["MFU_pct"] = 100.0 * model.flops_per_token(T) * tok_s / (cuda_peak_bf16_tflops(0) * 1e12);
-  st.counters["peak_engine_GiB"] = double(device_allocator(0).stats().peak) / double(1ull << 30);
-  st.counters["peak_device_GiB"] = double(free0 - min_free) / double(1ull << 30);
+  st.counters["peak_engine_GiB"] = peaks.engine_gib();
+  st.counters["peak_device_GiB"] = peaks.device_gib();
 }
 BENCHMARK(BM_TrainStepGpt2)->ArgNames({"B", "T", "ckpt"})->Args({32, 1024, 0})->Args({32, 1024, 1})
     ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(10);

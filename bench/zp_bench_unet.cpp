@@ -127,14 +127,7 @@ void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, boo
   const int64_t D = cfg.cross_dim.back(), E = cfg.text_time ? cfg.add_in_dim - 6 * cfg.add_time_dim : 0;
   Stream stream(Device::cuda(0));
   const StreamHandle s = stream.handle();
-  // Give back what an earlier benchmark left cached in the pool, so the device-level peak is this one's.
-  cudaDeviceSynchronize();
-  cudaMemPool_t pool = nullptr;
-  cudaDeviceGetDefaultMemPool(&pool, 0);
-  cudaMemPoolTrimTo(pool, 0);
-  size_t free0 = 0, total = 0;
-  cudaMemGetInfo(&free0, &total);
-  device_allocator(0).reset_peak();
+  MemoryPeaks peaks;
   double flops_sample = 0;
   int64_t params = 0;
   {
@@ -159,7 +152,6 @@ void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, boo
     }
     Tensor target = random_tensor({B, n}, DType::F32, 5, s);
     Tensor losses = Tensor::empty({B}, DType::F32, Device::cuda(0), "bench", s);
-    size_t min_free = free0;
     auto step = [&] {
       engine.begin_step();
       engine.begin_micro_step(true);
@@ -173,17 +165,15 @@ void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, boo
       engine.finish_gradients();
       const double norm = std::sqrt(engine.grad_norm_squared());
       if (!in_backward) engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);
-      size_t f = 0;
-      cudaMemGetInfo(&f, &total);
-      min_free = std::min(min_free, f);
+      peaks.sample();
     };
     const double secs = timed_iterations(st, s, step);
     const double samples_s = double(B) / secs;
     st.counters["samples_per_s"] = samples_s;
     st.counters["TFLOPs"] = flops_sample * samples_s / 1e12;
     st.counters["MFU_pct"] = 100.0 * flops_sample * samples_s / (cuda_peak_bf16_tflops(0) * 1e12);
-    st.counters["peak_engine_GiB"] = double(device_allocator(0).stats().peak) / double(1ull << 30);
-    st.counters["peak_device_GiB"] = double(free0 - min_free) / double(1ull << 30);
+    st.counters["peak_engine_GiB"] = peaks.engine_gib();
+    st.counters["peak_device_GiB"] = peaks.device_gib();
     st.counters["params_M"] = double(params) / 1e6;
     st.counters["train_GFLOP_per_sample"] = flops_sample / 1e9;
   }
