@@ -33,6 +33,19 @@ const char* kUsage =
     "  parity   run a reference folder (hub config, weights, io.safetensors) and compare every tensor\n"
     "run `zeropipe <command> --help` for the command's options\n";
 
+// Parses argv against `desc` (and the positional `pos`) into `vm`; false when --help was given,
+// after printing the options. A missing required option or a bad value throws po::error.
+bool parse_options(int argc, char** argv, const po::options_description& desc, po::variables_map& vm,
+                   const po::positional_options_description& pos = {}) {
+  po::store(po::command_line_parser(argc, argv).options(desc).positional(pos).run(), vm);
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return false;
+  }
+  po::notify(vm);
+  return true;
+}
+
 int cmd_parity(int argc, char** argv) {
   zp::app::ParityOptions o;
   po::options_description desc("zeropipe parity options");
@@ -41,12 +54,7 @@ int cmd_parity(int argc, char** argv) {
       "device", po::value<std::string>(&o.device)->default_value("cpu"), "cpu | cuda")(
       "dtype", po::value<std::string>(&o.dtype)->default_value("fp32"), "fp32 | bf16 (bf16 needs a GPU)");
   po::variables_map vm;
-  po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
-  if (vm.count("help")) {
-    std::cout << desc << "\n";
-    return 0;
-  }
-  po::notify(vm);
+  if (!parse_options(argc, argv, desc, vm)) return 0;
   return zp::app::run_parity(o).finish();
 }
 
@@ -59,12 +67,7 @@ int cmd_convert(int argc, char** argv) {
       "dtype", po::value<std::string>(&o.dtype)->default_value("keep"), "keep | bf16 | fp32")(
       "force", po::bool_switch(&o.force), "replace an existing destination");
   po::variables_map vm;
-  po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
-  if (vm.count("help")) {
-    std::cout << desc << "\n";
-    return 0;
-  }
-  po::notify(vm);
+  if (!parse_options(argc, argv, desc, vm)) return 0;
   return zp::app::run_convert(o);
 }
 
@@ -78,12 +81,7 @@ int cmd_inspect(int argc, char** argv) {
   po::positional_options_description pos;
   pos.add("file", 1);
   po::variables_map vm;
-  po::store(po::command_line_parser(argc, argv).options(desc).positional(pos).run(), vm);
-  if (vm.count("help")) {
-    std::cout << desc << "\n";
-    return 0;
-  }
-  po::notify(vm);
+  if (!parse_options(argc, argv, desc, vm, pos)) return 0;
   return zp::app::run_inspect(path, verify);
 }
 
@@ -99,12 +97,7 @@ int cmd_make_latents(int argc, char** argv) {
       "samples", po::value<int64_t>(&samples)->default_value(512), "number of samples")(
       "seed", po::value<uint64_t>(&seed)->default_value(1234), "seed");
   po::variables_map vm;
-  po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
-  if (vm.count("help")) {
-    std::cout << desc << "\n";
-    return 0;
-  }
-  po::notify(vm);
+  if (!parse_options(argc, argv, desc, vm)) return 0;
   return zp::app::make_latents(out, model, samples, seed);
 }
 
@@ -120,12 +113,7 @@ int cmd_train(int argc, char** argv) {
       "resume", po::value<std::string>(&resume),
       "continue from a checkpoint: FILE, or latest (the newest in checkpoint.dir; none there: start fresh)");
   po::variables_map vm;
-  po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << desc << "\n";
-    return 0;
-  }
+  if (!parse_options(argc, argv, desc, vm)) return 0;
   if (vm.count("print-defaults")) {
     std::cout << zp::runtime::train_schema_with_diffusion().dump(2) << "\n";
     return 0;
