@@ -24,6 +24,7 @@
 #include "runtime/diffusion.h"
 #include "runtime/train_config.h"
 #include "runtime/trainer.h"
+#include "test_util.h"
 #include "tiny_unet_config.h"
 
 namespace zp::test {
@@ -109,16 +110,6 @@ TrainConfig config(const std::string& data, const io::json& model, const std::st
   TrainConfig c = TrainConfig::from(user_config(data, model, dir, steps, save_every));
   c.resume = resume;
   return c;
-}
-
-template <class F> void expect_error(F&& f, const std::vector<std::string>& fragments) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one mentioning " << fragments.front();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& frag : fragments) EXPECT_NE(msg.find(frag), std::string::npos) << "'" << frag << "' not in: " << msg;
-  }
 }
 
 std::string file_bytes(const std::string& p) {

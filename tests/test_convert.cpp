@@ -36,16 +36,6 @@ struct ScratchDir {
   std::string operator/(const std::string& rel) const { return (path / rel).string(); }
 };
 
-template <class F> void expect_error(F&& f, const std::vector<std::string>& fragments) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one mentioning " << fragments.front();
-  } catch (const Error& e) {
-    for (const auto& frag : fragments)
-      EXPECT_NE(std::string(e.what()).find(frag), std::string::npos) << "'" << frag << "' not in: " << e.what();
-  }
-}
-
 const char* const kGolden[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "unet-sd-tiny", "unet-sdxl-tiny"};
 
 std::string stem_of(const std::string& model) {

@@ -36,17 +36,6 @@ class TmpDir {
   fs::path dir_;
 };
 
-// Runs `f`, expecting a zp::Error whose message contains every fragment.
-template <class F> void expect_error(F&& f, const std::vector<std::string>& fragments) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one mentioning " << fragments.front();
-  } catch (const Error& e) {
-    for (const auto& frag : fragments)
-      EXPECT_NE(std::string(e.what()).find(frag), std::string::npos) << "'" << frag << "' not in: " << e.what();
-  }
-}
-
 int64_t flat_index(const Shape& shape, const std::vector<int64_t>& idx) {
   int64_t f = 0;
   for (size_t d = 0; d < shape.size(); ++d) f = f * shape[d] + idx[d];

@@ -13,6 +13,7 @@
 
 #include "core/device.h"
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace zp::test {
@@ -143,6 +144,17 @@ inline std::string golden_path(const std::string& rel) {
 inline const std::vector<DType>& gpu_float_dtypes() {
   static const std::vector<DType> d = {DType::F32, DType::BF16, DType::F16};
   return d;
+}
+
+// Runs `f`, expecting a zp::Error whose message contains every fragment.
+template <class F> void expect_error(F&& f, const std::vector<std::string>& fragments) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning " << fragments.front();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const auto& frag : fragments) EXPECT_NE(msg.find(frag), std::string::npos) << "'" << frag << "' not in: " << msg;
+  }
 }
 
 }  // namespace zp::test
