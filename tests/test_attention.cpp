@@ -251,7 +251,9 @@ TEST(AttentionGpu, MatchesCpu) {
       {2, 50, 50, 6, 2, 64, true, true},    // GPT-style packed qkv with GQA
       {1, 40, 20, 2, 1, 72, true, false},   // Tq > Tk: some queries see no key
       {1, 20, 45, 3, 1, 256, true, false},  // largest head dim, Tq < Tk
-      {3, 9, 31, 2, 2, 80, false, false}};
+      {3, 9, 31, 2, 2, 80, false, false},
+      {2, 64, 64, 4, 4, 16, true, true},    // the demo GPT-2: head dim 16 (zero-padded flash), packed, causal
+      {2, 200, 200, 4, 4, 16, true, true}}; // the same over several query and key tiles
   for (const AttnCase& c : cases) {
     for (DType dt : gpu_float_dtypes()) {
       SCOPED_TRACE(::testing::PrintToString(c) + " " + std::string(dtype_name(dt)));
