@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Failure test: SIGKILL every rank of a 2-rank CPU training job while it is writing a checkpoint
-# (a *.h5.tmp exists). `--resume latest` must then pick the newest COMPLETE checkpoint (never the
+# (a *.h5.tmp exists before the kill and is still there after it). `--resume latest` must then pick the newest COMPLETE checkpoint (never the
 # temporary file), train on and save again, and `zeropipe inspect --verify` must pass on both.
 # Usage: kill_during_save_test.sh ZEROPIPE_BINARY SOURCE_DIR
 set -u
@@ -22,17 +22,25 @@ train() {
 
 train --set training.max_steps=1000000 > "$tmp/first.log" 2>&1 &
 job=$!
-caught=""
+rank_pids() { pgrep -f "$ckpt" | while read -r p; do [ "$(cat /proc/$p/comm 2>/dev/null)" = zeropipe ] && echo "$p"; done; }
+caught="" ranks=""
 for _ in $(seq 1 12000); do  # up to 120 s: two complete checkpoints, then a save in progress
   complete=$(ls "$ckpt"/step-*.h5 2>/dev/null | wc -l)
-  if [ "$complete" -ge 2 ] && ls "$ckpt"/*.tmp > /dev/null 2>&1; then caught=1; break; fi
+  if [ "$complete" -ge 2 ] && ls "$ckpt"/*.tmp > /dev/null 2>&1; then
+    # Freeze the ranks, then look again: a save still in progress now is one the kill lands in.
+    ranks=$(rank_pids)
+    # shellcheck disable=SC2086
+    [ -n "$ranks" ] && kill -STOP $ranks
+    if ls "$ckpt"/*.tmp > /dev/null 2>&1; then caught=1; break; fi
+    # shellcheck disable=SC2086
+    kill -CONT $ranks
+  fi
   kill -0 $job 2>/dev/null || break
   sleep 0.01
 done
 if [ -z "$caught" ]; then
   echo "FAIL: never saw a save in progress after two complete checkpoints"; cat "$tmp/first.log"; kill -9 $job; exit 1
 fi
-ranks=$(pgrep -f "$ckpt" | while read -r p; do [ "$(cat /proc/$p/comm 2>/dev/null)" = zeropipe ] && echo "$p"; done)
 [ -n "$ranks" ] || { echo "FAIL: no rank process found"; kill -9 $job; exit 1; }
 # shellcheck disable=SC2086
 kill -9 $ranks
@@ -42,6 +50,9 @@ kill -9 $job 2>/dev/null
 wait $job 2>/dev/null
 pkill -9 -f "$ckpt" 2>/dev/null
 sleep 0.5
+# The kill must have landed while the save was in progress: its temporary file is still there
+# (a save that had finished would have renamed it).
+ls "$ckpt"/*.tmp > /dev/null 2>&1 || { echo "FAIL: no temporary file left: the kill did not land during a save"; ls -la "$ckpt"; exit 1; }
 
 latest=$(ls "$ckpt"/step-*.h5 | sort | tail -n 1)
 step=$(basename "$latest" .h5 | sed 's/^step-0*//')

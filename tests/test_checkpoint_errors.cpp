@@ -15,6 +15,7 @@
 #include <memory>
 #include <random>
 
+#include "app/convert.h"
 #include "app/make_latents.h"
 #include "comm/bootstrap.h"
 #include "core/error.h"
@@ -223,6 +224,10 @@ TEST(CheckpointErrors, LatestWithNoCheckpointStartsFresh) {
   RuntimeLease rt;
   Dir d("fresh");
   const std::string data = token_file(d);
+  // A folder that does not exist is most likely a mistyped path: an error, not a fresh start.
+  expect_error([&] { train(config(data, llama(), d / "empty", 2, 0, "latest"), *rt); },
+               {"--resume latest", d / "empty", "does not exist"});
+  fs::create_directories(d / "empty");
   const TrainResult r = train(config(data, llama(), d / "empty", 2, 0, "latest"), *rt);
   EXPECT_EQ(r.first_step, 0);
   EXPECT_EQ(r.resumed_from, "");
@@ -300,6 +305,217 @@ TEST(CheckpointErrors, Fp16LossScalerResumesExactly) {
     EXPECT_EQ(rest.losses, std::vector<double>(straight.losses.begin() + at, straight.losses.end())) << "resumed at " << at;
     EXPECT_EQ(rest.skipped_steps, straight.skipped_steps) << "resumed at " << at;
   }
+}
+
+}  // namespace zp::test
+
+// --- nothing lost: verified loads, fallback, storage checks, divergence, weights out ------------
+
+namespace zp::test {
+namespace {
+
+// Flips `n` bytes of dataset `ds`'s stored data (a contiguous dataset: its bytes sit at file_offset).
+void damage_dataset(const std::string& path, const std::string& ds, int64_t at_byte, int n) {
+  int64_t offset = 0;
+  {
+    io::H5File f = io::H5File::open(path);
+    offset = f.dataset_info(ds).file_offset;
+  }
+  ASSERT_GE(offset, 0) << ds << " is not contiguous";
+  std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+  for (int i = 0; i < n; ++i) {
+    io.seekg(offset + at_byte + i);
+    const char c = char(io.get() ^ 0x5a);
+    io.seekp(offset + at_byte + i);
+    io.put(c);
+  }
+}
+
+std::string first_model_dataset(const std::string& path) {
+  io::H5File f = io::H5File::open(path);
+  return "/model/" + f.children("/model").front();
+}
+
+}  // namespace
+
+// A file with three slices per dataset (as three ranks write it): damage in one slice is found by any
+// read that touches it, named with its element range, and reads of the other slices still pass.
+TEST(VerifiedReads, NameTheDamagedSliceAndPassTheOthers) {
+  Dir d("verified");
+  const std::string path = d / "three.h5";
+  std::vector<float> v(300);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(i) * 0.5f;
+  {
+    io::CheckpointWriter w(path);
+    for (int s = 0; s < 3; ++s) w.write("/model/w", DType::F32, {300}, DType::F32, v.data() + 100 * s, 100 * s, 100);
+    w.commit();
+  }
+  std::vector<float> out(300);
+  io::CheckpointReader(path).read("/model/w", {300}, DType::F32, out.data(), 0, 300);
+  EXPECT_EQ(out, v);
+  damage_dataset(path, "/model/w", 4 * 150, 1);  // element 150: the middle slice
+  io::CheckpointReader r(path);
+  // Elements [120, 130) lie in the damaged slice: the read widens to the whole slice and fails.
+  try {
+    r.read("/model/w", {300}, DType::F32, out.data(), 120, 10);
+    ADD_FAILURE() << "a read of a damaged slice passed";
+  } catch (const io::DamagedFileError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(path), std::string::npos) << m;
+    EXPECT_NE(m.find("/model/w"), std::string::npos) << m;
+    EXPECT_NE(m.find("elements [100, 200)"), std::string::npos) << m;
+  }
+  r.read("/model/w", {300}, DType::F32, out.data(), 0, 100);    // first slice: intact
+  r.read("/model/w", {300}, DType::F32, out.data() + 250, 250, 50);  // part of the last: intact
+  EXPECT_EQ(out[0], 0.f);
+  EXPECT_THROW(r.read("/model/w", {300}, DType::BF16, out.data(), 0, 300), io::DamagedFileError);
+  EXPECT_THROW(r.stream("/model/w", DType::F32, 64, [](const void*, int64_t, int64_t) {}), io::DamagedFileError);
+}
+
+TEST(VerifiedReads, ADatasetWithoutChecksumsInAChecksummedFileIsDamaged) {
+  Dir d("nochecksums");
+  const std::string path = d / "x.h5";
+  {
+    io::H5File f = io::H5File::create(path);
+    f.set_attr_int("/", "zeropipe_format", 1);
+    f.set_attr_string("/", "checksum", "crc32");
+    f.create_dataset("/model/w", DType::F32, {4});
+    const float x[4] = {1, 2, 3, 4};
+    f.write_slice("/model/w", DType::F32, x, 0, 4);
+    f.close();
+  }
+  float out[4];
+  expect_error([&] { io::CheckpointReader(path).read("/model/w", {4}, DType::F32, out, 0, 4); },
+               {path, "/model/w", "no slice_checksums"});
+}
+
+// --resume refuses a checkpoint with a damaged slice (naming file, dataset and elements); `latest`
+// skips a damaged or truncated newest checkpoint (renamed out of the rotation) for the newest intact
+// one, and says so; when none is intact it is an error.
+TEST(CheckpointErrors, ResumeVerifiesAndLatestFallsBackToAnIntactCheckpoint) {
+  RuntimeLease rt;
+  Dir d("fallback");
+  const std::string data = token_file(d), dir = d / "ckpt";
+  const TrainResult first = train(config(data, llama(), dir, 3, 1), *rt);
+  ASSERT_EQ(first.saved.size(), 3u);
+  const std::string s1 = first.saved[0], s2 = first.saved[1], s3 = first.saved[2];
+  const std::string ds = first_model_dataset(s3);
+  damage_dataset(s3, ds, 8, 4000);  // 1,000 floats
+
+  expect_error([&] { train(config(data, llama(), dir, 4, 1, s3), *rt); }, {s3, ds, "elements [", "crc32"});
+  const TrainResult r = train(config(data, llama(), dir, 4, 1, "latest"), *rt);
+  EXPECT_EQ(r.resumed_from, s2);
+  EXPECT_EQ(r.first_step, 2);
+  EXPECT_TRUE(fs::exists(s3 + ".damaged"));
+  ASSERT_EQ(r.saved.size(), 2u);  // steps 3 and 4, from the intact step 2
+  EXPECT_TRUE(io::verify_checksums(r.saved.back()).ok());
+
+  // A truncated newest file (a copy cut short) is skipped the same way.
+  const std::string s4 = r.saved.back();
+  fs::resize_file(s4, fs::file_size(s4) / 2);
+  const TrainResult t = train(config(data, llama(), dir, 4, 1, "latest"), *rt);
+  EXPECT_EQ(t.resumed_from, dir + "/" + io::checkpoint_filename(3));
+  EXPECT_TRUE(fs::exists(s4 + ".damaged"));
+
+  // Nothing intact left: an error, not a silent fresh start.
+  for (const auto& c : io::list_checkpoints(dir)) damage_dataset(c.path, ds, 0, 64);
+  expect_error([&] { train(config(data, llama(), dir, 5, 1, "latest"), *rt); }, {"every checkpoint", dir, "damaged"});
+  EXPECT_TRUE(fs::exists(s1 + ".damaged"));
+}
+
+// checkpoint.dir is checked before any step: a path under a file cannot be created, a file is not
+// a directory. The error names the key and the path.
+TEST(CheckpointErrors, StorageIsCheckedBeforeTheFirstStep) {
+  RuntimeLease rt;
+  Dir d("storage");
+  const std::string data = token_file(d), file = d / "a-file";
+  std::ofstream(file) << "x";
+  expect_error([&] { train(config(data, llama(), file, 2, 1), *rt); }, {"checkpoint.dir", file, "not a directory"});
+  expect_error([&] { train(config(data, llama(), file + "/sub", 2, 1), *rt); },
+               {"checkpoint.dir", file + "/sub", "cannot be created"});
+  // A folder that can be created is created at start, before any work.
+  const TrainResult r = train(config(data, llama(), d / "new/deeper", 1, 0), *rt);
+  EXPECT_TRUE(fs::is_directory(d / "new/deeper"));
+  // With checkpoint.dir and no save_every, the run saves once, at its end.
+  ASSERT_EQ(r.saved.size(), 1u);
+  EXPECT_EQ(r.saved[0], d / "new/deeper" + "/" + io::checkpoint_filename(1));
+}
+
+// A run whose loss turns non-finite stops after training.max_bad_steps such steps in a row with a
+// named error; no checkpoint is written from those steps, and rotation (keep_last) never removes
+// the newest healthy checkpoint.
+TEST(CheckpointErrors, DivergenceStopsAndKeepsTheHealthyCheckpoints) {
+  RuntimeLease rt;
+  Dir d("diverge");
+  const std::string data = token_file(d), dir = d / "ckpt";
+  TrainConfig good = config(data, llama(), dir, 3, 1);
+  good.keep_last = 2;
+  ASSERT_EQ(train(good, *rt).saved.size(), 3u);
+  // From step 3, a learning rate that blows the weights up: step 4's loss is still that of the
+  // healthy weights, every later one is not finite.
+  TrainConfig bad = good;
+  bad.max_steps = 20;
+  bad.lr = 1e30;
+  bad.warmup_steps = 0;
+  bad.max_bad_steps = 3;
+  bad.resume = "latest";
+  try {
+    train(bad, *rt);
+    ADD_FAILURE() << "a diverging run finished";
+  } catch (const TrainingDiverged& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("diverged"), std::string::npos) << m;
+    EXPECT_NE(m.find("3 steps in a row"), std::string::npos) << m;
+    EXPECT_NE(m.find("training.max_bad_steps"), std::string::npos) << m;
+  }
+  std::vector<int64_t> steps;
+  for (const auto& c : io::list_checkpoints(dir)) steps.push_back(c.step);
+  ASSERT_FALSE(steps.empty());
+  EXPECT_LE(steps.back(), 4) << "a checkpoint was written from a non-finite step";
+  EXPECT_TRUE(fs::exists(dir + "/" + io::checkpoint_filename(3))) << "the newest healthy checkpoint was rotated out";
+}
+
+// Weights out and back in: a checkpoint's model exported to a weights file starts a run
+// (model.hub_dir = the .h5) with exactly the checkpoint's weights; so does the checkpoint itself.
+TEST(CheckpointErrors, ACheckpointsWeightsStartARunThroughAWeightsFile) {
+  RuntimeLease rt;
+  Dir d("weightsout");
+  const std::string data = token_file(d), dir = d / "ckpt";
+  const TrainResult a = train(config(data, llama(), dir, 2, 0), *rt, MPI_COMM_NULL, /*return_params=*/true);
+  ASSERT_EQ(a.saved.size(), 1u);
+  app::ConvertOptions o;
+  o.from = a.saved[0];
+  o.to = d / "w.h5";
+  ASSERT_EQ(app::run_convert(o), 0);
+  for (const std::string& source : {o.to, a.saved[0]}) {
+    io::json user = user_config(data, llama(), "", 0, 0).root();
+    user["model"]["config"] = nullptr;
+    user["model"]["hub_dir"] = source;
+    user["model"]["init"] = "hub";
+    TrainConfig c = TrainConfig::from(io::Config(train_config_schema(), user, "weights-in"));
+    const TrainResult b = train(c, *rt, MPI_COMM_NULL, /*return_params=*/true);
+    EXPECT_EQ(b.final_params, a.final_params) << source;
+  }
+  // A checkpoint with a tensor its model does not have is refused by convert, and nothing is written.
+  {
+    io::CheckpointWriter w(d / "extra.h5");
+    io::CheckpointReader r(a.saved[0]);
+    for (const char* attr : {"kind", "model_family", "model_config"})
+      w.file().set_attr_string("/", attr, r.file().attr_string("/", attr));
+    const float x[2] = {1, 2};
+    w.write("/model/not.a.parameter", DType::F32, {2}, DType::F32, x, 0, 2);
+    w.commit();
+  }
+  o.from = d / "extra.h5";
+  o.to = d / "extra-out";
+  expect_error([&] { app::run_convert(o); }, {d / "extra.h5", "missing"});
+  EXPECT_FALSE(fs::exists(d / "extra-out"));
+  // A damaged weights file converts to nothing.
+  damage_dataset(d / "w.h5", first_model_dataset(d / "w.h5"), 0, 16);
+  o.from = d / "w.h5";
+  o.to = d / "hub";
+  expect_error([&] { app::run_convert(o); }, {d / "w.h5", "crc32"});
+  EXPECT_TRUE(!fs::exists(d / "hub") || fs::is_empty(d / "hub"));
 }
 
 }  // namespace zp::test

@@ -368,7 +368,8 @@ TEST(Convert, Errors) {
   EXPECT_EQ(read_all(tmp / "full/README.md"), "mine");  // --force replaces model files only
   expect_error([&] { convert(src, tmp / "full"); }, {tmp / "full", "is a folder"});
 
-  // HDF5 files that are not weights files: a checkpoint, a plain HDF5 file, and not HDF5 at all.
+  // HDF5 files that are not weights files or checkpoints: a checkpoint that does not say its model, a
+  // plain HDF5 file, and not HDF5 at all.
   const std::string ckpt = tmp / "step-00000010.h5";
   {
     CheckpointWriter w(ckpt);
@@ -377,7 +378,7 @@ TEST(Convert, Errors) {
     w.write("/model/w", DType::F32, {3}, DType::F32, x, 0, 3);
     w.commit();
   }
-  expect_error([&] { convert(ckpt, tmp / "out1"); }, {ckpt, "not a weights file", "kind = 'checkpoint'"});
+  expect_error([&] { convert(ckpt, tmp / "out1"); }, {ckpt, "model_family missing"});
   const std::string plain = tmp / "plain.h5";
   {
     H5File f = H5File::create(plain);

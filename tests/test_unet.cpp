@@ -8,6 +8,7 @@
 #include "app/unet_parity.h"
 #include "core/allocator.h"
 #include "io/safetensors.h"
+#include "io/weight_source.h"
 #include "models/unet.h"
 #include "nn/cross_attention.h"
 #include "test_util.h"
@@ -63,7 +64,7 @@ static GoldenRun run_golden_unet(const std::string& dir, Device dev, DType dt, b
   std::ifstream in(dir + "/config.json");
   const auto cfg = models::UNetConfig::from_hub_json(json::parse(in), dir);
   models::UNet model(cfg, dev, dt);
-  model.load(io::SafetensorsCollection::open_dir(dir, "diffusion_pytorch_model"));
+  model.load(*io::WeightSource::open(dir, "diffusion_pytorch_model"));
   io::SafetensorsFile ref(dir + "/io.safetensors");
   auto host_floats = [&](const std::string& name) { return download(ref.read_as(name, DType::F32)); };
   models::UNetInputs inputs;

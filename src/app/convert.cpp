@@ -23,6 +23,7 @@
 #include "core/log.h"
 #include "io/checkpoint_file.h"
 #include "io/safetensors.h"
+#include "io/weight_source.h"
 #include "kernels/elementwise.h"
 #include "models/transformer.h"
 #include "models/unet.h"
@@ -149,6 +150,49 @@ void check_file_destination(const std::string& to, bool force) {
   ZP_REQUIRE(force || !fs::exists(to), to, ": already exists (use --force to replace it)");
 }
 
+// The parameters of the model a hub config describes, in the engine layout (laid out, nothing
+// allocated): what a weights file or checkpoint must hold to load.
+struct ModelTensor {
+  Shape shape;
+  bool hub_transposed = false;
+  std::string file;  // where a tensor of a source lives, for errors
+};
+std::map<std::string, ModelTensor> model_tensors(const Family& fam, const json& cfg, const std::string& source) {
+  std::map<std::string, ModelTensor> out;
+  auto collect = [&](std::vector<nn::ParamBlock*> blocks) {
+    for (nn::ParamBlock* b : blocks)
+      for (const auto& p : b->params()) out[p->name] = {p->shape, p->file_transposed};
+  };
+  if (std::string(fam.name) == "transformer") {
+    models::Transformer m(models::TransformerConfig::from_hub_json(cfg, source), Device::cpu(), DType::F32, nullptr, 1,
+                          /*allocate=*/false);
+    collect(m.blocks());
+  } else {
+    models::UNet m(models::UNetConfig::from_hub_json(cfg, source), Device::cpu(), DType::F32, nullptr, 1,
+                   /*allocate=*/false);
+    collect(m.blocks());
+  }
+  return out;
+}
+
+// Every parameter of the model is among `have` (name -> engine-layout shape and transposition);
+// with `exact`, nothing else is. Errors name `what` and the tensor.
+void check_tensor_set(const std::map<std::string, ModelTensor>& model, const std::map<std::string, ModelTensor>& have,
+                      bool exact, const std::string& what) {
+  for (const auto& [name, t] : model) {
+    auto it = have.find(name);
+    ZP_REQUIRE(it != have.end(), what, ": tensor '", name, "' of the model its config describes is missing");
+    const std::string& file = it->second.file.empty() ? what : it->second.file;
+    ZP_REQUIRE(it->second.shape == t.shape, file, ": tensor '", name, "' has shape ", shape_str(it->second.shape),
+               " (engine layout), the config needs ", shape_str(t.shape));
+    ZP_REQUIRE(it->second.hub_transposed == t.hub_transposed, file, ": tensor '", name, "' is ",
+               it->second.hub_transposed ? "" : "not ", "marked hub_transposed; the model expects the opposite");
+  }
+  if (exact)
+    for (const auto& [name, t] : have)
+      ZP_REQUIRE(model.count(name), what, ": tensor '", name, "' is not a parameter of the model its config describes");
+}
+
 void hub_to_weights(const ConvertOptions& o, std::optional<DType> want) {
   const HubFolder hub = find_hub_folder(o.from);
   const std::string cfg_path = (fs::path(hub.dir) / "config.json").string();
@@ -169,6 +213,16 @@ void hub_to_weights(const ConvertOptions& o, std::optional<DType> want) {
 
   const io::SafetensorsCollection st = io::SafetensorsCollection::open_dir(hub.dir, hub.family->stem);
   const std::vector<std::string> names = st.names();
+  {  // the folder must hold the model its config describes (hub extras such as buffers may stay)
+    std::map<std::string, ModelTensor> have;
+    for (const std::string& name : names) {
+      const bool t = is_lm && tc.hub_transposed(name);
+      Shape shape = st.file_of(name).entry(name).shape;
+      if (t && shape.size() == 2) std::swap(shape[0], shape[1]);
+      have[name] = {shape, t, st.file_of(name).path()};
+    }
+    check_tensor_set(model_tensors(*hub.family, cfg, cfg_path), have, /*exact=*/false, hub.dir);
+  }
   json metadata = json::object();
   if (!names.empty())
     for (const auto& [k, v] : st.file_of(names.front()).metadata()) metadata[k] = v;
@@ -250,33 +304,25 @@ std::string shard_name(const std::string& stem, size_t i, size_t n) {
   return stem + b;
 }
 
-// Streams tensor t from the weights file into `out` in the hub layout and dtype.
-void copy_tensor(const io::H5File& f, const OutTensor& t, AtomicFile& out, std::vector<uint64_t>& raw,
-                 std::vector<uint64_t>& converted, std::vector<uint64_t>& transposed) {
-  const size_t src_size = dtype_size(t.file_dt), dst_size = dtype_size(t.out_dt);
+// Streams tensor t from the file into `out` in the hub layout and dtype, verified against the file's
+// checksums (a mismatch throws; `out` is then never committed).
+void copy_tensor(const io::CheckpointReader& r, const OutTensor& t, AtomicFile& out, std::vector<uint64_t>& converted,
+                 std::vector<uint64_t>& transposed) {
+  const size_t dst_size = dtype_size(t.out_dt);
   const int64_t n = shape_numel(t.file_shape);
   if (t.transposed) {
-    void* a = reserve(raw, n * int64_t(src_size));
-    f.read_slice(t.ds, t.file_dt, a, 0, n);
     void* c = reserve(converted, n * int64_t(dst_size));
-    convert_elements(c, t.out_dt, a, t.file_dt, n);
+    r.read(t.ds, t.file_shape, t.out_dt, c, 0, n);
     void* h = reserve(transposed, n * int64_t(dst_size));
     transpose(h, c, t.file_shape[0], t.file_shape[1], dst_size);
     out.write(h, size_t(n) * dst_size);
     return;
   }
-  const int64_t piece = std::max<int64_t>(1, kPieceBytes / int64_t(std::max(src_size, dst_size)));
-  void* a = reserve(raw, std::min(n, piece) * int64_t(src_size));
-  void* c = reserve(converted, std::min(n, piece) * int64_t(dst_size));
-  for (int64_t off = 0; off < n; off += piece) {
-    const int64_t cnt = std::min(piece, n - off);
-    f.read_slice(t.ds, t.file_dt, a, off, cnt);
-    convert_elements(c, t.out_dt, a, t.file_dt, cnt);
-    out.write(c, size_t(cnt) * dst_size);
-  }
+  const int64_t piece = std::max<int64_t>(1, kPieceBytes / int64_t(std::max(dtype_size(t.file_dt), dst_size)));
+  r.stream(t.ds, t.out_dt, piece, [&](const void* data, int64_t, int64_t count) { out.write(data, size_t(count) * dst_size); });
 }
 
-void write_shard(const std::string& path, const json& metadata, const io::H5File& f,
+void write_shard(const std::string& path, const json& metadata, const io::CheckpointReader& r,
                  const std::vector<const OutTensor*>& tensors) {
   json hdr = json::object();
   hdr["__metadata__"] = metadata;
@@ -293,56 +339,74 @@ void write_shard(const std::string& path, const json& metadata, const io::H5File
   const uint64_t hlen = h.size();
   out.write(&hlen, 8);
   out.write(h.data(), h.size());
-  std::vector<uint64_t> raw, converted, transposed;
+  std::vector<uint64_t> converted, transposed;
   for (const OutTensor* t : tensors) {
     try {
-      copy_tensor(f, *t, out, raw, converted, transposed);
+      copy_tensor(r, *t, out, converted, transposed);
     } catch (const Error& err) {
-      throw Error("converting tensor '" + t->name + "' of " + f.path() + " to " + path + ": " + err.what());
+      throw Error("converting tensor '" + t->name + "' of " + r.path() + " to " + path + ": " + err.what());
     }
   }
   out.commit();
 }
 
-void weights_to_hub(const ConvertOptions& o, std::optional<DType> want) {
-  const io::CheckpointReader r(o.from);
+// A weights file or a checkpoint, described for export: its model and /model tensors. Checked
+// before anything is written: a readable hub config the engine understands, and /model holding that
+// model's parameters (exactly them, for a checkpoint).
+struct H5Model {
+  const Family* family = nullptr;
+  std::string config_text;
+  json metadata = {{"format", "pt"}};
+  std::vector<OutTensor> tensors;
+};
+
+H5Model describe_h5_model(const io::CheckpointReader& r, std::optional<DType> want) {
   const io::H5File& f = r.file();
+  const std::string& from = r.path();
   const auto string_attr = [&](const std::string& name) -> std::optional<std::string> {
     if (!f.has_attr("/", name) || f.attr_kind("/", name) != io::AttrKind::String) return std::nullopt;
     return f.attr_string("/", name);
   };
   const std::optional<std::string> kind = string_attr("kind");
-  ZP_REQUIRE(kind == "weights", o.from, ": not a weights file (",
-             kind ? "kind = '" + *kind + "'" : std::string("no 'kind' attribute"),
-             "); convert turns a hub folder into a weights file and back");
+  ZP_REQUIRE(kind == "weights" || kind == "checkpoint", from, ": not a weights file or checkpoint (",
+             kind ? "kind = '" + *kind + "'" : std::string("no 'kind' attribute"), ")");
+  const bool checkpoint = kind == "checkpoint";
+  H5Model m;
   const std::optional<std::string> family_name = string_attr("model_family");
-  const Family* fam = nullptr;
   for (const Family& x : kFamilies)
-    if (family_name == x.name) fam = &x;
-  ZP_REQUIRE(fam, o.from, ": model_family ", family_name ? "'" + *family_name + "'" : std::string("missing"),
+    if (family_name == x.name) m.family = &x;
+  ZP_REQUIRE(m.family, from, ": model_family ", family_name ? "'" + *family_name + "'" : std::string("missing"),
              " is not transformer or unet");
-  const std::optional<std::string> cfg_text = string_attr("config");
-  ZP_REQUIRE(cfg_text, o.from, ": no 'config' attribute (the hub config.json)");
-  json metadata = {{"format", "pt"}};
-  if (auto m = string_attr("safetensors_metadata")) {
+  // A weights file keeps the hub's config.json byte for byte; a checkpoint its parsed model config.
+  const char* cfg_key = checkpoint ? "model_config" : "config";
+  const std::optional<std::string> cfg_text = string_attr(cfg_key);
+  ZP_REQUIRE(cfg_text, from, ": no '", cfg_key, "' attribute (the hub config.json)");
+  json cfg;
+  try {
+    cfg = json::parse(*cfg_text);
+  } catch (const std::exception& e) {
+    throw Error(from + ": attribute '" + cfg_key + "' is not valid JSON: " + e.what());
+  }
+  m.config_text = checkpoint ? cfg.dump(2) + "\n" : *cfg_text;
+  if (auto meta = string_attr("safetensors_metadata")) {
     try {
-      json j = json::parse(*m);
+      json j = json::parse(*meta);
       if (j.is_object() && !j.empty()) {
-        metadata = json::object();
-        for (auto& [k, v] : j.items()) metadata[k] = v.is_string() ? v.get<std::string>() : v.dump();
+        m.metadata = json::object();
+        for (auto& [k, v] : j.items()) m.metadata[k] = v.is_string() ? v.get<std::string>() : v.dump();
       }
     } catch (const std::exception& e) {
-      throw Error(o.from + ": attribute safetensors_metadata is not JSON: " + e.what());
+      throw Error(from + ": attribute safetensors_metadata is not JSON: " + e.what());
     }
   }
-  ZP_REQUIRE(f.is_group("/model"), o.from, ": no /model group");
+  ZP_REQUIRE(f.is_group("/model"), from, ": no /model group");
 
-  std::vector<OutTensor> tensors;
+  std::map<std::string, ModelTensor> have;
   for (const std::string& name : f.children("/model")) {
     OutTensor t;
     t.name = name;
     t.ds = "/model/" + name;
-    ZP_REQUIRE(f.is_dataset(t.ds), o.from, ": ", t.ds, " is not a dataset");
+    ZP_REQUIRE(f.is_dataset(t.ds), from, ": ", t.ds, " is not a dataset");
     const io::DatasetInfo info = f.dataset_info(t.ds);
     t.file_dt = info.dtype;
     t.out_dt = target_dtype(info.dtype, want);
@@ -350,12 +414,51 @@ void weights_to_hub(const ConvertOptions& o, std::optional<DType> want) {
     t.hub_shape = info.shape;
     t.transposed = f.has_attr(t.ds, "hub_transposed") && f.attr_int(t.ds, "hub_transposed") != 0;
     if (t.transposed) {
-      ZP_REQUIRE(info.shape.size() == 2, o.from, ": ", t.ds, " is marked hub_transposed but has shape ", shape_str(info.shape));
+      ZP_REQUIRE(info.shape.size() == 2, from, ": ", t.ds, " is marked hub_transposed but has shape ", shape_str(info.shape));
       t.hub_shape = {info.shape[1], info.shape[0]};
     }
     t.bytes = info.numel() * int64_t(dtype_size(t.out_dt));
-    tensors.push_back(std::move(t));
+    have[name] = {t.file_shape, t.transposed, ""};
+    m.tensors.push_back(std::move(t));
   }
+  check_tensor_set(model_tensors(*m.family, cfg, from + " (" + cfg_key + ")"), have, checkpoint, from);
+  return m;
+}
+
+// A weights file or checkpoint -> a weights file (a checkpoint's model without its optimizer state,
+// or another dtype), streamed and verified tensor by tensor.
+void h5_to_weights(const ConvertOptions& o, std::optional<DType> want) {
+  const io::CheckpointReader r(o.from);
+  const H5Model m = describe_h5_model(r, want);
+  check_file_destination(o.to, o.force);
+  io::CheckpointWriter w(o.to);
+  w.file().set_attr_string("/", "kind", "weights");
+  w.file().set_attr_string("/", "model_family", m.family->name);
+  w.file().set_attr_string("/", "config", m.config_text);
+  w.file().set_attr_string("/", "safetensors_metadata", m.metadata.dump());
+  w.file().create_group("/model");
+  for (const OutTensor& t : m.tensors) {
+    try {
+      const int64_t piece = std::max<int64_t>(1, kPieceBytes / int64_t(std::max(dtype_size(t.file_dt), dtype_size(t.out_dt))));
+      if (shape_numel(t.file_shape) == 0) w.write(t.ds, t.out_dt, t.file_shape, t.out_dt, nullptr, 0, 0);
+      r.stream(t.ds, t.out_dt, piece, [&](const void* data, int64_t offset, int64_t count) {
+        w.write(t.ds, t.out_dt, t.file_shape, t.out_dt, data, offset, count);
+      });
+      if (t.transposed) w.file().set_attr_int(t.ds, "hub_transposed", 1);
+    } catch (const Error& err) {
+      throw Error("converting tensor '" + t.name + "' of " + o.from + " to " + o.to + ": " + err.what());
+    }
+  }
+  w.commit();
+}
+
+// A weights file or checkpoint -> a hub folder.
+void h5_to_hub(const ConvertOptions& o, std::optional<DType> want) {
+  const io::CheckpointReader r(o.from);
+  const H5Model m = describe_h5_model(r, want);
+  const std::vector<OutTensor>& tensors = m.tensors;
+  const json& metadata = m.metadata;
+  const Family* fam = m.family;
 
   // Destination: a new or empty folder, or with force one whose model files get replaced.
   if (fs::exists(o.to)) {
@@ -389,13 +492,13 @@ void weights_to_hub(const ConvertOptions& o, std::optional<DType> want) {
   std::vector<std::string> written;
   try {
     if (shards.size() == 1) {
-      write_shard((fs::path(o.to) / (stem + ".safetensors")).string(), metadata, f, shards[0]);
+      write_shard((fs::path(o.to) / (stem + ".safetensors")).string(), metadata, r, shards[0]);
       written.push_back(stem + ".safetensors");
     } else {
       json index = {{"metadata", {{"total_size", total}}}, {"weight_map", json::object()}};
       for (size_t i = 0; i < shards.size(); ++i) {
         const std::string name = shard_name(stem, i, shards.size());
-        write_shard((fs::path(o.to) / name).string(), metadata, f, shards[i]);
+        write_shard((fs::path(o.to) / name).string(), metadata, r, shards[i]);
         written.push_back(name);
         for (const OutTensor* t : shards[i]) index["weight_map"][t->name] = name;
       }
@@ -406,7 +509,7 @@ void weights_to_hub(const ConvertOptions& o, std::optional<DType> want) {
       written.push_back(stem + ".safetensors.index.json");
     }
     AtomicFile cfg((fs::path(o.to) / "config.json").string());
-    cfg.write(cfg_text->data(), cfg_text->size());
+    cfg.write(m.config_text.data(), m.config_text.size());
     cfg.commit();
   } catch (...) {
     // Shards already in place are complete files, but a folder missing some is no model: take back
@@ -433,7 +536,8 @@ int run_convert(const ConvertOptions& o) {
   try {
     ZP_REQUIRE(fs::exists(o.from), o.from, ": no such file or folder");
     if (fs::is_directory(o.from)) hub_to_weights(o, want);
-    else weights_to_hub(o, want);
+    else if (io::is_h5_path(o.to)) h5_to_weights(o, want);
+    else h5_to_hub(o, want);
   } catch (const fs::filesystem_error& e) {  // e.g. a folder we may not list; its message names the paths
     throw Error(std::string("convert: ") + e.what());
   }

@@ -1,4 +1,7 @@
-// `zeropipe convert`: hub folders (config.json + safetensors) <-> ZeRO-Pipe weights files (HDF5).
+// `zeropipe convert`: hub folders (config.json + safetensors) <-> ZeRO-Pipe weights files (HDF5),
+// and the model of a training checkpoint out to either (weights out of the engine: the checkpoint's
+// fp32 master weights, from whatever world size and ZeRO stage wrote it, since every dataset is a
+// whole logical tensor; its optimizer state stays behind).
 //
 // Weights file layout (an HDF5 file written by io::CheckpointWriter, so it appears atomically under
 // its name and every dataset carries per-slice crc32 checksums that `zeropipe inspect --verify` and
@@ -21,7 +24,12 @@
 //                          for every float tensor (integer tensors are always kept); bf16 is HDF5's
 //                          user-defined 16-bit float, which h5py reads as float32.
 //
-// Direction follows the input: a folder converts to a weights file, a weights file to a folder
+// Every read of an HDF5 source is verified against its per-slice checksums, and the source's tensor
+// set against its config (every parameter of the model the config describes, with its shape; a
+// checkpoint holds exactly those), before anything is written; a hub folder is checked the same way.
+//
+// Direction follows the input: a folder converts to a weights file; a weights file or checkpoint to
+// a weights file when --to ends in .h5, else to a folder
 // (config.json plus <stem>.safetensors, or shards of at most max_shard_bytes named
 // <stem>-00001-of-0000N.safetensors with <stem>.safetensors.index.json, as the hub writes them).
 // Tensors stream one at a time, in pieces where no transpose is needed, so memory stays bounded by

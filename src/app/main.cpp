@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "io/config.h"
 #include "runtime/diffusion.h"
+#include "runtime/stop_signals.h"
 #include "runtime/train_config.h"
 #include "runtime/trainer.h"
 
@@ -23,11 +24,17 @@ namespace po = boost::program_options;
 
 namespace {
 
+// Exit statuses of `zeropipe train` (README, "Keeping your work"): 0 done; 1 an error (bad input,
+// a damaged file, a full disk, a failed rank); 2 a command-line error; 3 training diverged;
+// runtime::kExitStopped (75) stopped by a signal with a checkpoint written; 128 + N a second signal N.
+constexpr int kExitDiverged = 3;
+
 const char* kUsage =
     "usage: zeropipe <command> [options]\n"
     "commands:\n"
     "  train    train a model: zeropipe train --config FILE [--set key.path=value ...] [--resume FILE|latest]\n"
-    "  convert  hub folder (safetensors) <-> weights HDF5 file: zeropipe convert --from X --to Y [--dtype bf16|fp32|keep]\n"
+    "  convert  hub folder (safetensors) <-> weights HDF5 file, or a checkpoint's model out to either:\n"
+    "           zeropipe convert --from X --to Y [--dtype bf16|fp32|keep]\n"
     "  make-latents  write a small latent dataset for a UNet (the UNet demo's data)\n"
     "  inspect  list and check a checkpoint or weights file: zeropipe inspect FILE [--verify]\n"
     "  parity   run a reference folder (hub config, weights, io.safetensors) and compare every tensor\n"
@@ -62,8 +69,8 @@ int cmd_convert(int argc, char** argv) {
   zp::app::ConvertOptions o;
   po::options_description desc("zeropipe convert options");
   desc.add_options()("help,h", "show this help")("from", po::value<std::string>(&o.from)->required(),
-                                                 "hub folder or weights .h5 file")(
-      "to", po::value<std::string>(&o.to)->required(), "weights .h5 file or hub folder")(
+                                                 "hub folder, weights .h5 file or training checkpoint .h5")(
+      "to", po::value<std::string>(&o.to)->required(), "weights .h5 file (a name ending in .h5) or hub folder")(
       "dtype", po::value<std::string>(&o.dtype)->default_value("keep"), "keep | bf16 | fp32")(
       "force", po::bool_switch(&o.force), "replace an existing destination");
   po::variables_map vm;
@@ -134,18 +141,22 @@ int cmd_train(int argc, char** argv) {
   }
   zp::comm::Runtime rt(&argc, &argv);
   try {
-    if (unet)
-      zp::runtime::train_unet(*uc, rt);
-    else
-      zp::runtime::train(*tc, rt);
+    const zp::runtime::TrainResult r = unet ? zp::runtime::train_unet(*uc, rt) : zp::runtime::train(*tc, rt);
+    return r.stopped_by_signal ? zp::runtime::kExitStopped : 0;
   } catch (const zp::Error& e) {
-    // An error seen by one rank only must not leave the others waiting in a collective.
+    const int status = dynamic_cast<const zp::runtime::TrainingDiverged*>(&e) ? kExitDiverged : 1;
+    // Errors the ranks agreed on reach every rank here within moments: each has cleaned up (no
+    // temporary file left) and the job ends normally. An error seen by one rank only must not leave
+    // the others waiting in a collective: abort them.
+    if (rt.all_ranks_failed(10.0)) {
+      if (rt.rank() == 0) std::fprintf(stderr, "zeropipe train: error: %s\n", e.what());
+      return status;
+    }
     std::fprintf(stderr, "zeropipe train: error on rank %d (%s): %s\n", rt.rank(), rt.host().c_str(), e.what());
     std::fflush(stderr);
-    if (rt.world_size() > 1) MPI_Abort(MPI_COMM_WORLD, 1);
-    return 1;
+    MPI_Abort(MPI_COMM_WORLD, status);
+    return status;
   }
-  return 0;
 }
 
 }  // namespace

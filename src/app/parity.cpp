@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "io/config.h"
 #include "io/safetensors.h"
+#include "io/weight_source.h"
 #include "models/transformer.h"
 #include "parallel/zero_engine.h"
 
@@ -44,7 +45,7 @@ ParityReport run_parity(const ParityOptions& opt, bool print) {
   for (const char* n : {"input.input_ids", "output.logits", "output.loss"}) ZP_REQUIRE(ref.contains(n), io_path.string(), ": no tensor '", n, "'");
 
   models::Transformer model(cfg, dev, dt);
-  model.load(io::SafetensorsCollection::open_dir(dir.string(), "model"));
+  model.load(*io::WeightSource::open(dir.string(), "model"));
 
   const Shape ids_shape = ref.entry("input.input_ids").shape;
   ZP_REQUIRE(ids_shape.size() == 2, io_path.string(), ": input.input_ids must be [B, T]");

@@ -6,6 +6,7 @@
 
 #include "io/config.h"
 #include "io/safetensors.h"
+#include "io/weight_source.h"
 #include "models/unet.h"
 
 namespace zp::app {
@@ -39,7 +40,7 @@ ParityReport run_unet_parity(const std::string& dir, Device dev, DType dt, bool 
   for (const std::string& n : needed) ZP_REQUIRE(ref.contains(n), io_path.string(), ": no tensor '", n, "'");
 
   models::UNet model(cfg, dev, dt);
-  model.load(io::SafetensorsCollection::open_dir(dir, "diffusion_pytorch_model"));
+  model.load(*io::WeightSource::open(dir, "diffusion_pytorch_model"));
 
   models::UNetInputs inputs;
   inputs.sample = ref.read_as("input.sample", dt).to(dev);

@@ -1,5 +1,8 @@
 #include "comm/bootstrap.h"
 
+#include <chrono>
+#include <thread>
+
 #include "core/error.h"
 #include "core/log.h"
 #ifdef ZP_WITH_CUDA
@@ -12,6 +15,20 @@ Runtime* g_current = nullptr;
 }  // namespace
 
 Runtime* Runtime::current() { return g_current; }
+
+bool Runtime::all_ranks_failed(double timeout_s) {
+  if (world_size_ == 1) return true;
+  MPI_Request req = MPI_REQUEST_NULL;
+  if (MPI_Ibarrier(failure_comm_, &req) != MPI_SUCCESS) return false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int done = 0;
+    if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+    if (done) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return false;  // the request stays pending: MPI_Abort follows
+}
 
 Runtime::Runtime(int* argc, char*** argv) {
   ZP_CHECK(g_current == nullptr, "a zp::comm::Runtime already exists in this process");
@@ -27,6 +44,7 @@ Runtime::Runtime(int* argc, char*** argv) {
   ZP_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
   ZP_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size_));
   ZP_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_comm_));
+  ZP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &failure_comm_));
   ZP_MPI_CHECK(MPI_Comm_rank(node_comm_, &local_rank_));
   ZP_MPI_CHECK(MPI_Comm_size(node_comm_, &local_size_));
   char name[MPI_MAX_PROCESSOR_NAME] = {0};
@@ -59,6 +77,7 @@ Runtime::~Runtime() {
   MPI_Finalized(&finalized);
   if (finalized) return;
   if (node_comm_ != MPI_COMM_NULL) MPI_Comm_free(&node_comm_);
+  if (failure_comm_ != MPI_COMM_NULL) MPI_Comm_free(&failure_comm_);
   if (owns_mpi_) MPI_Finalize();
 }
 

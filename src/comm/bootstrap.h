@@ -37,6 +37,13 @@ class Runtime {
   MPI_Comm world() const { return MPI_COMM_WORLD; }
   MPI_Comm node() const { return node_comm_; }
 
+  // After an error on this rank: waits up to `timeout_s` for every rank to get here too. True when
+  // they all did (an error the ranks agreed on: a full disk, a damaged checkpoint, divergence), so
+  // the job can end through MPI_Finalize with every rank's clean-up done; false when some rank is
+  // elsewhere (most likely waiting in a collective for this one) and the job must be aborted.
+  // Runs on a communicator of its own, so it never matches a collective the others are in.
+  bool all_ranks_failed(double timeout_s);
+
   // The live Runtime, or nullptr.
   static Runtime* current();
 
@@ -46,6 +53,7 @@ class Runtime {
   std::string host_;
   Device device_;
   MPI_Comm node_comm_ = MPI_COMM_NULL;
+  MPI_Comm failure_comm_ = MPI_COMM_NULL;
 };
 
 }  // namespace zp::comm

@@ -5,6 +5,7 @@
 
 #ifdef ZP_WITH_CUDA
 #include "core/cuda_check.h"
+#include "core/fault_injection.h"
 #endif
 
 namespace zp {
@@ -30,6 +31,9 @@ Storage::~Storage() {
 Tensor Tensor::empty(const Shape& shape, DType dt, Device dev, const std::string& tag, StreamHandle s,
                      bool pinned) {
   for (int64_t d : shape) ZP_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
+  if (fault::hit(fault::Site::Alloc))
+    ZP_FATAL("out of memory on ", dev.str(), " allocating ", shape_numel(shape) * int64_t(dtype_size(dt)),
+             " bytes for '", tag, "'", fault::kInjected);
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dt;

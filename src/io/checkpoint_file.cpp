@@ -4,6 +4,7 @@
 #include "io/checkpoint_file.h"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -75,6 +76,8 @@ RankInfo rank_info(MPI_Comm comm) {
 
 std::string norm_name(const std::string& n) { return n.empty() || n[0] != '/' ? "/" + n : n; }
 
+constexpr size_t kPieceBytes = 64 << 20;  // largest buffer of one verified read
+
 // CRC of `count` elements of `mem_dtype` as they are stored in `file_dtype`.
 uint32_t stored_crc(DType file_dtype, DType mem_dtype, const void* data, int64_t count) {
   if (file_dtype == mem_dtype) return crc32(data, size_t(count) * dtype_size(file_dtype));
@@ -135,21 +138,47 @@ template <class F> void CheckpointWriter::agreed(F&& step) {
   try {
     step();
   } catch (const std::exception& e) {
-    err = *e.what() ? e.what() : "unknown error";
+    err = explain(*e.what() ? e.what() : "unknown error");
   }
-  if (size_ <= 1) {
-    if (!err.empty()) throw Error(err);
-    return;
+  err = first_error(comm_, err);
+  if (!err.empty()) throw Error(err);
+}
+
+// A full disk shows deep inside HDF5's error stack ("errno = 28, error message = 'No space left on
+// device'"): say so first, with the numbers a user acts on.
+std::string CheckpointWriter::explain(const std::string& what) const {
+  const fs::path dir = fs::path(path_).parent_path().empty() ? fs::path(".") : fs::path(path_).parent_path();
+  struct statvfs v {};
+  const bool have_free = ::statvfs(dir.c_str(), &v) == 0;
+  const uint64_t free = have_free ? uint64_t(v.f_bavail) * v.f_frsize : 0;
+  // MPI-IO words it its own way; a folder with next to nothing free says it too.
+  const bool full = what.find("No space left on device") != std::string::npos ||
+                    what.find("errno = 28") != std::string::npos || what.find("MPI_ERR_NO_SPACE") != std::string::npos ||
+                    (have_free && free < (uint64_t(1) << 20));
+  if (!full || what.find(": no space left on device (") != std::string::npos) return what;
+  std::string out = path_ + ": no space left on device (" + dir.string();
+  if (have_free) out += ": " + std::to_string(free) + " bytes free";
+  if (expected_bytes_ > 0) out += "; this file needs about " + std::to_string(expected_bytes_) + " bytes";
+  return out + "): " + what;
+}
+
+void CheckpointWriter::reserve(int64_t bytes) {
+  expected_bytes_ = bytes;
+  try {
+    agreed([&] {
+      if (rank_ != 0 || bytes <= 0) return;
+      const int fd = ::open(tmp_path().c_str(), O_WRONLY | O_CLOEXEC);
+      ZP_REQUIRE(fd >= 0, tmp_path(), ": cannot open to reserve space: ", std::strerror(errno));
+      const int rc = ::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, off_t(bytes));
+      const int err = errno;
+      ::close(fd);
+      if (rc != 0 && err != EOPNOTSUPP && err != ENOSYS)
+        throw Error(tmp_path() + ": reserving " + std::to_string(bytes) + " bytes failed: " + std::strerror(err));
+    });
+  } catch (...) {
+    discard();
+    throw;
   }
-  int first = err.empty() ? size_ : rank_;
-  ZP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm_));
-  if (first == size_) return;
-  int64_t len = int64_t(err.size());
-  ZP_MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT64_T, first, comm_));
-  std::string msg = err;
-  msg.resize(size_t(len));
-  ZP_MPI_CHECK(MPI_Bcast(msg.data(), int(len), MPI_CHAR, first, comm_));
-  throw Error(rank_ == first ? err : msg + " [reported by rank " + std::to_string(first) + "]");
 }
 
 CheckpointWriter::CheckpointWriter(const std::string& path, MPI_Comm comm) : path_(path), comm_(comm) {
@@ -220,6 +249,9 @@ void CheckpointWriter::write(const std::string& name, DType file_dtype, const Sh
     });
     file_.write_slice(n, mem_dtype, data, offset, count);  // agrees on failure itself
     if (count > 0) slices_[n].push_back({offset, count, stored_crc(file_dtype, mem_dtype, data, count)});
+  } catch (const Error& e) {
+    discard();
+    throw Error(explain(e.what()));
   } catch (...) {
     discard();
     throw;
@@ -261,6 +293,14 @@ void CheckpointWriter::commit() {
     });
     agreed([&] {  // also the barrier: every rank has closed the file before rank 0 renames it
       if (rank_ != 0) return;
+      if (expected_bytes_ > 0) {  // give back what reserve() set aside beyond the end of the file
+        std::error_code ec;
+        const uintmax_t size = fs::file_size(tmp_path(), ec);
+        const int fd = ec ? -1 : ::open(tmp_path().c_str(), O_WRONLY | O_CLOEXEC);
+        if (fd >= 0 && off_t(size) < off_t(expected_bytes_))
+          (void)::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(size), off_t(expected_bytes_) - off_t(size));
+        if (fd >= 0) ::close(fd);
+      }
       fsync_path(tmp_path(), false);
       ZP_REQUIRE(std::rename(tmp_path().c_str(), path_.c_str()) == 0, path_, ": cannot rename ", tmp_path(),
                  " to it: ", std::strerror(errno));
@@ -280,12 +320,91 @@ void CheckpointWriter::commit() {
 
 // --- CheckpointReader --------------------------------------------------------------------------
 
-CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm) : file_(H5File::open(path, false, comm)) {
-  ZP_REQUIRE(file_.has_attr("/", "zeropipe_format"), path,
-             ": not a ZeRO-Pipe checkpoint (no 'zeropipe_format' attribute on the root group)");
+CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm) {
+  std::error_code ec;
+  ZP_REQUIRE(fs::exists(path, ec), path, ": no such file");
+  try {
+    file_ = H5File::open(path, false, comm);
+  } catch (const Error& e) {
+    throw DamagedFileError(e.what());
+  }
+  if (!file_.has_attr("/", "zeropipe_format") || file_.attr_kind("/", "zeropipe_format") != AttrKind::Int64)
+    throw DamagedFileError(path + ": not a ZeRO-Pipe checkpoint (no 'zeropipe_format' attribute on the root group)");
   format_ = file_.attr_int("/", "zeropipe_format");
-  ZP_REQUIRE(format_ >= 1 && format_ <= kCheckpointFormat, path, ": zeropipe_format ", format_,
-             " is not one this build reads (1..", kCheckpointFormat, ")");
+  if (format_ < 1 || format_ > kCheckpointFormat)
+    throw DamagedFileError(path + ": zeropipe_format " + std::to_string(format_) + " is not one this build reads (1.." +
+                           std::to_string(kCheckpointFormat) + ")");
+  checksummed_ = file_.has_attr("/", "checksum") && file_.attr_kind("/", "checksum") == AttrKind::String &&
+                 file_.attr_string("/", "checksum") == "crc32";
+}
+
+const std::vector<CheckpointReader::Slice>& CheckpointReader::slices(const std::string& n,
+                                                                   const DatasetInfo& info) const {
+  auto it = slices_.find(n);
+  if (it != slices_.end()) return it->second;
+  auto damaged = [&](const std::string& why) { return DamagedFileError(path() + ": dataset '" + n + "': " + why); };
+  if (!file_.has_attr(n, "slice_checksums") || file_.attr_kind(n, "slice_checksums") != AttrKind::Int64Array)
+    throw damaged("no slice_checksums attribute (the file says every dataset carries one)");
+  const std::vector<int64_t> rows = file_.attr_ints(n, "slice_checksums");
+  if (rows.size() % 3 != 0) throw damaged("slice_checksums holds " + std::to_string(rows.size()) + " values, not rows of 3");
+  std::vector<Slice> out;
+  int64_t end = 0;
+  for (size_t i = 0; i < rows.size(); i += 3) {
+    const int64_t off = rows[i], cnt = rows[i + 1], crc = rows[i + 2];
+    if (off < end || cnt <= 0 || cnt > info.numel() - off || crc < 0 || crc > int64_t(UINT32_MAX))
+      throw damaged("slice_checksums row " + std::to_string(i / 3) + " (" + std::to_string(off) + ", " +
+                    std::to_string(cnt) + ") is out of order or outside the dataset's " +
+                    std::to_string(info.numel()) + " elements");
+    out.push_back({off, cnt, uint32_t(crc)});
+    end = off + cnt;
+  }
+  return slices_.emplace(n, std::move(out)).first->second;
+}
+
+std::string CheckpointReader::scan(const std::string& n, const DatasetInfo& info, int64_t lo, int64_t hi,
+                                   int64_t piece,
+                                   const std::function<void(const char*, int64_t, int64_t)>& consume) const {
+  const std::vector<Slice>& rows = slices(n, info);
+  const size_t esize = dtype_size(info.dtype);
+  // Collective reads: every rank makes as many as the rank with the most pieces.
+  int64_t pieces = (hi - lo + piece - 1) / piece;
+  if (file_.parallel()) ZP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &pieces, 1, MPI_INT64_T, MPI_MAX, file_.comm()));
+  std::vector<char> buf;
+  std::string problem;
+  auto slice = std::lower_bound(rows.begin(), rows.end(), lo,
+                                [](const Slice& s, int64_t v) { return s.offset + s.count <= v; });
+  uint32_t crc = 0;
+  for (int64_t p = 0; p < pieces; ++p) {
+    const int64_t begin = lo + p * piece, count = std::clamp<int64_t>(hi - begin, 0, piece);
+    buf.resize(size_t(std::max<int64_t>(count, 1)) * esize);
+    file_.read_slice(n, info.dtype, buf.data(), begin, count);
+    if (count == 0) continue;
+    consume(buf.data(), begin, count);
+    // The piece against the slices it overlaps; a slice's CRC is complete at its last element.
+    for (int64_t at = begin; at < begin + count && problem.empty();) {
+      if (slice == rows.end() || slice->offset > at) {
+        const int64_t gap_end = slice == rows.end() ? hi : slice->offset;
+        problem = path() + ": dataset '" + n + "': elements [" + std::to_string(at) + ", " + std::to_string(gap_end) +
+                  ") were never written (no checksummed slice covers them)";
+        break;
+      }
+      const int64_t upto = std::min(begin + count, slice->offset + slice->count);
+      crc = crc32(buf.data() + size_t(at - begin) * esize, size_t(upto - at) * esize, crc);
+      at = upto;
+      if (upto == slice->offset + slice->count) {
+        if (crc != slice->crc) {
+          char line[128];
+          std::snprintf(line, sizeof line, "): crc32 %08x in the file, %08x recorded (the file is damaged)", crc,
+                        slice->crc);
+          problem = path() + ": dataset '" + n + "': elements [" + std::to_string(slice->offset) + ", " +
+                    std::to_string(slice->offset + slice->count) + line;
+        }
+        crc = 0;
+        ++slice;
+      }
+    }
+  }
+  return problem;
 }
 
 void CheckpointReader::read(const std::string& name, const Shape& expected_shape, DType mem_dtype, void* data,
@@ -294,7 +413,75 @@ void CheckpointReader::read(const std::string& name, const Shape& expected_shape
   DatasetInfo info = file_.dataset_info(n);
   ZP_REQUIRE(info.shape == expected_shape, path(), ": dataset '", n, "': shape ", shape_str(info.shape),
              " in the file, expected ", shape_str(expected_shape));
-  file_.read_slice(n, mem_dtype, data, offset, count);
+  if (!checksummed_) {
+    file_.read_slice(n, mem_dtype, data, offset, count);
+    return;
+  }
+  ZP_REQUIRE(mem_dtype == info.dtype || (dtype_is_float(mem_dtype) && dtype_is_float(info.dtype)), path(),
+             ": dataset '", n, "': cannot read ", dtype_name(info.dtype), " data as ", dtype_name(mem_dtype));
+  ZP_REQUIRE(offset >= 0 && count >= 0 && offset <= info.numel() - count, path(), ": dataset '", n,
+             "': read of elements [", offset, ", ", offset + count, ") outside its ", info.numel(), " elements");
+  // Widen [offset, offset + count) to the bounds of the slices it touches.
+  std::string problem;
+  int64_t lo = offset, hi = offset + count;
+  try {
+    if (count > 0) {
+      const std::vector<Slice>& rows = slices(n, info);
+      auto first = std::lower_bound(rows.begin(), rows.end(), lo,
+                                    [](const Slice& s, int64_t v) { return s.offset + s.count <= v; });
+      auto last = std::lower_bound(rows.begin(), rows.end(), hi,
+                                   [](const Slice& s, int64_t v) { return s.offset + s.count < v; });
+      if (first != rows.end()) lo = std::min(lo, first->offset);
+      if (last != rows.end() && last->offset < hi) hi = std::max(hi, last->offset + last->count);
+    }
+  } catch (const DamagedFileError& e) {
+    problem = e.what();
+  }
+  const size_t esize = dtype_size(info.dtype), msize = dtype_size(mem_dtype);
+  if (problem.empty() || file_.parallel()) {
+    const std::string scanned =
+        scan(n, info, problem.empty() ? lo : 0, problem.empty() ? hi : 0, int64_t(kPieceBytes / esize),
+             [&](const char* raw, int64_t at, int64_t c) {
+               const int64_t from = std::max(at, offset), to = std::min(at + c, offset + count);
+               if (from >= to) return;
+               char* dst = static_cast<char*>(data) + size_t(from - offset) * msize;
+               const char* src = raw + size_t(from - at) * esize;
+               if (mem_dtype == info.dtype) std::memcpy(dst, src, size_t(to - from) * esize);
+               else kernels::cpu::cast(nullptr, mem_dtype, dst, info.dtype, src, to - from);
+             });
+    if (problem.empty()) problem = scanned;
+  }
+  if (file_.parallel()) problem = first_error(file_.comm(), problem);
+  if (!problem.empty()) throw DamagedFileError(problem);
+}
+
+void CheckpointReader::stream(const std::string& name, DType mem_dtype, int64_t piece,
+                              const std::function<void(const void*, int64_t, int64_t)>& consume) const {
+  ZP_CHECK(!file_.parallel(), "CheckpointReader::stream is serial");
+  const std::string n = norm_name(name);
+  const DatasetInfo info = file_.dataset_info(n);
+  ZP_REQUIRE(mem_dtype == info.dtype || (dtype_is_float(mem_dtype) && dtype_is_float(info.dtype)), path(),
+             ": dataset '", n, "': cannot read ", dtype_name(info.dtype), " data as ", dtype_name(mem_dtype));
+  piece = std::max<int64_t>(1, piece);
+  std::vector<char> converted;
+  auto hand_out = [&](const char* raw, int64_t at, int64_t c) {
+    if (mem_dtype == info.dtype) return consume(raw, at, c);
+    converted.resize(size_t(c) * dtype_size(mem_dtype));
+    kernels::cpu::cast(nullptr, mem_dtype, converted.data(), info.dtype, raw, c);
+    consume(converted.data(), at, c);
+  };
+  if (!checksummed_) {
+    std::vector<char> buf;
+    for (int64_t at = 0; at < info.numel(); at += piece) {
+      const int64_t c = std::min(piece, info.numel() - at);
+      buf.resize(size_t(c) * dtype_size(info.dtype));
+      file_.read_slice(n, info.dtype, buf.data(), at, c);
+      hand_out(buf.data(), at, c);
+    }
+    return;
+  }
+  const std::string problem = scan(n, info, 0, info.numel(), piece, hand_out);
+  if (!problem.empty()) throw DamagedFileError(problem);
 }
 
 // --- verification and inspection ---------------------------------------------------------------
@@ -306,7 +493,6 @@ ChecksumReport verify_checksums(const std::string& path, MPI_Comm comm) {
   std::vector<std::string> shared, mine;  // shared: found identically by every rank
   std::vector<std::string> datasets;
   walk_datasets(f, "/", datasets);
-  constexpr size_t kPieceBytes = 64 << 20;
   std::vector<char> buf;
   for (const std::string& ds : datasets) {
     if (!f.has_attr(ds, "slice_checksums")) { ++rep.unchecked; continue; }

@@ -14,6 +14,10 @@
 // (little-endian, in the file dtype), so h5py + zlib can check a file too. verify_checksums() re-reads
 // each recorded range and also reports elements no writer covered (a rank that never wrote).
 //
+// Full disks. reserve() allocates the file's expected size up front (fallocate), so running out of
+// room is found before HDF5 writes anything; a write that still fails with ENOSPC is reported as
+// "no space left on device" with the folder's free bytes and the bytes the file needs.
+//
 // Atomic save. CheckpointWriter writes <path>.tmp; commit() records the checksums, flushes and
 // closes the file, then rank 0 fsyncs it, renames it to <path> and fsyncs the directory, between
 // barriers. Any failure on any rank (out of space, a bad shape) is agreed on by all ranks, so they
@@ -24,11 +28,13 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "io/h5file.h"
 
 namespace zp::io {
@@ -37,6 +43,12 @@ constexpr int64_t kCheckpointFormat = 1;
 
 // CRC-32 as zlib computes it (IEEE polynomial, reflected): crc32(b, n, crc32(a, m)) continues a run.
 uint32_t crc32(const void* data, size_t bytes, uint32_t crc = 0);
+
+// One row of a dataset's slice_checksums: elements [offset, offset + count) as written by one rank.
+struct SliceChecksum {
+  int64_t offset, count;
+  uint32_t crc;
+};
 
 class CheckpointWriter {
  public:
@@ -59,15 +71,18 @@ class CheckpointWriter {
              int64_t offset, int64_t count, const Shape& chunk = {});
   // Collective: checksums, flush, close, fsync, rename. Throws zp::Error (on every rank) on failure.
   void commit();
+  // Collective. Reserves `bytes` (the file's approximate final size) on disk for the temporary file
+  // now, so that a disk too full for the checkpoint fails here, with a clear error, before any data
+  // or HDF5 metadata is written (a failed metadata write is what HDF5 1.10 handles worst); what is not
+  // used is released at commit. File systems without fallocate skip the reservation.
+  void reserve(int64_t bytes);
   bool committed() const { return committed_; }
 
  private:
-  struct Slice {
-    int64_t offset, count;
-    uint32_t crc;
-  };
+  using Slice = SliceChecksum;
   void discard();  // closes quietly and removes the temporary file (rank 0)
   template <class F> void agreed(F&& step);
+  std::string explain(const std::string& what) const;
 
   std::string path_;
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -76,27 +91,58 @@ class CheckpointWriter {
   std::vector<std::string> order_;  // datasets in creation order (identical on every rank)
   std::map<std::string, std::vector<Slice>> slices_;
   bool committed_ = false, discarded_ = false;
+  int64_t expected_bytes_ = 0;  // reserve()'d, for the message of a full disk
 };
 
+// A file that is not what it claims to be: not HDF5, truncated, without its ZeRO-Pipe attributes, or
+// holding data whose checksum fails. As opposed to an intact file of another model (a plain
+// zp::Error): `--resume latest` skips a damaged checkpoint for an older one, never a mismatched one.
+struct DamagedFileError : Error {
+  using Error::Error;
+};
+
+// Verified reads. Every read checks the CRC of each recorded slice it touches: the requested range
+// is widened to the slices' bounds (widening costs nothing when the reader owns what the writer
+// owned, i.e. the same world size; otherwise at most one slice on either side), the widened range is
+// read in pieces of at most 64 MiB, and a mismatch, or a requested element no writer recorded,
+// throws DamagedFileError naming the file, dataset and element range. A file whose root says
+// checksum = "crc32" (everything ZeRO-Pipe writes) must carry slice_checksums on every dataset read.
+// In parallel mode the ranks agree on the number of collective reads and on the outcome, so either
+// every rank returns or every rank throws the same error.
 class CheckpointReader {
  public:
-  // Collective in parallel mode. Throws zp::Error naming the file when it is missing, damaged or
-  // not a ZeRO-Pipe file of a format this build reads.
+  // Collective in parallel mode. Throws DamagedFileError naming the file when it is not HDF5, damaged
+  // or not a ZeRO-Pipe file of a format this build reads, and zp::Error when it does not exist.
   explicit CheckpointReader(const std::string& path, MPI_Comm comm = MPI_COMM_NULL);
   const H5File& file() const { return file_; }
   const std::string& path() const { return file_.path(); }
   int64_t format() const { return format_; }
   bool contains(const std::string& name) const { return file_.is_dataset(name); }
   DatasetInfo info(const std::string& name) const { return file_.dataset_info(name); }
-  // Collective. Reads elements [offset, offset+count) of the flattened dataset `name` as `mem_dtype`.
-  // Throws zp::Error naming file and dataset when it is missing, its shape is not `expected_shape`,
-  // or its dtype cannot be read as `mem_dtype`.
+  // Collective. Reads elements [offset, offset+count) of the flattened dataset `name` as `mem_dtype`,
+  // verified. Throws zp::Error naming file and dataset when it is missing, its shape is not
+  // `expected_shape`, or its dtype cannot be read as `mem_dtype`; DamagedFileError as above.
   void read(const std::string& name, const Shape& expected_shape, DType mem_dtype, void* data, int64_t offset,
             int64_t count) const;
+  // Serial. Streams the whole dataset in order as `mem_dtype`, in pieces of at most `piece` elements:
+  // consume(data, offset, count). A slice is verified when its last piece has been read, so pieces
+  // handed out before a DamagedFileError come from a damaged file: the caller must discard what it
+  // made of them (convert writes to a temporary file).
+  void stream(const std::string& name, DType mem_dtype, int64_t piece,
+              const std::function<void(const void* data, int64_t offset, int64_t count)>& consume) const;
 
  private:
+  using Slice = SliceChecksum;
+  const std::vector<Slice>& slices(const std::string& name, const DatasetInfo& info) const;
+  // Reads [lo, hi) of `name` (slice bounds) in pieces, checks every slice in it and hands each piece
+  // to `consume` as stored (file dtype). Returns the first problem found ("" if none).
+  std::string scan(const std::string& name, const DatasetInfo& info, int64_t lo, int64_t hi, int64_t piece,
+                   const std::function<void(const char* raw, int64_t offset, int64_t count)>& consume) const;
+
   H5File file_;
   int64_t format_ = 0;
+  bool checksummed_ = false;
+  mutable std::map<std::string, std::vector<Slice>> slices_;
 };
 
 struct ChecksumReport {

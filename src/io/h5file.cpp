@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/fault_injection.h"
 #include "kernels/elementwise.h"
 
 namespace zp::io {
@@ -527,19 +528,44 @@ void H5File::transfer(bool write, const std::string& path, DType mem_dtype, void
       buf = convert.data();
       if (write) kernels::cpu::cast(nullptr, info.dtype, buf, mem_dtype, mem, c);
     }
+    // An injected write fault joins the collective call with nothing selected, as a failed rank does.
+    const bool injected = write && c > 0 && fault::hit(fault::Site::Write);
+    if (injected) {
+      ZP_H5_CHECK(H5Sselect_none(fspace.get()));
+      ZP_H5_CHECK(H5Sselect_none(mspace.get()));
+    }
     herr_t rc = write ? H5Dwrite(d.get(), ftype.get(), mspace.get(), fspace.get(), dxpl.get(), buf)
                       : H5Dread(d.get(), ftype.get(), mspace.get(), fspace.get(), dxpl.get(), buf);
-    if (rc < 0 && err.empty()) {
+    if ((rc < 0 || injected) && err.empty()) {
       err = where() + verb + " of elements [" + std::to_string(begin) + ", " + std::to_string(begin + c) +
-            ") failed (HDF5: " + h5_stack() + ")";
+            ") failed (HDF5: " + (injected ? std::string("No space left on device") + fault::kInjected : h5_stack()) +
+            ")";
     } else if (rc >= 0 && c > 0 && !write && mem_dtype != info.dtype) {
       kernels::cpu::cast(nullptr, mem_dtype, mem, info.dtype, buf, c);
     }
   }
-  int64_t failed = err.empty() ? 0 : 1;
-  if (parallel_) ZP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT64_T, MPI_MAX, comm_));
+  err = parallel_ ? first_error(comm_, err) : err;
   if (!err.empty()) throw Error(err);
-  if (failed) throw Error(where() + verb + " failed on another rank");
+}
+
+std::string first_error(MPI_Comm comm, const std::string& mine) {
+  int size = 1, rank = 0, init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (comm != MPI_COMM_NULL && init && !fin) {
+    ZP_MPI_CHECK(MPI_Comm_size(comm, &size));
+    ZP_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  }
+  if (size <= 1) return mine;
+  int first = mine.empty() ? size : rank;
+  ZP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm));
+  if (first == size) return "";
+  int64_t len = int64_t(mine.size());
+  ZP_MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT64_T, first, comm));
+  std::string msg = mine;
+  msg.resize(size_t(len));
+  ZP_MPI_CHECK(MPI_Bcast(msg.data(), int(len), MPI_CHAR, first, comm));
+  return rank == first ? msg : msg + " [reported by rank " + std::to_string(first) + "]";
 }
 
 // --- attributes --------------------------------------------------------------------------------

@@ -38,6 +38,12 @@
 
 namespace zp::io {
 
+// Agreement on failure, for code where every rank must leave a collective sequence together: each
+// rank passes its own error ("" for none); returns "" on every rank when none failed, else, on every
+// rank, the message of the lowest failing rank (others' copies end "[reported by rank R]"). `comm`
+// null or of one rank: returns `mine`.
+std::string first_error(MPI_Comm comm, const std::string& mine);
+
 // One n-d block of a hyperslab selection: start and count per dimension.
 struct HyperslabBlock {
   std::vector<int64_t> start, count;

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "io/safetensors.h"
+#include "io/weight_source.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
@@ -228,32 +228,18 @@ double Transformer::flops_per_token(int64_t T) const {
   return 6.0 * double(matmul_params) + attention;
 }
 
-void Transformer::load(const io::SafetensorsCollection& files) {
+void Transformer::load(const io::WeightSource& files) {
   for (ParamBlock* b : blocks()) load_block(files, *b);
 }
 
-void Transformer::load_block(const io::SafetensorsCollection& files, ParamBlock& b) {
+void Transformer::load_block(const io::WeightSource& files, ParamBlock& b) {
   for (auto& owned : b.params()) {
     Parameter* p = owned.get();
-    ZP_REQUIRE(files.contains(p->name), "model weights: tensor '", p->name, "' is missing");
-    const io::SafetensorsFile& f = files.file_of(p->name);
-    const io::SafetensorsEntry& e = f.entry(p->name);
-    Shape want = p->shape;
-    if (p->file_transposed) std::swap(want[0], want[1]);
-    ZP_REQUIRE(e.shape == want, f.path(), ": tensor '", p->name, "' has shape ", shape_str(e.shape), ", the config needs ",
-               shape_str(want));
-    Tensor t = f.read_as(p->name, ctx_.dt);
-    if (p->file_transposed) {  // [in, out] -> [out, in], element by element: sizes are small next to a GEMM
-      Tensor tt = Tensor::empty(p->shape, ctx_.dt, Device::cpu(), "load");
-      const int64_t rows = want[0], cols = want[1];
-      const size_t es = dtype_size(ctx_.dt);
-      const char* src = static_cast<const char*>(t.data());
-      char* dst = static_cast<char*>(tt.data());
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) std::memcpy(dst + (c * rows + r) * es, src + (r * cols + c) * es, es);
-      t = tt;
-    }
-    p->value.copy_from(t, ctx_.s);
+    ZP_REQUIRE(files.contains(p->name), files.path(), ": model weights: tensor '", p->name, "' is missing");
+    const Shape have = files.shape(p->name, p->file_transposed);
+    ZP_REQUIRE(have == p->shape, files.path(), ": tensor '", p->name, "' has shape ", shape_str(have),
+               " (in the engine's layout), the config needs ", shape_str(p->shape));
+    p->value.copy_from(files.read(p->name, ctx_.dt, p->file_transposed), ctx_.s);
   }
 }
 

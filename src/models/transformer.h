@@ -18,7 +18,7 @@
 #include "nn/parameter.h"
 
 namespace zp::io {
-class SafetensorsCollection;
+class WeightSource;
 }
 
 namespace zp::models {
@@ -61,10 +61,11 @@ class Transformer {
   // Values depend only on (seed, parameter name, element), see nn/init.h.
   void init_random(uint64_t seed, double std);
   void init_block_random(nn::ParamBlock& b, uint64_t seed, double std);
-  // Loads every parameter from hub safetensors (Conv1D weights transposed, a tied head that the file
-  // omits is fine, anything else missing or mis-shaped is an error naming the tensor).
-  void load(const io::SafetensorsCollection& files);
-  void load_block(const io::SafetensorsCollection& files, nn::ParamBlock& b);
+  // Loads every parameter from hub safetensors or a ZeRO-Pipe .h5 (io/weight_source.h; Conv1D weights
+  // come out transposed, a tied head that the file omits is fine, anything else missing or
+  // mis-shaped is an error naming the tensor).
+  void load(const io::WeightSource& files);
+  void load_block(const io::WeightSource& files, nn::ParamBlock& b);
 
   // FLOPs of one training step (forward + backward) per token at sequence length T, counting the
   // matrix multiplies (6 per parameter used in one) and causal attention (half the score matrix).

@@ -5,7 +5,7 @@
 #include <optional>
 #include <set>
 
-#include "io/safetensors.h"
+#include "io/weight_source.h"
 #include "kernels/activation.h"
 #include "kernels/elementwise.h"
 #include "kernels/nchw.h"
@@ -825,25 +825,25 @@ int64_t UNet::num_parameters() {
   return total;
 }
 
-void UNet::check_weights(const io::SafetensorsCollection& files) {
+void UNet::check_weights(const io::WeightSource& files) {
   std::set<std::string> used;
   for (Parameter* p : parameters()) {
-    ZP_REQUIRE(files.contains(p->name), "model weights: tensor '", p->name, "' is missing");
-    const io::SafetensorsFile& f = files.file_of(p->name);
-    const io::SafetensorsEntry& e = f.entry(p->name);
-    ZP_REQUIRE(e.shape == p->shape, f.path(), ": tensor '", p->name, "' has shape ", shape_str(e.shape),
+    ZP_REQUIRE(files.contains(p->name), files.path(), ": model weights: tensor '", p->name, "' is missing");
+    const Shape have = files.shape(p->name, false);
+    ZP_REQUIRE(have == p->shape, files.path(), ": tensor '", p->name, "' has shape ", shape_str(have),
                ", the config needs ", shape_str(p->shape));
     used.insert(p->name);
   }
   for (const std::string& name : files.names())
-    ZP_REQUIRE(used.count(name), "model weights: tensor '", name, "' is not part of the model the config describes");
+    ZP_REQUIRE(used.count(name), files.path(), ": model weights: tensor '", name,
+               "' is not part of the model the config describes");
 }
 
-void UNet::load_block(const io::SafetensorsCollection& files, ParamBlock& b) {
-  for (auto& p : b.params()) p->value.copy_from(files.file_of(p->name).read_as(p->name, ctx_.dt), ctx_.s);
+void UNet::load_block(const io::WeightSource& files, ParamBlock& b) {
+  for (auto& p : b.params()) p->value.copy_from(files.read(p->name, ctx_.dt, false), ctx_.s);
 }
 
-void UNet::load(const io::SafetensorsCollection& files) {
+void UNet::load(const io::WeightSource& files) {
   check_weights(files);
   for (ParamBlock* b : blocks()) load_block(files, *b);
 }

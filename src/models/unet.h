@@ -43,7 +43,7 @@
 #include "nn/parameter.h"
 
 namespace zp::io {
-class SafetensorsCollection;
+class WeightSource;
 }
 
 namespace zp::models {
@@ -104,12 +104,12 @@ class UNet {
   nn::Parameter* find(const std::string& name);  // nullptr when absent
   int64_t num_parameters();
 
-  // Loads every parameter from diffusers safetensors; a missing, mis-shaped or unexpected tensor is
-  // an error naming it.
-  void load(const io::SafetensorsCollection& files);
+  // Loads every parameter from diffusers safetensors or a ZeRO-Pipe .h5 (io/weight_source.h); a
+  // missing, mis-shaped or unexpected tensor is an error naming it.
+  void load(const io::WeightSource& files);
   // The checks of load() without reading anything, then one block's tensors.
-  void check_weights(const io::SafetensorsCollection& files);
-  void load_block(const io::SafetensorsCollection& files, nn::ParamBlock& b);
+  void check_weights(const io::WeightSource& files);
+  void load_block(const io::WeightSource& files, nn::ParamBlock& b);
 
   // Returns the predicted sample [B, out_channels, H, W]; keeps what the backward needs, or with
   // `checkpoint` (activation checkpointing) only what the backward re-runs the forward from (above).

@@ -73,6 +73,13 @@ std::string dataset_of(int k, const std::string& name) {
 
 }  // namespace
 
+int64_t checkpoint_bytes(parallel::ZeroEngine& engine) {
+  int64_t bytes = int64_t(1) << 20;  // attributes, checksums, HDF5's own metadata
+  for (const parallel::OwnedRange& r : engine.optimizer().ranges())
+    for (const auto& p : r.block->params()) bytes += 3 * int64_t(sizeof(float)) * p->numel();
+  return bytes;
+}
+
 void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngine& engine, const CheckpointModel& model,
                      TrainState state, StreamHandle s) {
   parallel::ShardedAdamW& opt = engine.optimizer();
@@ -82,6 +89,7 @@ void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngin
   state.optimizer_steps = opt.steps();
 
   io::CheckpointWriter w(path, comm);
+  w.reserve(checkpoint_bytes(engine));
   io::H5File& f = w.file();
   f.set_attr_string("/", "kind", kKind);
   f.set_attr_string("/", "model_family", model.model_family);
@@ -207,40 +215,53 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm comm, parallel::Zer
   return st;
 }
 
-std::string resolve_resume(const std::string& resume, const std::string& dir, MPI_Comm comm) {
-  if (resume.empty()) return "";
-  // Rank 0 decides; the outcome (0: path, 1: error) and its text go to every rank.
-  int outcome = 0;
+std::string decided_by_rank0(MPI_Comm comm, const std::function<std::string()>& decide) {
+  int failed = 0;
   std::string text;
   if (comm_rank(comm) == 0) {
-    if (resume == "latest") {
-      if (dir.empty()) {
-        outcome = 1;
-        text = "--resume latest needs checkpoint.dir (the folder to look in)";
-      } else if (auto p = io::latest_checkpoint(dir)) {
-        text = *p;
-      } else {
-        ZP_LOG_INFO("--resume latest: no checkpoint in ", dir, " yet, starting from scratch");
-      }
-    } else {
-      std::error_code ec;
-      if (!fs::is_regular_file(resume, ec)) {
-        outcome = 1;
-        text = resume + ": no such checkpoint file (--resume)";
-      } else {
-        text = resume;
-      }
+    try {
+      text = decide();
+    } catch (const Error& e) {
+      failed = 1;
+      text = e.what();
     }
   }
   if (comm_size(comm) > 1) {
     int64_t len = int64_t(text.size());
-    ZP_MPI_CHECK(MPI_Bcast(&outcome, 1, MPI_INT, 0, comm));
+    ZP_MPI_CHECK(MPI_Bcast(&failed, 1, MPI_INT, 0, comm));
     ZP_MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT64_T, 0, comm));
     text.resize(size_t(len));
     ZP_MPI_CHECK(MPI_Bcast(text.data(), int(len), MPI_CHAR, 0, comm));
   }
-  ZP_REQUIRE(outcome == 0, text);
+  if (failed) throw Error(text);
   return text;
+}
+
+std::vector<std::string> resume_candidates(const std::string& resume, const std::string& dir, MPI_Comm comm) {
+  if (resume.empty()) return {};
+  const std::string joined = decided_by_rank0(comm, [&]() -> std::string {
+    std::error_code ec;
+    if (resume != "latest") {
+      ZP_REQUIRE(fs::is_regular_file(resume, ec), resume, ": no such checkpoint file (--resume)");
+      return resume;
+    }
+    ZP_REQUIRE(!dir.empty(), "--resume latest needs checkpoint.dir (the folder to look in)");
+    ZP_REQUIRE(fs::exists(dir, ec), "--resume latest: checkpoint.dir '", dir,
+               "' does not exist (a mistyped path? create it to start from step 0)");
+    ZP_REQUIRE(fs::is_directory(dir, ec), "--resume latest: checkpoint.dir '", dir, "' is not a directory");
+    const std::vector<io::CheckpointEntry> all = io::list_checkpoints(dir);
+    if (all.empty()) ZP_LOG_INFO("--resume latest: no checkpoint in ", dir, " yet, starting from step 0");
+    std::string out;
+    for (auto it = all.rbegin(); it != all.rend(); ++it) out += it->path + '\n';
+    return out;
+  });
+  std::vector<std::string> out;
+  for (size_t b = 0; b < joined.size();) {
+    const size_t e = joined.find('\n', b);
+    out.push_back(joined.substr(b, e - b));
+    b = e == std::string::npos ? joined.size() : e + 1;
+  }
+  return out;
 }
 
 }  // namespace zp::runtime

@@ -32,7 +32,9 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "core/device.h"
 #include "io/config.h"
@@ -65,6 +67,9 @@ struct CheckpointModel {
   std::string model_family;  // "transformer" | "unet"
 };
 
+// About the size of a checkpoint of `engine`'s model: fp32 weights and two moments per parameter.
+int64_t checkpoint_bytes(parallel::ZeroEngine& engine);
+
 // Collective over `comm` (the engine's data group; a null or one-rank communicator writes serially).
 // Writes `path` atomically; on any failure every rank throws the same zp::Error naming the file and
 // an existing file at `path` is left as it was.
@@ -80,9 +85,15 @@ void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngin
 TrainState load_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngine& engine,
                            const CheckpointModel& model, StreamHandle s = nullptr);
 
-// What `--resume` names: "latest" is the newest complete checkpoint in `dir` ("" when there is none:
-// start fresh), anything else a file that must exist. Decided on rank 0 of `comm` and broadcast, so
-// every rank resumes from the same file or throws the same zp::Error.
-std::string resolve_resume(const std::string& resume, const std::string& dir, MPI_Comm comm);
+// What `--resume` names, newest first: for "latest", every complete checkpoint in `dir` (none in an
+// existing folder: start from step 0, said in the log; a folder that does not exist is an error,
+// most likely a mistyped path), anything else the one file, which must exist. Decided on rank 0 of
+// `comm`, so every rank gets the same list or throws the same zp::Error.
+std::vector<std::string> resume_candidates(const std::string& resume, const std::string& dir, MPI_Comm comm);
+
+// Runs `decide` on rank 0 of `comm` only and hands its result to every rank: the returned text, or,
+// when it threw zp::Error, the same error thrown on every rank. For decisions about the file system
+// that must not differ between ranks (which checkpoint, whether a folder is usable).
+std::string decided_by_rank0(MPI_Comm comm, const std::function<std::string()>& decide);
 
 }  // namespace zp::runtime

@@ -11,7 +11,7 @@
 #include "comm/communicator.h"
 #include "core/log.h"
 #include "io/latent_dataset.h"
-#include "io/safetensors.h"
+#include "io/weight_source.h"
 #include "kernels/elementwise.h"
 #include "kernels/mse.h"
 #include "models/unet.h"
@@ -271,9 +271,9 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
   const StreamHandle s = stream ? stream->handle() : nullptr;
   // Laid out only: the engine allocates, fills and shards one block at a time (start-up memory).
   models::UNet model(mcfg, dev, cfg.dtype, s, parallel::shard_pad_multiple(world), /*allocate=*/false);
-  std::optional<io::SafetensorsCollection> hub_weights;
+  std::unique_ptr<io::WeightSource> hub_weights;
   if (cfg.init == "hub") {
-    hub_weights = io::SafetensorsCollection::open_dir(cfg.hub_dir, "diffusion_pytorch_model");
+    hub_weights = io::WeightSource::open(cfg.hub_dir, "diffusion_pytorch_model");
     model.check_weights(*hub_weights);
   }
   parallel::ZeroEngine engine(model.blocks(), cfg.zero_stage, dp.get(),

@@ -1,6 +1,12 @@
 #include "runtime/loop_checkpoints.h"
 
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 
 #include "core/log.h"
@@ -19,7 +25,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 LoopCheckpoints::LoopCheckpoints(const TrainConfig& cfg, MPI_Comm group, parallel::ZeroEngine& engine,
                                  CheckpointModel model, int64_t global_batch, StreamHandle s)
-    : cfg_(cfg), group_(group), engine_(engine), model_(std::move(model)), global_batch_(global_batch), s_(s) {}
+    : cfg_(cfg), group_(group), engine_(engine), model_(std::move(model)), global_batch_(global_batch), s_(s),
+      bytes_per_checkpoint_(checkpoint_bytes(engine)) {}
 
 // After k clean steps in a row the scaler's growth counter is k mod window and its hysteresis budget
 // is full; after j overflows in a row the growth counter is 0 and the budget is hysteresis - j mod
@@ -46,11 +53,75 @@ LossScalerState LoopCheckpoints::scaler_state(const LossScaler& sc) const {
   return st;
 }
 
+void LoopCheckpoints::check_storage() const {
+  const std::string dir = cfg_.checkpoint_dir;
+  if (dir.empty()) return;
+  int64_t existing = 0;
+  for (const auto& c : io::list_checkpoints(dir)) {
+    std::error_code ec;
+    existing += int64_t(fs::file_size(c.path, ec));
+  }
+  decided_by_rank0(group_, [&]() -> std::string {
+    const std::string key = "checkpoint.dir '" + dir + "'";
+    std::error_code ec;
+    ZP_REQUIRE(!fs::exists(dir, ec) || fs::is_directory(dir, ec), key, ": exists and is not a directory");
+    fs::create_directories(dir, ec);
+    ZP_REQUIRE(!ec, key, ": cannot be created: ", ec.message());
+    // A probe file: permissions, a read-only mount and quotas all show here, before any work.
+    const std::string probe = (fs::path(dir) / (".zeropipe-probe-" + std::to_string(::getpid()))).string();
+    const int fd = ::open(probe.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644);
+    ZP_REQUIRE(fd >= 0, key, ": not writable (creating a probe file there failed: ", std::strerror(errno), ")");
+    const char bytes[4096] = {};
+    const bool wrote = ::write(fd, bytes, sizeof bytes) == ssize_t(sizeof bytes);
+    const int err = errno;
+    ::close(fd);
+    ::unlink(probe.c_str());
+    ZP_REQUIRE(wrote, key, ": not writable (writing a probe file there failed: ", std::strerror(err), ")");
+    // Room for keep_last complete checkpoints and the one being written; files already there count
+    // against that (rotation deletes them). keep_last = 0 keeps all: every save of this run stays.
+    const int64_t saves = cfg_.save_every > 0 ? (cfg_.max_steps - start_step_) / cfg_.save_every + 1 : 1;
+    const int64_t kept = cfg_.keep_last > 0 ? cfg_.keep_last + 1 : saves;
+    const int64_t need = std::max<int64_t>(bytes_per_checkpoint_, kept * bytes_per_checkpoint_ - existing);
+    struct statvfs v {};
+    ZP_REQUIRE(::statvfs(dir.c_str(), &v) == 0, key, ": cannot read the free space: ", std::strerror(errno));
+    const int64_t free = int64_t(v.f_bavail) * int64_t(v.f_frsize);
+    ZP_REQUIRE(free >= need, key, ": ", free, " bytes free, but ", kept, " checkpoints of this model (checkpoint.keep_last ",
+               cfg_.keep_last, " + the one being written) need about ", kept * bytes_per_checkpoint_, " bytes (",
+               bytes_per_checkpoint_, " each", existing ? ", less " + std::to_string(existing) + " in checkpoints already there" : "",
+               "): free space or lower checkpoint.keep_last");
+    return "";
+  });
+}
+
 void LoopCheckpoints::resume(LossScaler& scaler, TrainResult& result) {
-  const std::string from = resolve_resume(cfg_.resume, cfg_.checkpoint_dir, group_);
-  if (from.empty()) return;
+  const std::vector<std::string> candidates = resume_candidates(cfg_.resume, cfg_.checkpoint_dir, group_);
+  check_storage();
+  if (candidates.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
-  const TrainState st = load_checkpoint(from, group_, engine_, model_, s_);
+  TrainState st;
+  std::string from;
+  std::vector<std::string> damaged;
+  for (const std::string& c : candidates) {
+    try {
+      st = load_checkpoint(c, group_, engine_, model_, s_);
+      from = c;
+      break;
+    } catch (const io::DamagedFileError& e) {
+      if (cfg_.resume != "latest") throw;
+      // Renamed, so that neither rotation (which would keep it as one of the newest) nor a later
+      // `--resume latest` takes it for a checkpoint again.
+      ZP_LOG_WARN("--resume latest: skipping damaged checkpoint ", c, " (renamed to ", c, ".damaged): ", e.what());
+      decided_by_rank0(group_, [&] {
+        std::error_code ec;
+        fs::rename(c, c + ".damaged", ec);
+        if (ec) ZP_LOG_WARN(c, ": cannot rename: ", ec.message());
+        return std::string();
+      });
+      damaged.push_back(c);
+    }
+  }
+  ZP_REQUIRE(!from.empty(), "--resume latest: every checkpoint in ", cfg_.checkpoint_dir, " is damaged (",
+             damaged.size(), " tried, newest first, each renamed to <name>.damaged); nothing to resume from");
   start_step_ = st.step;
   data_position_ = st.data_position;
   result.first_step = start_step_;
@@ -77,9 +148,9 @@ void LoopCheckpoints::resume(LossScaler& scaler, TrainResult& result) {
   }
   skipped_before_ = st.scaler.skipped - replayed;
 
-  ZP_LOG_INFO("resumed from ", from, " in ", seconds_since(t0), " s: step ", st.step, ", ", st.optimizer_steps,
-              " optimizer steps, sample ", st.data_position, " (written by ", st.world_size, " rank(s) at ZeRO stage ",
-              st.zero_stage, "; now ", engine_.world(), " at stage ", engine_.stage(), ")");
+  ZP_LOG_INFO("resumed from ", from, " in ", seconds_since(t0), " s (checksums verified): step ", st.step, ", ",
+              st.optimizer_steps, " optimizer steps, sample ", st.data_position, " (written by ", st.world_size,
+              " rank(s) at ZeRO stage ", st.zero_stage, "; now ", engine_.world(), " at stage ", engine_.stage(), ")");
   if (st.global_batch != global_batch_)
     ZP_LOG_INFO("note: the checkpoint was trained with a global batch of ", st.global_batch, ", this run uses ",
                 global_batch_, "; the data continues from sample ", st.data_position);
@@ -88,10 +159,21 @@ void LoopCheckpoints::resume(LossScaler& scaler, TrainResult& result) {
                 ": the data order changes");
 }
 
-void LoopCheckpoints::step_done(int64_t steps_done, bool skipped, const LossScaler& scaler, TrainResult& result) {
+void LoopCheckpoints::step_done(int64_t steps_done, bool skipped, bool healthy, bool stop, const LossScaler& scaler,
+                                TrainResult& result) {
   runs_.record(skipped);
-  if (cfg_.save_every > 0 && (steps_done % cfg_.save_every == 0 || steps_done == cfg_.max_steps))
-    save(steps_done, scaler, result);
+  if (cfg_.checkpoint_dir.empty()) return;
+  const bool due = (cfg_.save_every > 0 && steps_done % cfg_.save_every == 0) || steps_done == cfg_.max_steps || stop;
+  if (!due && !save_pending_) return;
+  if (!healthy) {
+    ZP_LOG_WARN("step ", steps_done, ": no checkpoint from a step whose loss or gradient norm is not finite",
+                steps_done == cfg_.max_steps || stop ? " (the run ends here: the newest checkpoint stays the last healthy one)"
+                                                      : "; the save waits for a healthy step");
+    save_pending_ = true;
+    return;
+  }
+  save_pending_ = false;
+  save(steps_done, scaler, result);
 }
 
 void LoopCheckpoints::save(int64_t steps_done, const LossScaler& scaler, TrainResult& result) {

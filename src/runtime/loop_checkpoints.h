@@ -1,11 +1,18 @@
 // The checkpoints of a training loop, the same for every model (the LM loop, runtime/trainer.h, and
 // the diffusion loop, runtime/diffusion.h): before the first step, `--resume` ("latest" or a file)
 // restores the engine's weights and moments, the optimizer step (bias correction, LR schedule), the
-// fp16 loss scaler and the data position; after every checkpoint.save_every steps and after the last
-// one, the ranks save <checkpoint.dir>/step-<step>.h5 together (runtime/checkpoint.h) and keep the
-// newest checkpoint.keep_last. An fp32 run resumed at the same world size and ZeRO stage reproduces
-// the uninterrupted run bit for bit; another world size or stage continues to rounding (the
-// reduction order changes). The data position moves by one global batch per step from the saved one.
+// fp16 loss scaler and the data position; after every checkpoint.save_every steps, after the last
+// one (whenever checkpoint.dir is set) and when a signal stops the run, the ranks save
+// <checkpoint.dir>/step-<step>.h5 together (runtime/checkpoint.h) and keep the newest
+// checkpoint.keep_last. An fp32 run resumed at the same world size and ZeRO stage reproduces the
+// uninterrupted run bit for bit; another world size or stage continues to rounding (the reduction
+// order changes). The data position moves by one global batch per step from the saved one.
+//
+// Nothing lost: checkpoint.dir is checked before the first step (creatable, a directory, writable,
+// room for keep_last + 1 checkpoints of this model); a checkpoint is only written from a healthy
+// step (finite loss and gradient norm; a due save waits for the next healthy step), so rotation never
+// replaces good checkpoints with diverged ones; `--resume latest` verifies what it loads and skips a
+// damaged newest checkpoint (renamed <name>.damaged, out of the rotation) for the newest intact one.
 #pragma once
 #include <mpi.h>
 
@@ -34,8 +41,10 @@ class LoopCheckpoints {
   int64_t first_sample(int64_t step) const { return data_position_ + (step - start_step_) * global_batch_; }
 
   // After step `steps_done` (1-based) of cfg.max_steps: records whether the update was skipped (the
-  // loss scaler's state) and saves when one is due, adding the file to result.saved. Collective.
-  void step_done(int64_t steps_done, bool skipped, const LossScaler& scaler, TrainResult& result);
+  // loss scaler's state) and saves when one is due (or `stop`: a signal ends the run), adding the
+  // file to result.saved, unless the step was not `healthy`. Collective.
+  void step_done(int64_t steps_done, bool skipped, bool healthy, bool stop, const LossScaler& scaler,
+                 TrainResult& result);
   // Steps skipped for an fp16 overflow over the whole training, those before the resume included.
   int64_t skipped_steps(const LossScaler& scaler) const { return skipped_before_ + scaler.skipped(); }
 
@@ -48,6 +57,8 @@ class LoopCheckpoints {
   };
   LossScalerState scaler_state(const LossScaler& sc) const;
   void save(int64_t steps_done, const LossScaler& scaler, TrainResult& result);
+  // checkpoint.dir exists or can be created, is a writable directory and has room; rank 0 decides.
+  void check_storage() const;
 
   const TrainConfig& cfg_;
   MPI_Comm group_;
@@ -56,7 +67,9 @@ class LoopCheckpoints {
   int64_t global_batch_;
   StreamHandle s_;
   int64_t start_step_ = 0, data_position_ = 0;  // where this run starts
+  int64_t bytes_per_checkpoint_;
   int64_t skipped_before_ = 0;                  // skips before this run, less those of the scaler's replay
+  bool save_pending_ = false;                   // a due save waits for a healthy step
   ScalerRuns runs_;
 };
 

@@ -12,6 +12,7 @@ class LossScaler {
       : enabled_(enabled), scale_(enabled ? initial : 1.0), min_(min_scale), window_(window),
         hysteresis_(hysteresis), left_(hysteresis) {}
   double scale() const { return scale_; }
+  double min_scale() const { return min_; }
   bool enabled() const { return enabled_; }
   // Records the outcome of a step; returns true when the step must be skipped.
   bool update(bool overflow);

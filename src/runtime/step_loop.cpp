@@ -5,6 +5,8 @@
 
 #include "comm/topology.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "runtime/stop_signals.h"
 #include "runtime/optimizer_step.h"
 
 namespace zp::runtime {
@@ -33,6 +35,18 @@ LoopComms make_loop_comms(const LoopPlace& at, MPI_Comm group) {
   return c;
 }
 
+namespace {
+
+// The first signal any rank of the group received (0: none), so that every rank stops at the same
+// step boundary.
+int agreed_signal(const StopSignals& signals, comm::Communicator* ctrl) {
+  int32_t sig = signals.received();
+  if (ctrl) ctrl->all_reduce(&sig, &sig, 1, DType::I32, comm::ReduceOp::Max);
+  return sig;
+}
+
+}  // namespace
+
 void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t, float)>& train,
                const std::function<double(int64_t)>& validate, TrainResult& result) {
   const TrainConfig& cfg = loop.cfg;
@@ -43,6 +57,8 @@ void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t
     loop.ctrl->all_reduce(&v, &out, 1, DType::F64, comm::ReduceOp::Avg);
     return out;
   };
+  const StopSignals signals;
+  int64_t bad_in_a_row = 0;
   for (int64_t step = loop.checkpoints.start_step(); step < cfg.max_steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     loop.engine.begin_step();
@@ -66,7 +82,35 @@ void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t
       result.val_losses.push_back(val);
     }
     loop.reporter.report(step + 1, loss, upd.lr, upd.grad_norm, secs, upd.skipped, loss_scale, val);
-    loop.checkpoints.step_done(step + 1, upd.skipped, loop.scaler, result);
+
+    // Loss and norm are the same on every rank (averaged, global), so every rank decides alike. In
+    // fp16 a non-finite step is routine until the scale reaches its minimum.
+    const bool finite = std::isfinite(loss) && std::isfinite(upd.grad_norm);
+    const bool bad = !finite && (!loop.scaler.enabled() || loop.scaler.scale() <= loop.scaler.min_scale());
+    bad_in_a_row = bad ? bad_in_a_row + 1 : 0;
+    const int stop = agreed_signal(signals, loop.ctrl);
+    loop.checkpoints.step_done(step + 1, upd.skipped, std::isfinite(loss) && !bad, stop != 0, loop.scaler, result);
+    if (bad_in_a_row >= cfg.max_bad_steps) {
+      const std::string& last = !result.saved.empty() ? result.saved.back() : result.resumed_from;
+      throw TrainingDiverged(detail::cat(
+          "training diverged: the loss or gradient norm was not finite for ", bad_in_a_row, " steps in a row (steps ",
+          step + 2 - bad_in_a_row, "..", step + 1, "; training.max_bad_steps = ", cfg.max_bad_steps, "). ",
+          last.empty() ? std::string("No checkpoint was written by this run.")
+                       : "The newest checkpoint, written from a healthy state, is " + last + "."));
+    }
+    if (stop) {
+      result.stopped_by_signal = stop;
+      ZP_LOG_INFO("stopped by signal ", stop, " after step ", step + 1,
+                  result.saved.empty() ? std::string(": nothing saved (no checkpoint.dir)")
+                                       : ": resume with --resume latest (" + result.saved.back() + ")");
+      break;
+    }
+    if (step == loop.checkpoints.start_step() && cfg.checkpoint_dir.empty()) {
+      const double left = secs * double(cfg.max_steps - step - 1);
+      if (left > 180)
+        ZP_LOG_WARN("this run has about ", int64_t(left / 60), " more minutes of work and no checkpoint.dir: nothing "
+                    "will be saved, not even at the end (set checkpoint.dir)");
+    }
   }
   result.skipped_steps = loop.checkpoints.skipped_steps(loop.scaler);
 }

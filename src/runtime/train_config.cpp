@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "io/weight_source.h"
 
 namespace zp::runtime {
 
@@ -46,8 +47,8 @@ io::json TrainConfig::hub_config_json(std::string& source) const {
     source = "model.config";
     return hub_config;
   }
-  source = (std::filesystem::path(hub_dir) / "config.json").string();
-  return io::read_json_file(source, " (model.hub_dir)");
+  source = io::is_h5_path(hub_dir) ? hub_dir : (std::filesystem::path(hub_dir) / "config.json").string();
+  return io::hub_config_of(hub_dir);
 }
 
 TrainConfig TrainConfig::from(const io::Config& c) {

@@ -35,7 +35,7 @@ struct TrainConfig {
   // model
   std::string model_type = "transformer";
   io::json hub_config;       // inline config.json
-  std::string hub_dir;       // folder with config.json (+ weights when init == "hub")
+  std::string hub_dir;       // folder with config.json (+ weights when init == "hub"), or a weights .h5 / checkpoint
   std::string init = "random";
   double init_std = 0.02;
   bool activation_checkpointing = false;
@@ -45,6 +45,7 @@ struct TrainConfig {
   bool shuffle = true;
   // loop
   int64_t max_steps = 100, eval_every = 0, eval_batches = 4, print_every = 1;
+  int64_t max_bad_steps = 20;  // non-finite steps in a row that stop the run (runtime/step_loop.h)
   uint64_t seed = 1234;
   std::string device = "auto";  // auto | cpu | cuda
   std::string metrics_file;      // JSONL, "" = none; "{rank}" is replaced by the rank
@@ -55,8 +56,8 @@ struct TrainConfig {
   std::string resume;            // not a config key (`zeropipe train --resume`): "" | "latest" | a file
   std::string config_json;       // the whole configuration as given, recorded in every checkpoint
 
-  // The hub config.json object: model.config inline, or model.hub_dir/config.json. `source` names
-  // where it came from, for error messages.
+  // The hub config.json object: model.config inline, model.hub_dir/config.json, or the config an .h5
+  // model.hub_dir records. `source` names where it came from, for error messages.
   io::json hub_config_json(std::string& source) const;
 
   // Reads and validates; throws zp::Error naming the key.

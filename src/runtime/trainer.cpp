@@ -9,7 +9,7 @@
 
 #include "comm/communicator.h"
 #include "core/log.h"
-#include "io/safetensors.h"
+#include "io/weight_source.h"
 #include "io/token_dataset.h"
 #include "kernels/reduce.h"
 #include "models/transformer.h"
@@ -70,8 +70,8 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
   // The model is only laid out; the ZeRO engine (optimizer state, gradient reduction, stage-3
   // gathering) allocates each block and has it initialised or loaded one at a time.
   models::Transformer model(mcfg, dev, cfg.dtype, s, parallel::shard_pad_multiple(world), /*allocate=*/false);
-  std::optional<io::SafetensorsCollection> hub_weights;
-  if (cfg.init == "hub") hub_weights = io::SafetensorsCollection::open_dir(cfg.hub_dir, "model");
+  std::unique_ptr<io::WeightSource> hub_weights;
+  if (cfg.init == "hub") hub_weights = io::WeightSource::open(cfg.hub_dir, "model");
   parallel::ZeroEngine engine(model.blocks(), cfg.zero_stage, dp.get(),
                               adamw_hyper(cfg), s,
                               [&](nn::ParamBlock& b) {

@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "comm/bootstrap.h"
+#include "core/error.h"
 #include "runtime/train_config.h"
 
 namespace zp::runtime {
@@ -26,6 +27,14 @@ struct TrainResult {
   int64_t first_step = 0;           // steps done before this run (> 0 when resumed)
   std::string resumed_from;         // the checkpoint it resumed from, "" when it started fresh
   std::vector<std::string> saved;   // checkpoints written, in order
+  int stopped_by_signal = 0;        // the signal that stopped the run early (runtime/stop_signals.h), else 0
+};
+
+// Thrown on every rank together when the loss or the gradient norm stayed non-finite for
+// training.max_bad_steps steps in a row (fp16: with the loss scale at its minimum); no checkpoint
+// is written from such a state.
+struct TrainingDiverged : Error {
+  using Error::Error;
 };
 
 // Trains on the ranks of `group` (default: the world). With `return_params`, every rank gets the

@@ -1,0 +1,50 @@
+# Sourced by the "nothing lost" shell tests: a scratch folder removed at exit, MPI as root, and the
+# training run they interrupt (the demo GPT-2 on the bundled text, on CPUs, in fp32, so a resumed run
+# is bit-exact). Each test sets `bin` and `src` first (its two arguments).
+set -u
+tmp=$(mktemp -d /tmp/zp_lost.XXXXXX)
+cleanup() { [ -n "${ZP_KEEP_TMP:-}" ] && return; pkill -9 -f "$tmp" 2>/dev/null; mountpoint -q "$tmp/disk" 2>/dev/null && umount "$tmp/disk"; rm -rf "$tmp"; }
+trap cleanup EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+cd "$src"
+
+fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 30 "$f"; }; done; exit 1; }
+
+# train NP DIR [zeropipe train options...]: the demo model, checkpoints in DIR. NP 0 runs without mpirun.
+train() {
+  local np=$1 dir=$2
+  shift 2
+  local launch=(mpirun --oversubscribe --bind-to none -np "$np")
+  [ "$np" = 0 ] && launch=()
+  "${launch[@]}" "$bin" train --config configs/demo-tiny.json --set training.device=cpu \
+    --set training.eval_every=0 --set steps_per_print=1 --set train_micro_batch_size_per_gpu=2 \
+    --set data.seq_len=32 --set "checkpoint.dir=\"$dir\"" "$@"
+}
+
+# The rank processes of runs writing under $tmp.
+rank_pids() {
+  pgrep -f "$tmp" | while read -r p; do [ "$(cat /proc/$p/comm 2>/dev/null)" = zeropipe ] && echo "$p"; done
+}
+
+# wait_for_line FILE PATTERN SECONDS
+wait_for_line() {
+  for _ in $(seq 1 $(( $3 * 20 ))); do grep -qE "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
+  return 1
+}
+
+# The training data and optimizer state of two checkpoints are identical, byte for byte.
+same_checkpoint() {
+  /usr/bin/python3 - "$1" "$2" <<'PY'
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+names = []
+a.visit(lambda n: names.append(n) if isinstance(a[n], h5py.Dataset) else None)
+assert names, "no datasets"
+for n in names:
+    x, y = a[n][()], b[n][()]
+    assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), n
+for k in ("step", "optimizer_steps", "data_position"):
+    assert a.attrs[k] == b.attrs[k], k
+print(f"{len(names)} datasets identical")
+PY
+}
