@@ -7,6 +7,7 @@
 
 #include "core/dtype.h"
 #include "io/config.h"
+#include "io/config_reader.h"
 
 namespace zp::runtime {
 
@@ -45,6 +46,7 @@ struct TrainConfig {
   bool shuffle = true;
   // loop
   int64_t max_steps = 100, eval_every = 0, eval_batches = 4, print_every = 1;
+  int64_t max_bad_steps = 20;  // training.max_bad_steps: the limit of divergence detection
   uint64_t seed = 1234;
   std::string device = "auto";  // auto | cpu | cuda
   std::string metrics_file;      // JSONL, "" = none; "{rank}" is replaced by the rank
@@ -59,8 +61,13 @@ struct TrainConfig {
   // where it came from, for error messages.
   io::json hub_config_json(std::string& source) const;
 
-  // Reads and validates; throws zp::Error naming the key.
+  // Reads and validates; throws one zp::Error listing every problem (the Config's own included), each
+  // naming its key.
   static TrainConfig from(const io::Config& c);
+  // Reads the keys every training run shares into a TrainConfig, recording problems in `r` instead
+  // of throwing, so that a caller with keys of its own (UNetTrainConfig::from) reports them all at
+  // once. model.type must be `model_type`.
+  static TrainConfig read(io::ConfigReader& r, const std::string& model_type);
 };
 
 }  // namespace zp::runtime
