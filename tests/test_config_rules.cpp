@@ -257,6 +257,12 @@ TEST(ConfigRules, MessagesQuoteBoundedExcerpts) {
   expect_error([&] { io::Config(runtime::train_config_schema(), json{{long_text, 1}}, "t.json"); },
                {"unknown key 'xxxx"});
   EXPECT_LT(error_text([&] { io::Config(runtime::train_config_schema(), json{{long_text, 1}}, "t.json"); }).size(), 300u);
+  // A typed read of the wrong type names where the value came from.
+  io::Config c = keep_config(valid_user());
+  c.set("model.config.hidden_size=\"" + long_text + "\"");
+  const std::string typed = error_text([&] { c.get<int>("model.config.hidden_size"); });
+  EXPECT_NE(typed.find("--set model.config.hidden_size=\"xxx"), std::string::npos) << typed.substr(0, 300);
+  EXPECT_LT(typed.size(), 400u);
 }
 
 TEST(ConfigRules, DeeplyNestedValuesAreRejectedWithoutRecursion) {

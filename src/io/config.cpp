@@ -212,8 +212,8 @@ const std::string& Config::origin(const std::string& path) const {
   }
 }
 
-void Config::throw_type(const std::string& path, const json& v) {
-  throw Error("configuration key '" + path + "' has the wrong type: " + json_excerpt(v));
+void Config::throw_type(const std::string& path, const json& v) const {
+  throw Error(origin(path) + ": configuration key '" + path + "' has the wrong type: " + json_excerpt(v));
 }
 
 }  // namespace zp::io

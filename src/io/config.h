@@ -67,7 +67,7 @@ class Config {
   const std::vector<std::string>& problems() const { return problems_; }
 
  private:
-  [[noreturn]] static void throw_type(const std::string& path, const json& v);
+  [[noreturn]] void throw_type(const std::string& path, const json& v) const;
   void merge(const json& schema, json& into, const json& from, const std::string& prefix, const std::string& source,
              std::vector<std::string>& problems);
   void report(std::vector<std::string> found);
