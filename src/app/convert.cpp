@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "io/bounded_json.h"
 #include "io/checkpoint_file.h"
 #include "io/safetensors.h"
 #include "io/weight_source.h"
@@ -197,12 +198,7 @@ void hub_to_weights(const ConvertOptions& o, std::optional<DType> want) {
   const HubFolder hub = find_hub_folder(o.from);
   const std::string cfg_path = (fs::path(hub.dir) / "config.json").string();
   const std::string cfg_text = read_text(cfg_path);
-  json cfg;
-  try {
-    cfg = json::parse(cfg_text);
-  } catch (const std::exception& e) {
-    throw Error(cfg_path + ": not valid JSON: " + e.what());
-  }
+  const json cfg = io::parse_json_bounded(cfg_text, cfg_path);
   // The engine must understand the config (so the file loads later); the transformer config also
   // says which weights the hub stores transposed.
   const bool is_lm = std::string(hub.family->name) == "transformer";
@@ -381,16 +377,11 @@ H5Model describe_h5_model(const io::CheckpointReader& r, std::optional<DType> wa
   const char* cfg_key = checkpoint ? "model_config" : "config";
   const std::optional<std::string> cfg_text = string_attr(cfg_key);
   ZP_REQUIRE(cfg_text, from, ": no '", cfg_key, "' attribute (the hub config.json)");
-  json cfg;
-  try {
-    cfg = json::parse(*cfg_text);
-  } catch (const std::exception& e) {
-    throw Error(from + ": attribute '" + cfg_key + "' is not valid JSON: " + e.what());
-  }
+  const json cfg = io::parse_json_bounded(*cfg_text, from + ": attribute '" + cfg_key + "'");
   m.config_text = checkpoint ? cfg.dump(2) + "\n" : *cfg_text;
   if (auto meta = string_attr("safetensors_metadata")) {
     try {
-      json j = json::parse(*meta);
+      json j = io::parse_json_bounded(*meta, from + ": attribute safetensors_metadata");
       if (j.is_object() && !j.empty()) {
         m.metadata = json::object();
         for (auto& [k, v] : j.items()) m.metadata[k] = v.is_string() ? v.get<std::string>() : v.dump();

@@ -127,7 +127,9 @@ int cmd_train(int argc, char** argv) {
   }
   if (config_path.empty()) throw po::error("--config FILE is required");
   // Parse and validate before MPI starts, so a bad config fails the same way on every rank, at once.
-  zp::io::Config cfg = zp::io::Config::from_file(zp::runtime::train_schema_with_diffusion(), config_path);
+  // The file's and the --set's problems are kept and reported with the readers' in one error.
+  zp::io::Config cfg = zp::io::Config::from_file(zp::runtime::train_schema_with_diffusion(), config_path,
+                                                 zp::io::Config::OnProblem::Keep);
   for (const auto& s : sets) cfg.set(s);
   const bool unet = cfg.get<std::string>("model.type") == "unet";
   std::optional<zp::runtime::UNetTrainConfig> uc;

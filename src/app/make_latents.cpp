@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/bounded_json.h"
 #include "io/config.h"
 #include "io/h5file.h"
 #include "models/unet.h"
@@ -33,11 +34,7 @@ json resolve_unet_config(const std::string& spec, std::string& source) {
   json j;
   if (first != std::string::npos && spec[first] == '{') {
     source = "inline UNet config";
-    try {
-      j = json::parse(spec);
-    } catch (const std::exception& e) {
-      throw Error(source + ": not valid JSON: " + e.what());
-    }
+    j = io::parse_json_bounded(spec, source);
   } else if (fs::is_directory(spec)) {
     source = (fs::path(spec) / "config.json").string();
     j = io::read_json_file(source);

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "io/bounded_json.h"
 #include "io/checkpoint_file.h"
 #include "io/safetensors.h"
 #include "kernels/nchw.h"
@@ -58,11 +59,7 @@ class H5Weights final : public WeightSource {
     names_ = f.children("/model");
   }
   json config() const override {
-    try {
-      return json::parse(string_attr(config_key_));
-    } catch (const json::exception& e) {
-      throw DamagedFileError(path_ + ": attribute '" + config_key_ + "' is not valid JSON: " + e.what());
-    }
+    return parse_json_bounded(string_attr(config_key_), path_ + ": attribute '" + config_key_ + "'");
   }
   std::vector<std::string> names() const override { return names_; }
   bool contains(const std::string& name) const override { return reader_.contains("/model/" + name); }

@@ -15,22 +15,45 @@ using nlohmann::json;
 using namespace zp::nn;
 using namespace zp::kernels;
 
-TransformerConfig TransformerConfig::from_hub_json(const json& j, const std::string& source) {
+namespace {
+
+// The unique parameters of `c` counted in I: int64_t for num_parameters(), __int128 to check, before
+// anything is built, that a config's sizes (each at most 2^31) do not overflow int64.
+template <class I> I count_parameters(const TransformerConfig& c) {
+  const I C = c.hidden, D = c.head_dim, F = c.ffn, qkv = (I(c.heads) + 2 * I(c.kv_heads)) * D;
+  I per_layer = qkv * C + (c.qkv_bias ? qkv : 0) + I(c.heads) * D * C + (c.out_bias ? C : 0);
+  per_layer += c.mlp == MlpKind::SwiGLU ? 3 * F * C + (c.mlp_bias ? 2 * F + C : 0) : 2 * F * C + F + C;
+  per_layer += c.norm == NormKind::LayerNorm ? 4 * C : 2 * C;
+  I total = I(c.layers) * per_layer + I(c.vocab) * C + (c.tied ? 0 : I(c.vocab) * C) +
+            (c.norm == NormKind::LayerNorm ? 2 * C : C);
+  if (c.learned_positions) total += I(c.max_positions) * C;
+  return total;
+}
+
+// Parameters, gradients and both Adam moments in fp32 take 16 bytes per parameter; 2^56 parameters
+// keep every byte count and offset within int64, far above any model that fits a machine.
+constexpr int64_t kMaxParameters = int64_t(1) << 56;
+
+TransformerConfig read_hub_config(const json& j, const std::string& source) {
+  ZP_REQUIRE(j.is_object(), source, ": not a JSON object");
   HubKeys k{j, source};
   TransformerConfig c;
   c.model_type = k.get<std::string>("model_type");
+  const char *hidden_key, *heads_key;
   if (c.model_type == "gpt2") {
-    c.hidden = k.get<int64_t>("n_embd");
-    c.layers = k.get<int64_t>("n_layer");
-    c.heads = c.kv_heads = k.get<int64_t>("n_head");
-    c.vocab = k.get<int64_t>("vocab_size");
-    c.max_positions = k.get<int64_t>("n_positions");
-    c.norm_eps = float(k.get_or<double>("layer_norm_epsilon", 1e-5));
-    c.ffn = k.get_or<int64_t>("n_inner", 4 * c.hidden);
+    hidden_key = "n_embd";
+    heads_key = "n_head";
+    c.hidden = k.size("n_embd");
+    c.layers = k.size("n_layer");
+    c.heads = c.kv_heads = k.size("n_head");
+    c.vocab = k.size("vocab_size");
+    c.max_positions = k.size("n_positions");
+    c.norm_eps = k.positive_float_or("layer_norm_epsilon", 1e-5);
+    c.ffn = k.size_or("n_inner", 4 * c.hidden);
     c.tied = k.get_or<bool>("tie_word_embeddings", true);
     std::string act = k.get_or<std::string>("activation_function", "gelu_new");
-    ZP_REQUIRE(act == "gelu_new" || act == "gelu_pytorch_tanh", source, ": key 'activation_function' = \"", act,
-               "\" is not supported (gelu_new)");
+    ZP_REQUIRE(act == "gelu_new" || act == "gelu_pytorch_tanh", source, ": key 'activation_function' = \"",
+               io::text_excerpt(act), "\" is not supported (gelu_new)");
     k.reject_if("scale_attn_by_inverse_layer_idx", true, "per-layer attention scaling");
     k.reject_if("scale_attn_weights", false, "unscaled attention");
     k.reject_if("add_cross_attention", true, "encoder-decoder GPT-2");
@@ -39,30 +62,31 @@ TransformerConfig TransformerConfig::from_hub_json(const json& j, const std::str
     c.norm = NormKind::LayerNorm;
     c.mlp = MlpKind::GeluTanh;
   } else if (c.model_type == "llama" || c.model_type == "qwen2") {
-    c.hidden = k.get<int64_t>("hidden_size");
-    c.layers = k.get<int64_t>("num_hidden_layers");
-    c.heads = k.get<int64_t>("num_attention_heads");
-    c.kv_heads = k.get_or<int64_t>("num_key_value_heads", c.heads);
-    c.vocab = k.get<int64_t>("vocab_size");
-    c.ffn = k.get<int64_t>("intermediate_size");
-    c.max_positions = k.get_or<int64_t>("max_position_embeddings", 4096);
-    c.norm_eps = float(k.get_or<double>("rms_norm_eps", 1e-6));
+    hidden_key = "hidden_size";
+    heads_key = "num_attention_heads";
+    c.hidden = k.size("hidden_size");
+    c.layers = k.size("num_hidden_layers");
+    c.heads = k.size("num_attention_heads");
+    c.kv_heads = k.size_or("num_key_value_heads", c.heads);
+    c.vocab = k.size("vocab_size");
+    c.ffn = k.size("intermediate_size");
+    c.max_positions = k.size_or("max_position_embeddings", 4096);
+    c.norm_eps = k.positive_float_or("rms_norm_eps", 1e-6);
     c.tied = k.get_or<bool>("tie_word_embeddings", false);
-    double theta = 10000.0;
-    if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
-      const json& rp = j["rope_parameters"];
-      std::string type = rp.value("rope_type", std::string("default"));
-      ZP_REQUIRE(type == "default", source, ": key 'rope_parameters.rope_type' = \"", type,
+    if (k.has("rope_parameters")) {
+      ZP_REQUIRE(j["rope_parameters"].is_object(), source, ": key 'rope_parameters' = ",
+                 io::json_excerpt(j["rope_parameters"]), " must be an object");
+      HubKeys rope{j["rope_parameters"], source, "rope_parameters."};
+      const std::string type = rope.get_or<std::string>("rope_type", "default");
+      ZP_REQUIRE(type == "default", source, ": key 'rope_parameters.rope_type' = \"", io::text_excerpt(type),
                  "\" is not supported (default RoPE only)");
-      theta = rp.value("rope_theta", theta);
+      c.rope_theta = rope.positive_float_or("rope_theta", 10000.0);
     } else {
-      theta = k.get_or<double>("rope_theta", theta);
-      ZP_REQUIRE(!j.contains("rope_scaling") || j["rope_scaling"].is_null(), source,
-                 ": key 'rope_scaling' is not supported (default RoPE only)");
+      c.rope_theta = k.positive_float_or("rope_theta", 10000.0);
+      ZP_REQUIRE(!k.has("rope_scaling"), source, ": key 'rope_scaling' is not supported (default RoPE only)");
     }
-    c.rope_theta = float(theta);
     std::string act = k.get_or<std::string>("hidden_act", "silu");
-    ZP_REQUIRE(act == "silu", source, ": key 'hidden_act' = \"", act, "\" is not supported (silu)");
+    ZP_REQUIRE(act == "silu", source, ": key 'hidden_act' = \"", io::text_excerpt(act), "\" is not supported (silu)");
     bool attention_bias = k.get_or<bool>("attention_bias", false);
     c.qkv_bias = c.model_type == "qwen2" || attention_bias;
     c.out_bias = attention_bias;
@@ -71,14 +95,31 @@ TransformerConfig TransformerConfig::from_hub_json(const json& j, const std::str
     c.norm = NormKind::RMSNorm;
     c.mlp = MlpKind::SwiGLU;
   } else {
-    throw Error(source + ": key 'model_type' = \"" + c.model_type + "\" is not supported (gpt2, llama, qwen2)");
+    throw Error(source + ": key 'model_type' = \"" + io::text_excerpt(c.model_type) +
+                "\" is not supported (gpt2, llama, qwen2)");
   }
-  ZP_REQUIRE(c.heads > 0 && c.kv_heads > 0 && c.heads % c.kv_heads == 0, source, ": ", c.heads,
-             " attention heads cannot share ", c.kv_heads, " key/value heads");
-  c.head_dim = k.get_or<int64_t>("head_dim", c.hidden / c.heads);
-  ZP_REQUIRE(c.head_dim > 0 && c.head_dim % 2 == 0, source, ": head_dim ", c.head_dim, " must be positive and even");
+  ZP_REQUIRE(c.heads % c.kv_heads == 0, source, ": ", c.heads, " attention heads cannot share ", c.kv_heads,
+             " key/value heads");
+  ZP_REQUIRE(k.has("head_dim") || c.hidden % c.heads == 0, source, ": key '", hidden_key, "' = ", c.hidden,
+             " must divide by '", heads_key, "' = ", c.heads, " (or give head_dim)");
+  c.head_dim = k.size_or("head_dim", c.hidden / c.heads);
+  ZP_REQUIRE(c.head_dim % 2 == 0, source, ": head_dim ", c.head_dim, " must be even");
   ZP_REQUIRE(c.model_type != "gpt2" || c.head_dim * c.heads == c.hidden, source, ": n_embd must divide by n_head");
+  const __int128 parameters = count_parameters<__int128>(c);
+  ZP_REQUIRE(parameters <= kMaxParameters, source, ": the sizes describe about ", double(parameters),
+             " parameters, more than 2^56 (the byte counts of weights and optimizer state must fit int64)");
   return c;
+}
+
+}  // namespace
+
+TransformerConfig TransformerConfig::from_hub_json(const json& j, const std::string& source) {
+  try {
+    return read_hub_config(j, source);
+  } catch (const nlohmann::json::exception& e) {
+    // Every check above is explicit; this keeps any that was missed a named error, not an abort.
+    throw Error(source + ": " + io::text_excerpt(e.what()));
+  }
 }
 
 bool TransformerConfig::hub_transposed(const std::string& name) const {
@@ -90,15 +131,7 @@ bool TransformerConfig::hub_transposed(const std::string& name) const {
   return false;
 }
 
-int64_t TransformerConfig::num_parameters() const {
-  int64_t C = hidden, D = head_dim, qkv = (heads + 2 * kv_heads) * D;
-  int64_t per_layer = qkv * C + (qkv_bias ? qkv : 0) + heads * D * C + (out_bias ? C : 0);
-  per_layer += mlp == MlpKind::SwiGLU ? 3 * ffn * C + (mlp_bias ? 2 * ffn + C : 0) : 2 * ffn * C + ffn + C;
-  per_layer += norm == NormKind::LayerNorm ? 4 * C : 2 * C;
-  int64_t total = layers * per_layer + vocab * C + (tied ? 0 : vocab * C) + (norm == NormKind::LayerNorm ? 2 * C : C);
-  if (learned_positions) total += max_positions * C;
-  return total;
-}
+int64_t TransformerConfig::num_parameters() const { return count_parameters<int64_t>(*this); }
 
 Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t pad_multiple,
                          bool allocate)

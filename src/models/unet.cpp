@@ -1,5 +1,6 @@
 #include "models/unet.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -37,9 +38,7 @@ const std::set<std::string> kKnownKeys = {
     "mid_block_only_cross_attention", "cross_attention_norm", "addition_embed_type_num_heads"};
 
 struct DiffusersKeys : HubKeys {
-  [[noreturn]] void wrong(const char* key, const std::string& want) const {
-    throw Error(source + ": key '" + key + "' = " + j[key].dump() + " must be " + want);
-  }
+  [[noreturn]] void wrong(const char* key, const std::string& want) const { wrong_type(key, want); }
   // The key is absent, or null when null is allowed, or one of `allowed` (diffusers' default first).
   void allow_only(const char* key, const std::vector<json>& allowed, bool null_ok, const std::string& why) const {
     if (!j.contains(key) || (null_ok && j[key].is_null())) return;
@@ -47,7 +46,7 @@ struct DiffusersKeys : HubKeys {
       if (j[key] == a) return;
     unsupported(key, why);
   }
-  // An int for every block, or a list of n positive ints.
+  // A size (HubKeys::size) for every block, or a list of n sizes.
   std::vector<int64_t> per_block(const char* key, size_t n, const json& fallback) const {
     const json& v = has(key) ? j[key] : fallback;
     std::vector<int64_t> out;
@@ -63,22 +62,39 @@ struct DiffusersKeys : HubKeys {
       wrong(key, "an integer or a list of " + std::to_string(n) + " integers (one per down block)");
     }
     for (int64_t x : out)
-      if (x <= 0) wrong(key, "positive");
+      if (x < 1 || x > kMaxSize) wrong(key, "in [1, 2^31]");
     return out;
   }
 };
 
-}  // namespace
+// An upper bound of a UNet's parameter count from its largest sizes: every ResBlock is at most
+// 2 (k^2 + 1) C^2 and every transformer at most 32 (T + 2) C^2 (attention 6 C^2, GEGLU 12 C^2, projections),
+// for at most L + 2 of each in each of the 2n + 1 down, up and mid blocks, plus the embeddings and the
+// outer convs. With C the largest channel or embedding width, k the largest kernel, L and T the
+// most layers and transformer layers of a block.
+long double unet_parameter_bound(const UNetConfig& c) {
+  int64_t widest = std::max({c.in_channels, c.out_channels, c.time_embed_dim, c.add_in_dim, c.add_time_dim});
+  for (int64_t x : c.block_out) widest = std::max(widest, x);
+  for (int64_t x : c.cross_dim) widest = std::max(widest, x);
+  const long double C = widest, k = std::max({c.conv_in_kernel, c.conv_out_kernel, int64_t(3)});
+  const long double L = *std::max_element(c.layers.begin(), c.layers.end());
+  const long double T = *std::max_element(c.transformer_layers.begin(), c.transformer_layers.end());
+  const long double n = c.block_out.size();
+  return (3 * n + 3) * (L + 2) * 32 * (k * k + 1) * (T + 2) * C * C;
+}
 
-UNetConfig UNetConfig::from_hub_json(const json& j, const std::string& source) {
+// As in transformer.cpp: 16 bytes of weights, gradients and Adam moments per parameter stay in int64.
+constexpr long double kMaxParameters = 72057594037927936.0L;  // 2^56
+
+UNetConfig read_hub_config(const json& j, const std::string& source) {
   ZP_REQUIRE(j.is_object(), source, ": not a JSON object");
   for (const auto& [key, value] : j.items())
     if (!key.empty() && key[0] != '_' && !kKnownKeys.count(key))
-      throw Error(source + ": unknown key '" + key + "' (not a diffusers UNet2DConditionModel key)");
+      throw Error(source + ": unknown key '" + io::text_excerpt(key) + "' (not a diffusers UNet2DConditionModel key)");
   DiffusersKeys k{{j, source}};
   if (k.has("_class_name")) {
     std::string cls = k.get<std::string>("_class_name");
-    ZP_REQUIRE(cls == "UNet2DConditionModel", source, ": key '_class_name' = \"", cls,
+    ZP_REQUIRE(cls == "UNet2DConditionModel", source, ": key '_class_name' = \"", io::text_excerpt(cls),
                "\" is not supported (UNet2DConditionModel)");
   }
 
@@ -110,9 +126,9 @@ UNetConfig UNetConfig::from_hub_json(const json& j, const std::string& source) {
   k.allow_only("cross_attention_norm", {}, true, "normalised cross-attention context");
 
   UNetConfig c;
-  c.in_channels = k.get_or<int64_t>("in_channels", 4);
-  c.out_channels = k.get_or<int64_t>("out_channels", 4);
-  c.block_out = k.get<std::vector<int64_t>>("block_out_channels");
+  c.in_channels = k.size_or("in_channels", 4);
+  c.out_channels = k.size_or("out_channels", 4);
+  c.block_out = k.sizes("block_out_channels");
   const size_t n = c.block_out.size();
   ZP_REQUIRE(n >= 1, source, ": key 'block_out_channels' is empty");
   auto block_types = [&](const char* key, const char* with_attn, const char* plain) {
@@ -121,7 +137,7 @@ UNetConfig UNetConfig::from_hub_json(const json& j, const std::string& source) {
     std::vector<bool> attn;
     for (const std::string& t : types) {
       if (t != with_attn && t != plain)
-        throw Error(source + ": key '" + key + "': block type \"" + t + "\" is not supported (" + with_attn + ", " +
+        throw Error(source + ": key '" + key + "': block type \"" + io::text_excerpt(t) + "\" is not supported (" + with_attn + ", " +
                     plain + ")");
       attn.push_back(t == with_attn);
     }
@@ -133,21 +149,21 @@ UNetConfig UNetConfig::from_hub_json(const json& j, const std::string& source) {
   c.heads = k.per_block("attention_head_dim", n, 8);
   c.transformer_layers = k.per_block("transformer_layers_per_block", n, 1);
   c.cross_dim = k.per_block("cross_attention_dim", n, 1280);
-  c.groups = k.get_or<int64_t>("norm_num_groups", 32);
-  c.norm_eps = float(k.get_or<double>("norm_eps", 1e-5));
+  c.groups = k.size_or("norm_num_groups", 32);
+  c.norm_eps = k.positive_float_or("norm_eps", 1e-5);
   c.linear_projection = k.get_or<bool>("use_linear_projection", false);
   c.flip_sin_to_cos = k.get_or<bool>("flip_sin_to_cos", true);
   c.freq_shift = k.get_or<double>("freq_shift", 0);
-  c.time_embed_dim = k.get_or<int64_t>("time_embedding_dim", 4 * c.block_out[0]);
-  c.conv_in_kernel = k.get_or<int64_t>("conv_in_kernel", 3);
-  c.conv_out_kernel = k.get_or<int64_t>("conv_out_kernel", 3);
-  c.mid_scale = float(k.get_or<double>("mid_block_scale_factor", 1.0));
-  c.resnet_scale = float(k.get_or<double>("resnet_out_scale_factor", 1.0));
+  c.time_embed_dim = k.size_or("time_embedding_dim", 4 * c.block_out[0]);
+  c.conv_in_kernel = k.size_or("conv_in_kernel", 3);
+  c.conv_out_kernel = k.size_or("conv_out_kernel", 3);
+  c.mid_scale = k.float_or("mid_block_scale_factor", 1.0);
+  c.resnet_scale = k.float_or("resnet_out_scale_factor", 1.0);
   c.skip_time_act = k.get_or<bool>("resnet_skip_time_act", false);
   c.text_time = k.has("addition_embed_type");
   if (c.text_time) {
-    c.add_time_dim = k.get<int64_t>("addition_time_embed_dim");
-    c.add_in_dim = k.get<int64_t>("projection_class_embeddings_input_dim");
+    c.add_time_dim = k.size("addition_time_embed_dim");
+    c.add_in_dim = k.size("projection_class_embeddings_input_dim");
     ZP_REQUIRE(c.add_time_dim > 0 && c.add_in_dim > 6 * c.add_time_dim, source,
                ": keys 'addition_time_embed_dim' and 'projection_class_embeddings_input_dim' leave no room for "
                "text_embeds (", c.add_in_dim, " <= 6 * ", c.add_time_dim, ")");
@@ -181,7 +197,21 @@ UNetConfig UNetConfig::from_hub_json(const json& j, const std::string& source) {
       stack.pop_back();
     }
   }
+  const long double bound = unet_parameter_bound(c);
+  ZP_REQUIRE(bound <= kMaxParameters, source, ": the sizes allow up to about ", double(bound),
+             " parameters, more than 2^56 (the byte counts of weights and optimizer state must fit int64)");
   return c;
+}
+
+}  // namespace
+
+UNetConfig UNetConfig::from_hub_json(const json& j, const std::string& source) {
+  try {
+    return read_hub_config(j, source);
+  } catch (const nlohmann::json::exception& e) {
+    // Every check is explicit; this keeps any that was missed a named error, not an abort.
+    throw Error(source + ": " + io::text_excerpt(e.what()));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

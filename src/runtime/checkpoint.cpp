@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "io/bounded_json.h"
 #include "io/checkpoint_file.h"
 
 namespace zp::runtime {
@@ -146,12 +147,7 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm comm, parallel::Zer
   ZP_REQUIRE(family == model.model_family, path, ": a checkpoint of a ", family, " model (model_family '", family,
              "'), this run trains a ", model.model_family);
   const io::json& model_config = model.model_config;
-  io::json file_config;
-  try {
-    file_config = io::json::parse(string_attr("model_config"));
-  } catch (const io::json::exception& e) {
-    throw Error(path + ": the model_config attribute is not valid JSON: " + e.what());
-  }
+  const io::json file_config = io::parse_json_bounded(string_attr("model_config"), path + ": the model_config attribute");
   const std::string diff = config_difference(file_config, model_config);
   const std::string hint = diff.empty() ? "" : " (the checkpoint's model config differs: " + diff + ")";
 

@@ -45,45 +45,39 @@ io::json train_schema_with_diffusion() {
 }
 
 DiffusionConfig DiffusionConfig::from(const io::Config& c) {
+  io::ConfigReader r(c);
+  DiffusionConfig d = read(r);
+  r.throw_if_any();
+  return d;
+}
+
+DiffusionConfig DiffusionConfig::read(io::ConfigReader& r) {
+  using io::Range;
   DiffusionConfig d;
-  if (!c.root().contains("diffusion")) return d;
-  d.num_train_timesteps = c.get<int64_t>("diffusion.num_train_timesteps");
-  d.beta_start = c.get<double>("diffusion.beta_start");
-  d.beta_end = c.get<double>("diffusion.beta_end");
-  d.beta_schedule = c.get<std::string>("diffusion.beta_schedule");
-  d.prediction_type = c.get<std::string>("diffusion.prediction_type");
-  const io::json& gamma = c.at("diffusion.snr_gamma");
-  ZP_REQUIRE(gamma.is_null() || gamma.is_number(), "diffusion.snr_gamma must be a number or null, got ", gamma.dump());
-  d.snr_gamma = gamma.is_number() ? gamma.get<double>() : 0.0;
-  ZP_REQUIRE(d.num_train_timesteps >= 1, "diffusion.num_train_timesteps must be >= 1, got ", d.num_train_timesteps);
-  ZP_REQUIRE(d.beta_start > 0 && d.beta_start < 1, "diffusion.beta_start must be in (0, 1), got ", d.beta_start);
-  ZP_REQUIRE(d.beta_end >= d.beta_start && d.beta_end < 1, "diffusion.beta_end must be in [beta_start, 1), got ",
-             d.beta_end);
-  ZP_REQUIRE(d.beta_schedule == "scaled_linear" || d.beta_schedule == "linear",
-             "diffusion.beta_schedule must be \"scaled_linear\" or \"linear\", got \"", d.beta_schedule, "\"");
-  ZP_REQUIRE(d.prediction_type == "epsilon" || d.prediction_type == "v_prediction",
-             "diffusion.prediction_type must be \"epsilon\" or \"v_prediction\", got \"", d.prediction_type, "\"");
-  ZP_REQUIRE(gamma.is_null() || d.snr_gamma > 0, "diffusion.snr_gamma must be positive (or null for no weighting), got ",
-             d.snr_gamma);
+  if (!r.config().root().contains("diffusion")) return d;
+  // The schedule holds two doubles per timestep; diffusers' models use 1000.
+  d.num_train_timesteps = r.integer("diffusion.num_train_timesteps", 1, 1000000);
+  d.beta_start = r.number("diffusion.beta_start", Range{0, 1, true, true});
+  d.beta_end = r.number("diffusion.beta_end", Range::half_open(d.beta_start, 1));
+  d.beta_schedule = r.one_of("diffusion.beta_schedule", {"scaled_linear", "linear"});
+  d.prediction_type = r.one_of("diffusion.prediction_type", {"epsilon", "v_prediction"});
+  d.snr_gamma = r.number_or_null("diffusion.snr_gamma", Range::above(0)).value_or(0.0);
   return d;
 }
 
 UNetTrainConfig UNetTrainConfig::from(const io::Config& c) {
-  const std::string type = c.get<std::string>("model.type");
-  ZP_REQUIRE(type == "unet", "model.type must be \"unet\" for diffusion training, got \"", type, "\"");
-  // The shared keys are read by the LM trainer's parser, so both loops give them one meaning and one
-  // set of checks; it only knows the transformer, so it reads a copy that says so.
-  io::Config shared = c;
-  shared.set("model.type=\"transformer\"");
+  // The shared keys are read by the LM trainer's reader, so both loops give them one meaning and one
+  // set of checks; every problem of both readers is reported in one error.
+  io::ConfigReader r(c);
   UNetTrainConfig u;
-  u.common = TrainConfig::from(shared);
-  u.common.model_type = "unet";
-  u.common.config_json = c.dump();  // as given, model.type "unet" included
-  u.diffusion = DiffusionConfig::from(c);
-  ZP_REQUIRE(u.common.train_files.size() == 1, "data.train_files must hold exactly one latent file (HDF5), got ",
-             u.common.train_files.size());
-  ZP_REQUIRE(u.common.val_files.size() <= 1, "data.val_files holds at most one latent file (HDF5), got ",
-             u.common.val_files.size());
+  u.common = TrainConfig::read(r, "unet");
+  u.diffusion = DiffusionConfig::read(r);
+  // An empty list is TrainConfig::read's problem already.
+  r.require(u.common.train_files.size() <= 1,
+            "data.train_files must hold exactly one latent file (HDF5), got " + std::to_string(u.common.train_files.size()));
+  r.require(u.common.val_files.size() <= 1,
+            "data.val_files holds at most one latent file (HDF5), got " + std::to_string(u.common.val_files.size()));
+  r.throw_if_any();
   return u;
 }
 

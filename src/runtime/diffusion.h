@@ -52,8 +52,11 @@ struct DiffusionConfig {
   std::string prediction_type = "epsilon";      // epsilon | v_prediction
   double snr_gamma = 0;                         // > 0: min-SNR-gamma loss weights; 0 (null) = off
 
-  // Reads the "diffusion" section (defaults when the config has none); throws zp::Error naming the key.
+  // Reads the "diffusion" section (defaults when the config has none); throws one zp::Error listing
+  // every problem, each naming its key.
   static DiffusionConfig from(const io::Config& c);
+  // The same, recording problems in `r` (UNetTrainConfig::from reports them with the shared keys').
+  static DiffusionConfig read(io::ConfigReader& r);
 };
 
 class NoiseSchedule {
@@ -89,7 +92,8 @@ struct UNetTrainConfig {
   TrainConfig common;
   DiffusionConfig diffusion;
 
-  // Reads and validates a config with model.type "unet"; throws zp::Error naming the key.
+  // Reads and validates a config with model.type "unet"; throws one zp::Error listing every problem,
+  // each naming its key.
   static UNetTrainConfig from(const io::Config& c);
 };
 

@@ -96,7 +96,8 @@ void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t
           "training diverged: the loss or gradient norm was not finite for ", bad_in_a_row, " steps in a row (steps ",
           step + 2 - bad_in_a_row, "..", step + 1, "; training.max_bad_steps = ", cfg.max_bad_steps, "). ",
           last.empty() ? std::string("No checkpoint was written by this run.")
-                       : "The newest checkpoint, written from a healthy state, is " + last + "."));
+                       : "The newest checkpoint, written after the last step with a finite loss, is " + last +
+                             " (older ones in checkpoint.dir are kept)."));
     }
     if (stop) {
       result.stopped_by_signal = stop;

@@ -1,14 +1,20 @@
 #include "runtime/train_config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "io/bounded_json.h"
 #include "io/weight_source.h"
+#include "models/transformer.h"
+#include "models/unet.h"
 
 namespace zp::runtime {
 
+// A default's JSON kind is its key's type, and an integer default makes an integer key: the loss
+// scales, which DeepSpeed allows to be fractional, therefore default to 0.0 and 1.0.
 const io::json& train_config_schema() {
   static const io::json schema = io::json::parse(R"({
     "train_batch_size": null,
@@ -26,8 +32,8 @@ const io::json& train_config_schema() {
                   "params": {"warmup_num_steps": 0, "total_num_steps": null, "cos_min_ratio": 0.1,
                              "warmup_min_ratio": 0.0, "warmup_type": "linear"}},
     "bf16": {"enabled": false},
-    "fp16": {"enabled": false, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
-             "hysteresis": 2, "min_loss_scale": 1},
+    "fp16": {"enabled": false, "loss_scale": 0.0, "initial_scale_power": 16, "loss_scale_window": 1000,
+             "hysteresis": 2, "min_loss_scale": 1.0},
     "zero_optimization": {"stage": 0,
                           "offload_optimizer": {"device": "none", "nvme_path": "", "pin_memory": true},
                           "offload_param": {"device": "none", "nvme_path": "", "pin_memory": true},
@@ -37,7 +43,8 @@ const io::json& train_config_schema() {
               "activation_checkpointing": false, "weight_decay_on_all": false},
     "data": {"train_files": [], "val_files": [], "val_fraction": 0.0, "seq_len": 1024, "shuffle": true},
     "checkpoint": {"dir": "", "save_every": 0, "keep_last": 3},
-    "training": {"max_steps": 100, "eval_every": 0, "eval_batches": 4, "device": "auto", "metrics_file": ""}
+    "training": {"max_steps": 100, "eval_every": 0, "eval_batches": 4, "device": "auto", "metrics_file": "",
+                 "max_bad_steps": 20}
   })");
   return schema;
 }
@@ -52,106 +59,117 @@ io::json TrainConfig::hub_config_json(std::string& source) const {
 }
 
 TrainConfig TrainConfig::from(const io::Config& c) {
-  TrainConfig t;
-  t.micro_batch = c.get<int64_t>("train_micro_batch_size_per_gpu");
-  t.grad_accum = c.get<int64_t>("gradient_accumulation_steps");
-  ZP_REQUIRE(t.micro_batch >= 1, "train_micro_batch_size_per_gpu must be >= 1, got ", t.micro_batch);
-  ZP_REQUIRE(t.grad_accum >= 1, "gradient_accumulation_steps must be >= 1, got ", t.grad_accum);
-  t.grad_clip = c.get<double>("gradient_clipping");
-  t.print_every = c.get<int64_t>("steps_per_print");
-  const io::json& tbs = c.at("train_batch_size");
-  t.train_batch_size = tbs.is_number() ? tbs.get<int64_t>() : 0;
-  t.seed = c.get<uint64_t>("seed");
+  io::ConfigReader r(c);
+  TrainConfig t = read(r, "transformer");
+  r.throw_if_any();
+  return t;
+}
 
-  ZP_REQUIRE(c.get<std::string>("optimizer.type") == "AdamW" || c.get<std::string>("optimizer.type") == "Adam",
-             "optimizer.type: only AdamW (decoupled weight decay) is supported, got ", c.at("optimizer.type").dump());
-  ZP_REQUIRE(c.get<bool>("optimizer.params.adam_w_mode"), "optimizer.params.adam_w_mode = false (L2-coupled Adam) is not supported");
-  t.lr = c.get<double>("optimizer.params.lr");
-  auto betas = c.get<std::vector<double>>("optimizer.params.betas");
-  ZP_REQUIRE(betas.size() == 2, "optimizer.params.betas must hold two numbers");
+TrainConfig TrainConfig::read(io::ConfigReader& r, const std::string& model_type) {
+  using io::Range;
+  TrainConfig t;
+  t.micro_batch = r.integer("train_micro_batch_size_per_gpu", 1);
+  t.grad_accum = r.integer("gradient_accumulation_steps", 1);
+  t.grad_clip = r.number("gradient_clipping", Range::at_least(0));
+  t.print_every = r.integer("steps_per_print", 1);
+  t.train_batch_size = r.integer_or_auto("train_batch_size", 1).value_or(0);
+  t.seed = r.unsigned_integer("seed");
+
+  r.one_of("optimizer.type", {"AdamW", "Adam"}, "decoupled weight decay");
+  r.require(r.boolean("optimizer.params.adam_w_mode"),
+            "optimizer.params.adam_w_mode = false (L2-coupled Adam) is not supported");
+  t.lr = r.number("optimizer.params.lr", Range::above(0));
+  const auto betas = r.numbers("optimizer.params.betas", 2, Range::half_open(0, 1));
   t.beta1 = betas[0];
   t.beta2 = betas[1];
-  t.eps = c.get<double>("optimizer.params.eps");
-  t.weight_decay = c.get<double>("optimizer.params.weight_decay");
+  t.eps = r.number("optimizer.params.eps", Range::above(0));
+  t.weight_decay = r.number("optimizer.params.weight_decay", Range::at_least(0));
 
-  t.scheduler = c.get<std::string>("scheduler.type");
-  ZP_REQUIRE(t.scheduler == "WarmupCosineLR" || t.scheduler == "WarmupDecayLR" || t.scheduler == "WarmupLR",
-             "scheduler.type must be WarmupCosineLR, WarmupDecayLR or WarmupLR, got \"", t.scheduler, "\"");
-  ZP_REQUIRE(c.get<std::string>("scheduler.params.warmup_type") == "linear",
-             "scheduler.params.warmup_type: only \"linear\" is supported");
-  t.warmup_steps = c.get<int64_t>("scheduler.params.warmup_num_steps");
-  t.min_lr_ratio = c.get<double>("scheduler.params.cos_min_ratio");
+  t.scheduler = r.one_of("scheduler.type", {"WarmupCosineLR", "WarmupDecayLR", "WarmupLR"});
+  r.one_of("scheduler.params.warmup_type", {"linear"});
+  t.warmup_steps = r.integer("scheduler.params.warmup_num_steps", 0);
+  t.min_lr_ratio = r.number("scheduler.params.cos_min_ratio", Range::closed(0, 1));
 
-  const bool bf16 = c.get<bool>("bf16.enabled");
-  t.fp16 = c.get<bool>("fp16.enabled");
-  ZP_REQUIRE(!(bf16 && t.fp16), "bf16.enabled and fp16.enabled cannot both be true");
+  const bool bf16 = r.boolean("bf16.enabled");
+  t.fp16 = r.boolean("fp16.enabled");
+  r.require(!(bf16 && t.fp16), "bf16.enabled and fp16.enabled cannot both be true");
   t.dtype = bf16 ? DType::BF16 : t.fp16 ? DType::F16 : DType::F32;
-  const double fixed = c.get<double>("fp16.loss_scale");
-  t.initial_scale = fixed > 0 ? fixed : double(int64_t(1) << c.get<int>("fp16.initial_scale_power"));
-  t.scale_window = fixed > 0 ? INT64_MAX : c.get<int64_t>("fp16.loss_scale_window");
-  t.hysteresis = c.get<int64_t>("fp16.hysteresis");
-  t.min_scale = c.get<double>("fp16.min_loss_scale");
+  const double fixed = r.number("fp16.loss_scale", Range::at_least(0));
+  // 2^63 and beyond do not fit the int64 the scale was once computed in, and no gradient needs them.
+  const int64_t power = r.integer("fp16.initial_scale_power", 0, 63);
+  const int64_t window = r.integer("fp16.loss_scale_window", 1);
+  t.initial_scale = fixed > 0 ? fixed : std::ldexp(1.0, int(power));
+  t.scale_window = fixed > 0 ? INT64_MAX : window;
+  t.hysteresis = r.integer("fp16.hysteresis", 1);
+  t.min_scale = r.number("fp16.min_loss_scale", Range::above(0));
 
-  t.zero_stage = c.get<int>("zero_optimization.stage");
-  ZP_REQUIRE(t.zero_stage >= 0 && t.zero_stage <= 3, "zero_optimization.stage must be 0..3, got ", t.zero_stage);
-  t.overlap_comm = c.get<bool>("zero_optimization.overlap_comm");
+  t.zero_stage = int(r.integer("zero_optimization.stage", 0, 3));
+  t.overlap_comm = r.boolean("zero_optimization.overlap_comm");
   // Each sharding unit (a block's flat buffer) is one bucket, so DeepSpeed's bucket sizes do not apply.
   for (const char* key : {"zero_optimization.reduce_bucket_size", "zero_optimization.allgather_bucket_size",
                           "zero_optimization.stage3_prefetch_bucket_size"})
-    if (c.get<double>(key) != 5e8)
+    if (r.number(key, Range::at_least(0)) != 5e8)
       ZP_LOG_WARN(key, " is ignored: every parameter block is one bucket (and stage 3 prefetches one block ahead)");
-  t.step_in_backward = c.get<bool>("optimizer.step_in_backward");
+  t.step_in_backward = r.boolean("optimizer.step_in_backward");
   if (t.step_in_backward) {
-    ZP_REQUIRE(t.zero_stage >= 2, "optimizer.step_in_backward needs zero_optimization.stage 2 or 3 (gradient buffers "
-               "that live only while their block runs), got stage ", t.zero_stage);
-    ZP_REQUIRE(t.grad_clip == 0, "optimizer.step_in_backward updates each block before the global gradient norm is "
-               "known, so gradient_clipping must be 0, got ", t.grad_clip);
-    ZP_REQUIRE(!t.fp16, "optimizer.step_in_backward cannot skip an fp16 overflow step: use bf16.enabled or fp32");
+    r.require(t.zero_stage >= 2, "optimizer.step_in_backward needs zero_optimization.stage 2 or 3 (gradient buffers "
+              "that live only while their block runs), got stage " + std::to_string(t.zero_stage));
+    r.require(t.grad_clip == 0, "optimizer.step_in_backward updates each block before the global gradient norm is "
+              "known, so gradient_clipping must be 0, got " + io::json(t.grad_clip).dump());
+    r.require(!t.fp16, "optimizer.step_in_backward cannot skip an fp16 overflow step: use bf16.enabled or fp32");
   }
-  ZP_REQUIRE(c.get<std::string>("zero_optimization.offload_optimizer.device") == "none" &&
-                 c.get<std::string>("zero_optimization.offload_param.device") == "none",
-             "zero_optimization.offload_*: offload is not implemented yet (use \"none\")");
+  r.one_of("zero_optimization.offload_optimizer.device", {"none"}, "offload is not implemented yet");
+  r.one_of("zero_optimization.offload_param.device", {"none"}, "offload is not implemented yet");
 
-  t.model_type = c.get<std::string>("model.type");
-  ZP_REQUIRE(t.model_type == "transformer", "model.type: only \"transformer\" trains today, got \"", t.model_type, "\"");
-  t.hub_config = c.at("model.config");
-  t.hub_dir = c.get<std::string>("model.hub_dir");
-  ZP_REQUIRE(t.hub_config.is_object() != !t.hub_dir.empty(),
-             "give exactly one of model.config (an inline hub config.json object) and model.hub_dir");
-  t.init = c.get<std::string>("model.init");
-  ZP_REQUIRE(t.init == "random" || t.init == "hub", "model.init must be \"random\" or \"hub\", got \"", t.init, "\"");
-  ZP_REQUIRE(t.init == "random" || !t.hub_dir.empty(), "model.init = \"hub\" needs model.hub_dir");
-  t.init_std = c.get<double>("model.init_std");
-  t.activation_checkpointing = c.get<bool>("model.activation_checkpointing");
-  t.decay_all = c.get<bool>("model.weight_decay_on_all");
+  t.model_type = r.one_of("model.type", {model_type},
+                          model_type == "unet" ? "diffusion training" : "or \"unet\" for diffusion training");
+  t.hub_config = r.value("model.config");
+  t.hub_dir = r.string("model.hub_dir");
+  if (r.require(t.hub_config.is_object() || t.hub_config.is_null(),
+                "model.config must be an object (an inline hub config.json) or null, got " +
+                    io::json_excerpt(t.hub_config)))
+    r.require(t.hub_config.is_object() != !t.hub_dir.empty(),
+              "give exactly one of model.config (an inline hub config.json object) and model.hub_dir");
+  // An inline hub config is checked here too, so that its problems come with the others, before MPI
+  // starts (a model.hub_dir's config.json is read when training starts).
+  if (t.hub_config.is_object()) {
+    try {
+      if (model_type == "unet")
+        models::UNetConfig::from_hub_json(t.hub_config, "model.config");
+      else
+        models::TransformerConfig::from_hub_json(t.hub_config, "model.config");
+    } catch (const Error& e) {
+      r.require(false, e.what());
+    }
+  }
+  t.init = r.one_of("model.init", {"random", "hub"});
+  r.require(t.init == "random" || !t.hub_dir.empty(), "model.init = \"hub\" needs model.hub_dir");
+  t.init_std = r.number("model.init_std", Range::above(0));
+  t.activation_checkpointing = r.boolean("model.activation_checkpointing");
+  t.decay_all = r.boolean("model.weight_decay_on_all");
 
-  t.train_files = c.get<std::vector<std::string>>("data.train_files");
-  t.val_files = c.get<std::vector<std::string>>("data.val_files");
-  t.val_fraction = c.get<double>("data.val_fraction");
-  t.seq_len = c.get<int64_t>("data.seq_len");
-  t.shuffle = c.get<bool>("data.shuffle");
-  ZP_REQUIRE(!t.train_files.empty(), "data.train_files is empty");
-  ZP_REQUIRE(t.val_fraction >= 0 && t.val_fraction < 1, "data.val_fraction must be in [0, 1)");
-  ZP_REQUIRE(t.seq_len >= 1, "data.seq_len must be >= 1");
+  t.train_files = r.strings("data.train_files");
+  t.val_files = r.strings("data.val_files");
+  t.val_fraction = r.number("data.val_fraction", Range::half_open(0, 1));
+  t.seq_len = r.integer("data.seq_len", 1);
+  t.shuffle = r.boolean("data.shuffle");
+  r.require(!t.train_files.empty(), "data.train_files is empty");
 
-  t.max_steps = c.get<int64_t>("training.max_steps");
-  t.eval_every = c.get<int64_t>("training.eval_every");
-  t.eval_batches = c.get<int64_t>("training.eval_batches");
-  t.device = c.get<std::string>("training.device");
-  ZP_REQUIRE(t.device == "auto" || t.device == "cpu" || t.device == "cuda", "training.device must be auto, cpu or cuda");
-  t.metrics_file = c.get<std::string>("training.metrics_file");
-  const io::json& total = c.at("scheduler.params.total_num_steps");
-  t.total_steps = total.is_number() ? total.get<int64_t>() : t.max_steps;
-  ZP_REQUIRE(t.max_steps >= 0, "training.max_steps must be >= 0");
-  ZP_REQUIRE(t.warmup_steps >= 0, "scheduler.params.warmup_num_steps must be >= 0");
-  t.checkpoint_dir = c.get<std::string>("checkpoint.dir");
-  t.save_every = c.get<int64_t>("checkpoint.save_every");
-  t.keep_last = c.get<int64_t>("checkpoint.keep_last");
-  ZP_REQUIRE(t.save_every >= 0, "checkpoint.save_every must be >= 0 (0 = never), got ", t.save_every);
-  ZP_REQUIRE(t.keep_last >= 0, "checkpoint.keep_last must be >= 0 (0 = keep all), got ", t.keep_last);
-  ZP_REQUIRE(t.save_every == 0 || !t.checkpoint_dir.empty(), "checkpoint.save_every = ", t.save_every,
-             " needs checkpoint.dir (where to save)");
-  t.config_json = c.dump();
+  t.max_steps = r.integer("training.max_steps", 0);
+  t.eval_every = r.integer("training.eval_every", 0);
+  // Every evaluation runs this many forwards on every rank before training goes on: a million is
+  // already hours, and the bound keeps eval_batches * world * micro far from int64's end.
+  t.eval_batches = r.integer("training.eval_batches", 1, 1000000);
+  t.max_bad_steps = r.integer("training.max_bad_steps", 1);
+  t.device = r.one_of("training.device", {"auto", "cpu", "cuda"});
+  t.metrics_file = r.string("training.metrics_file");
+  t.total_steps = r.integer_or_auto("scheduler.params.total_num_steps", 1).value_or(t.max_steps);
+  t.checkpoint_dir = r.string("checkpoint.dir");
+  t.save_every = r.integer("checkpoint.save_every", 0);
+  t.keep_last = r.integer("checkpoint.keep_last", 0);
+  r.require(t.save_every == 0 || !t.checkpoint_dir.empty(),
+            "checkpoint.save_every = " + std::to_string(t.save_every) + " needs checkpoint.dir (where to save)");
+  t.config_json = r.config().dump();
   return t;
 }
 

@@ -7,6 +7,7 @@
 
 #include "core/dtype.h"
 #include "io/config.h"
+#include "io/config_reader.h"
 
 namespace zp::runtime {
 
@@ -60,8 +61,13 @@ struct TrainConfig {
   // model.hub_dir records. `source` names where it came from, for error messages.
   io::json hub_config_json(std::string& source) const;
 
-  // Reads and validates; throws zp::Error naming the key.
+  // Reads and validates; throws one zp::Error listing every problem (the Config's own included), each
+  // naming its key.
   static TrainConfig from(const io::Config& c);
+  // Reads the keys every training run shares into a TrainConfig, recording problems in `r` instead
+  // of throwing, so that a caller with keys of its own (UNetTrainConfig::from) reports them all at
+  // once. model.type must be `model_type`.
+  static TrainConfig read(io::ConfigReader& r, const std::string& model_type);
 };
 
 }  // namespace zp::runtime
