@@ -1,0 +1,113 @@
+// Regression tests for hostile inputs to the file readers, one per hole that mutation fuzzing
+// (test_fuzz_readers.cpp) found or that the readers' contracts promise to close: each must be a
+// zp::Error naming the file (and the tensor or dataset), never a crash, a wrapped size or a late abort.
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "app/inspect_command.h"
+#include "io/checkpoint_file.h"
+#include "io/h5file.h"
+#include "io/latent_dataset.h"
+#include "io/safetensors.h"
+#include "io/token_dataset.h"
+#include "test_util.h"
+
+namespace zp::test {
+namespace {
+using namespace zp::io;
+namespace fs = std::filesystem;
+
+class Dir {
+ public:
+  explicit Dir(const std::string& name)
+      : dir_(fs::temp_directory_path() / ("zp_hostile_" + name + "_" + std::to_string(::getpid()))) {
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  ~Dir() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::string operator/(const std::string& f) const { return (dir_ / f).string(); }
+
+ private:
+  fs::path dir_;
+};
+
+// --- token files ------------------------------------------------------------------------------
+
+// A token file in our layout with the given header fields and raw token bytes.
+std::string token_file(const std::string& path, const std::vector<int32_t>& header, const std::string& tokens) {
+  int32_t h[256] = {0};
+  for (size_t i = 0; i < header.size(); ++i) h[i] = header[i];
+  std::ofstream o(path, std::ios::binary);
+  o.write(reinterpret_cast<const char*>(h), sizeof h);
+  o << tokens;
+  return path;
+}
+
+template <class T> std::string raw(const std::vector<T>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+TEST(TokenDatasetHostile, CheckVocabNamesFilePositionAndId) {
+  Dir dir("vocab");
+  std::vector<int32_t> ids(100, 5);
+  ids[70] = 299;
+  const std::string ok = dir / "ok.bin";
+  write_token_file(ok, ids, 300);
+  TokenDataset({ok}, 8).check_vocab(300);  // every id is inside
+
+  // The model's vocabulary is smaller than an id of the file: the run would abort in the embedding.
+  expect_error([&] { TokenDataset({ok}, 8).check_vocab(200); }, {ok, "token 70", "id 299", "model's vocabulary of 200"});
+
+  // An id beyond the vocabulary the header declares, though the model could embed it.
+  std::vector<uint16_t> narrow(100, 5);
+  narrow[42] = 310;
+  const std::string lying = token_file(dir / "lying.bin", {kTokenFileMagic, 1, 2, 100, 0, 300}, raw(narrow));
+  expect_error([&] { TokenDataset({lying}, 8).check_vocab(50257); }, {lying, "token 42", "id 310", "header declares"});
+
+  // A 4-byte id of 2^31 or more: negative as an int32, so a signed comparison would pass it.
+  std::vector<uint32_t> wide(100, 7);
+  wide[99] = 0x80000000u;
+  const std::string huge = token_file(dir / "huge.bin", {kTokenFileMagic, 1, 4, 100, 0, 0}, raw(wide));
+  expect_error([&] { TokenDataset({huge}, 8).check_vocab(151936); }, {huge, "token 99", "id 2147483648"});
+
+  // Several files: the error names the bad one.
+  expect_error([&] { TokenDataset({ok, huge}, 8).check_vocab(151936); }, {huge, "token 99"});
+  expect_error([&] { TokenDataset({ok}, 8).check_vocab(0); }, {ok, "vocabulary of 0"});
+}
+
+TEST(TokenDatasetHostile, BadHeadersNameTheFile) {
+  Dir dir("headers");
+  const std::string tokens = raw(std::vector<uint16_t>(16, 1));
+  const std::string negative = token_file(dir / "negative.bin", {kTokenFileMagic, 1, 2, 16, 0, -5}, tokens);
+  expect_error([&] { TokenFile f(negative); }, {negative, "vocabulary size -5", "negative"});
+  // 0 is "unknown", not an error.
+  EXPECT_EQ(TokenFile(token_file(dir / "unknown.bin", {kTokenFileMagic, 1, 2, 16, 0, 0}, tokens)).vocab_size(), 0);
+  const std::string three = token_file(dir / "three.bin", {kTokenFileMagic, 1, 3, 16, 0, 0}, tokens);
+  expect_error([&] { TokenFile f(three); }, {three, "bytes per token must be 2 or 4"});
+  // More tokens than the file holds.
+  const std::string short_file = token_file(dir / "short.bin", {kTokenFileMagic, 1, 2, 17, 0, 0}, tokens);
+  expect_error([&] { TokenFile f(short_file); }, {short_file, "header says 17 tokens"});
+  // 2^63 + 16 tokens of 2 bytes is 2^64 + 32 bytes, which wraps to exactly what the file holds; it
+  // was accepted with a negative token count.
+  const std::string wraps =
+      token_file(dir / "wraps.bin", {kTokenFileMagic, 1, 2, 16, int32_t(0x80000000u), 0}, tokens);
+  expect_error([&] { TokenFile f(wraps); }, {wraps, "header says 9223372036854775824 tokens"});
+  // Odd leftover bytes.
+  const std::string odd = token_file(dir / "odd.bin", {kTokenFileMagic, 1, 2, 16, 0, 0}, tokens + "x");
+  expect_error([&] { TokenFile f(odd); }, {odd, "header says 16 tokens"});
+}
+
+TEST(TokenDatasetHostile, WriterRefusesWhatTheReaderRejects) {
+  Dir dir("writer");
+  expect_error([&] { write_token_file(dir / "a.bin", {1, 2, 300}, 300); }, {"a.bin", "300", "outside the vocabulary"});
+  expect_error([&] { write_token_file(dir / "b.bin", {1, 2}, -1); }, {"b.bin", "negative"});
+}
+
+}  // namespace
+}  // namespace zp::test
