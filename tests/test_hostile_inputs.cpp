@@ -109,5 +109,96 @@ TEST(TokenDatasetHostile, WriterRefusesWhatTheReaderRejects) {
   expect_error([&] { write_token_file(dir / "b.bin", {1, 2}, -1); }, {"b.bin", "negative"});
 }
 
+// --- safetensors ------------------------------------------------------------------------------
+
+std::string safetensors_raw(const std::string& path, const std::string& header, size_t data_bytes) {
+  std::ofstream o(path, std::ios::binary);
+  const uint64_t n = header.size();
+  o.write(reinterpret_cast<const char*>(&n), 8);
+  o << header << std::string(data_bytes, '\0');
+  return path;
+}
+
+// The error for a file holding only tensor "w" described by `entry`, with 16 data bytes.
+void expect_entry_error(const Dir& dir, const std::string& entry, const std::vector<std::string>& fragments) {
+  const std::string p = safetensors_raw(dir / "e.safetensors", R"({"w": )" + entry + "}", 16);
+  std::vector<std::string> all = {p, "'w'"};
+  all.insert(all.end(), fragments.begin(), fragments.end());
+  expect_error([&] { SafetensorsFile f(p); }, all);
+}
+
+TEST(SafetensorsHostile, EntriesMustBeExactIntegers) {
+  Dir dir("entries");
+  // nlohmann's get<int64_t> truncates 2.5 and takes true for 1: these were accepted as [2, 2] and [1, 4].
+  expect_entry_error(dir, R"({"dtype": "F32", "shape": [2.5, 2], "data_offsets": [0, 16]})", {"shape entry 2.5"});
+  expect_entry_error(dir, R"({"dtype": "F32", "shape": [true, 4], "data_offsets": [0, 16]})", {"shape entry true"});
+  expect_entry_error(dir, R"({"dtype": "F32", "shape": [-1], "data_offsets": [0, 16]})", {"shape entry -1"});
+  expect_entry_error(dir, R"({"dtype": "F32", "shape": ["4"], "data_offsets": [0, 16]})", {"shape entry \"4\""});
+  // A number as shape iterated as a one-element array.
+  expect_entry_error(dir, R"({"dtype": "F32", "shape": 4, "data_offsets": [0, 16]})", {"shape is not an array"});
+  expect_entry_error(dir, R"({"dtype": 7, "shape": [4], "data_offsets": [0, 16]})", {"dtype is not a string"});
+  // -1 became 2^64-1, 16.0 became 16.
+  expect_entry_error(dir, R"({"dtype": "F32", "shape": [4], "data_offsets": [-1, 15]})", {"data_offsets"});
+  expect_entry_error(dir, R"({"dtype": "F32", "shape": [4], "data_offsets": [0, 16.0]})", {"data_offsets"});
+  expect_entry_error(dir, R"({"dtype": "F32", "shape": [4], "data_offsets": {"a": 0, "b": 16}})", {"data_offsets"});
+  expect_entry_error(dir, R"({"dtype": "F32", "shape": [4], "data_offsets": [0, 16, 32]})", {"data_offsets"});
+  expect_entry_error(dir, R"([1, 2])", {"needs dtype, shape and data_offsets"});
+}
+
+TEST(SafetensorsHostile, SizesThatOverflow) {
+  Dir dir("overflow");
+  // 2^62 x 4 elements of 4 bytes is 2^66 bytes, which wraps to 0 and matched an empty range.
+  expect_entry_error(dir, R"({"dtype": "F32", "shape": [4611686018427387904, 4], "data_offsets": [0, 0]})",
+                     {"more elements than 64-bit sizes can count"});
+  expect_entry_error(dir, R"({"dtype": "F32", "shape": [9223372036854775808], "data_offsets": [0, 0]})",
+                     {"shape entry 9223372036854775808"});
+  std::string rank33 = "[";
+  for (int i = 0; i < 33; ++i) rank33 += std::string(i ? ", " : "") + "1";
+  rank33 += "]";
+  expect_entry_error(dir, R"({"dtype": "U8", "shape": )" + rank33 + R"(, "data_offsets": [0, 1]})", {"33 dimensions"});
+  // A zero dimension keeps the count at 0 whatever follows, within int64.
+  const std::string zero = safetensors_raw(
+      dir / "zero.safetensors", R"({"w": {"dtype": "F32", "shape": [0, 9223372036854775807], "data_offsets": [0, 0]}})", 0);
+  EXPECT_EQ(SafetensorsFile(zero).entry("w").shape, (Shape{0, INT64_MAX}));
+}
+
+TEST(SafetensorsHostile, OverlapBehindAnEmptyRange) {
+  Dir dir("overlap");
+  // Sorted: [0, 16), [4, 4), [8, 16): comparing each range with its neighbour only missed the overlap.
+  const std::string p = safetensors_raw(dir / "o.safetensors",
+                                        R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+                                            "b": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]},
+                                            "c": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}})",
+                                        16);
+  expect_error([&] { SafetensorsFile f(p); }, {p, "overlap"});
+}
+
+TEST(SafetensorsHostile, HeaderShapes) {
+  Dir dir("header");
+  const std::string array = safetensors_raw(dir / "array.safetensors", "[]", 0);
+  expect_error([&] { SafetensorsFile f(array); }, {array, "not a JSON object"});
+  // Nesting deep enough to overflow the stack when dumped: refused while parsing.
+  const std::string deep = safetensors_raw(
+      dir / "deep.safetensors", R"({"__metadata__": {"k": )" + std::string(100000, '[') + std::string(100000, ']') + "}}", 0);
+  expect_error([&] { SafetensorsFile f(deep); }, {deep, "nested deeper"});
+  const std::string meta = safetensors_raw(dir / "meta.safetensors", R"({"__metadata__": 5})", 0);
+  expect_error([&] { SafetensorsFile f(meta); }, {meta, "__metadata__"});
+  // A header length within the file but above the format's limit (a sparse file, so this is cheap).
+  const std::string big = dir / "big.safetensors";
+  {
+    std::ofstream o(big, std::ios::binary);
+    const uint64_t n = 100'000'001;
+    o.write(reinterpret_cast<const char*>(&n), 8);
+  }
+  fs::resize_file(big, 100'000'009);
+  expect_error([&] { SafetensorsFile f(big); }, {big, "above the format's limit"});
+}
+
+TEST(SafetensorsHostile, IndexWithANonStringShard) {
+  Dir dir("index");
+  std::ofstream(dir / "model.safetensors.index.json") << R"({"weight_map": {"w": 3}})";
+  expect_error([&] { SafetensorsCollection::open_dir(dir / "", "model"); }, {"model.safetensors.index.json", "'w'"});
+}
+
 }  // namespace
 }  // namespace zp::test
