@@ -200,5 +200,81 @@ TEST(SafetensorsHostile, IndexWithANonStringShard) {
   expect_error([&] { SafetensorsCollection::open_dir(dir / "", "model"); }, {"model.safetensors.index.json", "'w'"});
 }
 
+// --- HDF5 -------------------------------------------------------------------------------------
+
+hid_t open_objects() { return H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL); }
+
+// A dataset created with the C API (chunked, allocated late, so no storage is needed) of any dims.
+void raw_dataset(const std::string& path, const char* name, const std::vector<hsize_t>& dims, hid_t type) {
+  hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  hid_t space = H5Screate_simple(int(dims.size()), dims.data(), nullptr);
+  ASSERT_GE(space, 0);
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  std::vector<hsize_t> chunk(dims.size(), 1);
+  H5Pset_chunk(dcpl, int(chunk.size()), chunk.data());
+  H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_LATE);
+  hid_t d = H5Dcreate2(f, name, type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  EXPECT_GE(d, 0) << "HDF5 refused to create " << name;
+  if (d >= 0) H5Dclose(d);
+  H5Pclose(dcpl);
+  H5Sclose(space);
+  H5Fclose(f);
+}
+
+TEST(H5FileHostile, ShapeWhoseCountOverflows) {
+  Dir dir("count");
+  const std::string p = dir / "big.h5";
+  // 2^40 x 2^40 elements: the count wrapped in shape_numel and every range check passed.
+  raw_dataset(p, "x", {hsize_t(1) << 40, hsize_t(1) << 40}, H5T_NATIVE_FLOAT);
+  const hid_t before = open_objects();
+  {
+    H5File f = H5File::open(p);
+    expect_error([&] { f.dataset_info("x"); }, {p, "/x", "[1099511627776, 1099511627776]", "more elements"});
+    std::vector<float> v(4);
+    expect_error([&] { f.read_slice("x", DType::F32, v.data(), 0, 4); }, {p, "/x", "more elements"});
+  }
+  EXPECT_EQ(open_objects(), before) << "an error path left HDF5 objects open";
+}
+
+TEST(H5FileHostile, CreateValidatesRankAndSize) {
+  Dir dir("create");
+  const std::string p = dir / "c.h5";
+  H5File f = H5File::create(p);
+  // Used to abort inside H5Screate_simple (checked) instead of throwing.
+  expect_error([&] { f.create_dataset("r33", DType::F32, Shape(33, 1)); }, {p, "/r33", "33 dimensions", "at most 32"});
+  expect_error([&] { f.create_dataset("wrap", DType::F32, {int64_t(1) << 62, 4}); }, {p, "/wrap", "more elements"});
+  expect_error([&] { f.create_dataset("chunk", DType::F32, {int64_t(1) << 40}, {int64_t(1) << 33}); },
+               {p, "/chunk", "larger than HDF5 allows"});
+  expect_error([&] { f.create_dataset("chunk2", DType::F64, {int64_t(1) << 31}, {int64_t(1) << 30}); },
+               {p, "/chunk2", "less than 4 GiB"});
+  f.create_dataset("r32", DType::U8, Shape(32, 1));  // the limit itself is fine
+  EXPECT_EQ(f.dataset_info("r32").shape.size(), 32u);
+}
+
+TEST(H5FileHostile, ErrorPathsLeaveNothingOpen) {
+  Dir dir("leaks");
+  const std::string p = dir / "l.h5";
+  {
+    H5File f = H5File::create(p);
+    f.create_dataset("/g/d", DType::F32, {4});
+    f.set_attr_string("/", "s", "text");
+    f.set_attr_ints("/", "ints", {1, 2, 3});
+    f.close();
+  }
+  const hid_t before = open_objects();
+  {
+    H5File f = H5File::open(p);
+    expect_error([&] { f.dataset_info("/g"); }, {p, "/g", "group"});
+    expect_error([&] { f.attr_int("/", "s"); }, {p, "'s'", "not a single integer"});
+    expect_error([&] { f.attr_string("/", "ints"); }, {p, "'ints'", "not a string"});
+    expect_error([&] { f.attr_bytes("/", "missing"); }, {p, "missing"});
+    std::vector<int64_t> i64(4);
+    expect_error([&] { f.read_slice("/g/d", DType::I64, i64.data(), 0, 4); }, {p, "/g/d", "f32"});
+    EXPECT_EQ(f.attr_shape("/", "ints"), (Shape{3}));
+  }
+  EXPECT_EQ(open_objects(), before);
+}
+
 }  // namespace
 }  // namespace zp::test
