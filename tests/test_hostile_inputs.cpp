@@ -276,5 +276,61 @@ TEST(H5FileHostile, ErrorPathsLeaveNothingOpen) {
   EXPECT_EQ(open_objects(), before);
 }
 
+// --- inspect --verify -------------------------------------------------------------------------
+
+TEST(H5FileHostile, InspectVerifyFailsWhenNothingCouldBeVerified) {
+  Dir dir("inspect");
+  // A ZeRO-Pipe file without /model: there is nothing to verify, which is a failure, not "ok".
+  const std::string empty = dir / "empty.h5";
+  {
+    CheckpointWriter w(empty);
+    w.file().set_attr_string("/", "kind", "weights");
+    w.commit();
+  }
+  app::InspectReport r = app::inspect_report(empty, true);
+  EXPECT_FALSE(r.ok) << r.text;
+  EXPECT_NE(r.text.find("checksums: FAILED"), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("no /model group"), std::string::npos) << r.text;
+
+  // /model holds a tensor written without checksums (another tool) and a link that leads nowhere.
+  const std::string unchecked = dir / "unchecked.h5";
+  {
+    H5File f = H5File::create(unchecked);
+    f.set_attr_int("/", "zeropipe_format", 1);
+    f.create_dataset("/model/w", DType::F32, {4});
+    std::vector<float> v(4, 1.f);
+    f.write_slice("/model/w", DType::F32, v.data(), 0, 4);
+    f.close();
+    hid_t id = H5Fopen(unchecked.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(id, 0);
+    ASSERT_GE(H5Lcreate_soft("/nowhere", id, "/model/dangling", H5P_DEFAULT, H5P_DEFAULT), 0);
+    H5Fclose(id);
+  }
+  r = app::inspect_report(unchecked, true);
+  EXPECT_FALSE(r.ok) << r.text;
+  EXPECT_NE(r.text.find("no dataset carries slice checksums"), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("/model/dangling: cannot be read"), std::string::npos) << r.text;
+
+  // Not a ZeRO-Pipe file: nothing is promised, so nothing fails.
+  const std::string plain = dir / "plain.h5";
+  {
+    H5File f = H5File::create(plain);
+    f.create_dataset("x", DType::F32, {2});
+  }
+  EXPECT_TRUE(app::inspect_report(plain, true).ok);
+
+  // And a good file passes.
+  const std::string good = dir / "good.h5";
+  {
+    CheckpointWriter w(good);
+    std::vector<float> v(8, 2.f);
+    w.write("/model/w", DType::F32, {8}, DType::F32, v.data(), 0, 8);
+    w.commit();
+  }
+  r = app::inspect_report(good, true);
+  EXPECT_TRUE(r.ok) << r.text;
+  EXPECT_NE(r.text.find("checksums: ok (1 datasets"), std::string::npos) << r.text;
+}
+
 }  // namespace
 }  // namespace zp::test

@@ -1,6 +1,7 @@
 // `zeropipe inspect FILE [--verify]`: what an HDF5 file holds (io::inspect: groups, datasets with dtype
 // and shape, attributes) and, for ZeRO-Pipe weights and checkpoint files, the model's config as
-// pretty JSON and its parameter count; with verify, every dataset's slice checksums are re-read.
+// pretty JSON and its parameter count; with verify, every dataset's slice checksums are re-read, and a
+// ZeRO-Pipe file whose /model cannot be read or carries no checksums fails verification.
 #pragma once
 #include <string>
 
@@ -8,7 +9,7 @@ namespace zp::app {
 
 struct InspectReport {
   std::string text;  // what `zeropipe inspect` prints
-  bool ok = true;    // false when verify found problems
+  bool ok = true;    // false when verify found problems or could not read what it should verify
 };
 
 // Throws zp::Error naming the file when it is missing or not HDF5.
