@@ -332,5 +332,37 @@ TEST(H5FileHostile, InspectVerifyFailsWhenNothingCouldBeVerified) {
   EXPECT_NE(r.text.find("checksums: ok (1 datasets"), std::string::npos) << r.text;
 }
 
+// --- latent files -----------------------------------------------------------------------------
+
+TEST(H5FileHostile, LatentFileShapes) {
+  Dir dir("latents");
+  // One sample of 4 x 2^15 x 2^15 latents (2^32 elements, 16 GiB as fp32): a damaged shape, which
+  // would have the caller allocate that much per sample.
+  const std::string p = dir / "huge.h5";
+  {
+    hid_t f = H5Fcreate(p.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    auto add = [&](const char* name, std::vector<hsize_t> dims) {
+      hid_t space = H5Screate_simple(int(dims.size()), dims.data(), nullptr);
+      hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+      std::vector<hsize_t> chunk(dims.size(), 1);
+      H5Pset_chunk(dcpl, int(chunk.size()), chunk.data());
+      hid_t d = H5Dcreate2(f, name, H5T_NATIVE_FLOAT, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+      EXPECT_GE(d, 0);
+      H5Dclose(d);
+      H5Pclose(dcpl);
+      H5Sclose(space);
+    };
+    add("latents", {1, 4, 1 << 15, 1 << 15});
+    add("encoder_hidden_states", {1, 77, 768});
+    H5Fclose(f);
+  }
+  expect_error([&] { LatentDataset ds(p); }, {p, "'latents'", "elements per sample"});
+  // An overflowing count is refused by dataset_info before any arithmetic on it.
+  const std::string q = dir / "wrap.h5";
+  raw_dataset(q, "latents", {hsize_t(1) << 40, 4, hsize_t(1) << 20, hsize_t(1) << 20}, H5T_NATIVE_FLOAT);
+  expect_error([&] { LatentDataset ds(q); }, {q, "/latents", "more elements"});
+}
+
 }  // namespace
 }  // namespace zp::test
