@@ -85,20 +85,20 @@ template <class T> T max_of(const T* p, size_t n) {
   return m;
 }
 
-template <class T> int64_t first_at_least(const T* p, size_t n, uint32_t bound) {
+template <class T> int64_t first_at_least(const T* p, size_t n, uint64_t bound) {
   for (size_t i = 0; i < n; ++i)
-    if (uint32_t(p[i]) >= bound) return int64_t(i);
+    if (p[i] >= bound) return int64_t(i);
   return -1;
 }
 
 }  // namespace
 
-void TokenFile::check_vocab(int32_t vocab) const {
+void TokenFile::check_vocab(int64_t vocab) const {
   ZP_REQUIRE(vocab > 0, path_, ": cannot check token ids against a vocabulary of ", vocab);
   // A file that declares a smaller vocabulary than the model's holds no ids beyond its own: one that
   // does is damaged even when the model could embed it.
   const bool file_bound = vocab_ > 0 && vocab_ < vocab;
-  const uint32_t bound = uint32_t(file_bound ? vocab_ : vocab);
+  const uint64_t bound = uint64_t(file_bound ? vocab_ : vocab);
   // Compared as unsigned: a 4-byte id of 2^31 or more would turn negative as an int32.
   if (token_bytes_ == 2 && bound > 65535) return;  // every 2-byte id fits
   madvise(map_, map_size_, MADV_SEQUENTIAL);
@@ -202,7 +202,7 @@ int64_t TokenDataset::epoch_order(uint64_t seed, int64_t epoch, int64_t i, bool 
   return order_[size_t(i)];
 }
 
-void TokenDataset::check_vocab(int32_t vocab) const {
+void TokenDataset::check_vocab(int64_t vocab) const {
   for (const auto& f : files_) f->check_vocab(vocab);
 }
 

@@ -36,7 +36,7 @@ class TokenFile {
   // Reads every token once and throws zp::Error naming the file, the first position and the id of a
   // token >= `vocab` (the model's vocabulary) or >= the vocabulary the header declares. A bad id
   // would otherwise abort the run in the embedding only when its window is first drawn, hours in.
-  void check_vocab(int32_t vocab) const;
+  void check_vocab(int64_t vocab) const;
 
  private:
   std::string path_;
@@ -65,8 +65,8 @@ class TokenDataset {
   int64_t epoch_order(uint64_t seed, int64_t epoch, int64_t i, bool shuffle = true) const;
   int32_t max_token_seen_bound() const;  // the largest vocab_size the files declare (0 if none)
   // TokenFile::check_vocab for every file: a full read of the data, meant to be called once per run
-  // before training starts (memory-bandwidth bound, see the report in check_vocab).
-  void check_vocab(int32_t vocab) const;
+  // before training starts (memory-bandwidth bound: 100M tokens take about 0.1 s once mapped).
+  void check_vocab(int64_t vocab) const;
 
  private:
   struct Window { uint32_t file; int64_t start; };
