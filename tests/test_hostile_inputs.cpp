@@ -332,6 +332,35 @@ TEST(H5FileHostile, InspectVerifyFailsWhenNothingCouldBeVerified) {
   EXPECT_NE(r.text.find("checksums: ok (1 datasets"), std::string::npos) << r.text;
 }
 
+TEST(H5FileHostile, InspectRefusesLinkCycles) {
+  Dir dir("cycle");
+  const std::string p = dir / "cycle.h5";
+  {
+    CheckpointWriter w(p);
+    std::vector<float> v(4, 1.f);
+    w.write("/model/w", DType::F32, {4}, DType::F32, v.data(), 0, 4);
+    w.commit();
+  }
+  const std::string shared = dir / "shared.h5";
+  fs::copy_file(p, shared);
+  auto link = [](const std::string& file, const char* target, const char* name) {
+    hid_t id = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(id, 0);
+    EXPECT_GE(H5Lcreate_hard(id, target, id, name, H5P_DEFAULT, H5P_DEFAULT), 0);
+    H5Fclose(id);
+  };
+  // /model/loop is /model itself: listing the tree recursed until the stack overflowed.
+  link(p, "/model", "/model/loop");
+  expect_error([&] { app::inspect_report(p, true); }, {p, "'/model/loop'", "'/model'", "link"});
+  // The same group under two names: finite, but each such link doubles the walk, so refused too.
+  link(shared, "/model", "/copy");
+  expect_error([&] { app::inspect_report(shared, false); }, {shared, "'/model'", "'/copy'"});
+  H5File f = H5File::open(p);
+  EXPECT_EQ(f.object_id("/model"), f.object_id("/model/loop"));
+  EXPECT_NE(f.object_id("/model"), f.object_id("/model/w"));
+  expect_error([&] { f.object_id("/nope"); }, {p, "/nope"});
+}
+
 // --- latent files -----------------------------------------------------------------------------
 
 TEST(H5FileHostile, LatentFileShapes) {

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <vector>
@@ -14,6 +15,20 @@ namespace zp::app {
 namespace fs = std::filesystem;
 
 namespace {
+
+// Every group of the file is reached by one path only. The tree walkers (io::inspect's listing,
+// verify_checksums, count_parameters) recurse into every group they meet, so a hard link back to an
+// ancestor would have them recurse until the stack overflows, and groups linked from several places
+// multiply the work; HDF5 allows both, ZeRO-Pipe files have neither. Throws naming the links.
+void require_plain_tree(const io::H5File& f, const std::string& group, std::map<uint64_t, std::string>& seen) {
+  const auto [at, fresh] = seen.emplace(f.object_id(group), group);
+  ZP_REQUIRE(fresh, f.path(), ": group '", group, "' is the same group as '", at->second,
+             "' (a hard link; inspect does not follow groups linked from several places or link cycles)");
+  for (const std::string& c : f.children(group)) {
+    const std::string p = group == "/" ? "/" + c : group + "/" + c;
+    if (f.is_group(p)) require_plain_tree(f, p, seen);
+  }
+}
 
 void count_parameters(const io::H5File& f, const std::string& group, int64_t& params, int64_t& tensors) {
   for (const std::string& c : f.children(group)) {
@@ -107,6 +122,11 @@ InspectReport inspect_report(const std::string& path, bool verify) {
   std::error_code ec;
   ZP_REQUIRE(fs::exists(path, ec), path, ": no such file", ec ? " (" + ec.message() + ")" : "");
   ZP_REQUIRE(!fs::is_directory(path, ec), path, ": is a folder, not an HDF5 file");
+  {
+    const io::H5File f = io::H5File::open(path);
+    std::map<uint64_t, std::string> seen;
+    require_plain_tree(f, "/", seen);
+  }
   InspectReport r;
   std::ostringstream o;
   o << io::inspect(path, false);

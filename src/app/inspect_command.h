@@ -12,7 +12,8 @@ struct InspectReport {
   bool ok = true;    // false when verify found problems or could not read what it should verify
 };
 
-// Throws zp::Error naming the file when it is missing or not HDF5.
+// Throws zp::Error naming the file when it is missing or not HDF5, or when a group of it is reached by
+// more than one path (a hard-link cycle would send the tree walk into endless recursion).
 InspectReport inspect_report(const std::string& path, bool verify);
 
 // Prints inspect_report() to stdout; returns 0, or 1 when verify found problems.

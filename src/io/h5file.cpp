@@ -402,6 +402,25 @@ std::vector<std::string> H5File::children(const std::string& group) const {
   return names;
 }
 
+uint64_t H5File::object_id(const std::string& path) const {
+  std::string n = norm_path(path);
+  ZP_REQUIRE(exists(n), path_, ": no object '", n, "'");
+  QuietErrors quiet;
+#if H5_VERSION_GE(1, 12, 0)
+  H5O_info2_t info;
+  if (H5Oget_info_by_name3(id_, n.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0)
+    fail("cannot read the object header of '" + n + "'");
+  uint64_t id = 0;  // the native file format's token begins with the object's address
+  std::memcpy(&id, &info.token, std::min(sizeof id, sizeof info.token));
+  return id;
+#else
+  H5O_info_t info;
+  if (H5Oget_info_by_name2(id_, n.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0)
+    fail("cannot read the object header of '" + n + "'");
+  return uint64_t(info.addr);
+#endif
+}
+
 // --- datasets ----------------------------------------------------------------------------------
 
 void H5File::create_dataset(const std::string& path, DType dtype, const Shape& shape, const Shape& chunk) {
