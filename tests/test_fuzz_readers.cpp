@@ -568,8 +568,9 @@ TEST(FuzzReaders, WeightsHdf5) {
     // of a variable-length string attribute) when an object size inside a global heap collection
     // is damaged: it trusts the size, checking it only with a debug-build assert. We cannot prevent
     // that through the API, so the collections (where HDF5 keeps the string attributes: kind,
-    // config, ...) are left out of the mutated region. Reproduce: flip byte 12491 of the base file
-    // by 0xc3 (inside its "GCOL"), then H5File::attr_string("/", "config").
+    // config, ...) are left out of the mutated region. Reproduce: XOR byte 2159 of the base file
+    // with 0xbb (the top byte of a heap object's 8-byte size, in the "GCOL" at byte 2048), then
+    // H5File::attr_string("/", ...) of the string attributes.
     for (size_t at = base.find("GCOL"); at != Bytes::npos; at = base.find("GCOL", at + 4)) {
       uint64_t collection_bytes = 0;
       if (at + 16 <= base.size()) std::memcpy(&collection_bytes, base.data() + at + 8, 8);
