@@ -141,7 +141,10 @@ bool dtype_of_h5(hid_t t, DType* out, std::string* what) {
     if (size == 4) { *out = DType::F32; return true; }
     if (size == 2) {
       size_t spos = 0, epos = 0, esize = 0, mpos = 0, msize = 0;
-      ZP_H5_CHECK(H5Tget_fields(t, &spos, &epos, &esize, &mpos, &msize));
+      if (H5Tget_fields(t, &spos, &epos, &esize, &mpos, &msize) < 0) {
+        *what = "a 16-bit float whose bit fields cannot be read";
+        return false;
+      }
       size_t ebias = H5Tget_ebias(t);
       if (esize == 8 && msize == 7 && ebias == 127) { *out = DType::BF16; return true; }
       if (esize == 5 && msize == 10 && ebias == 15) { *out = DType::F16; return true; }
@@ -164,6 +167,33 @@ bool dtype_of_h5(hid_t t, DType* out, std::string* what) {
 }
 
 std::vector<hsize_t> to_hsize(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
+
+// The element count of `dims`, or -1 when it (or a dimension) does not fit int64: only a damaged or
+// hostile file holds such a dataspace, and a wrapped count would pass every later range check.
+// (`dims`: hsize_t from a file, or a Shape whose dimensions are known to be non-negative.)
+template <class Dims> int64_t checked_numel(const Dims& dims) {
+  uint64_t n = 1;
+  for (uint64_t d : dims)
+    if (d > uint64_t(INT64_MAX) || __builtin_mul_overflow(n, uint64_t(d), &n)) return -1;
+  return n > uint64_t(INT64_MAX) ? -1 : int64_t(n);
+}
+
+std::string dims_str(const std::vector<hsize_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+// The dimensions of a simple or scalar dataspace; throws `fail_with` when HDF5 cannot report them or
+// they are more than H5S_MAX_RANK (what HDF5 itself can create).
+template <class Fail> std::vector<hsize_t> space_dims(hid_t space, Fail&& fail_with) {
+  int nd = H5Sget_simple_extent_ndims(space);
+  if (nd < 0) fail_with("cannot read its rank");
+  if (nd > H5S_MAX_RANK) fail_with("has rank " + std::to_string(nd) + ", more than HDF5's " + std::to_string(H5S_MAX_RANK));
+  std::vector<hsize_t> dims(static_cast<size_t>(nd));
+  if (nd > 0 && H5Sget_simple_extent_dims(space, dims.data(), nullptr) < 0) fail_with("cannot read its dimensions");
+  return dims;
+}
 
 Hid make_space(const Shape& shape) {
   if (shape.empty()) return Hid(checked(H5Screate(H5S_SCALAR), "H5Screate"));
@@ -373,13 +403,37 @@ std::vector<std::string> H5File::children(const std::string& group) const {
   return names;
 }
 
+uint64_t H5File::object_id(const std::string& path) const {
+  std::string n = norm_path(path);
+  ZP_REQUIRE(exists(n), path_, ": no object '", n, "'");
+  QuietErrors quiet;
+#if H5_VERSION_GE(1, 12, 0)
+  H5O_info2_t info;
+  if (H5Oget_info_by_name3(id_, n.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0)
+    fail("cannot read the object header of '" + n + "'");
+  uint64_t id = 0;  // the native file format's token begins with the object's address
+  std::memcpy(&id, &info.token, std::min(sizeof id, sizeof info.token));
+  return id;
+#else
+  H5O_info_t info;
+  if (H5Oget_info_by_name2(id_, n.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0)
+    fail("cannot read the object header of '" + n + "'");
+  return uint64_t(info.addr);
+#endif
+}
+
 // --- datasets ----------------------------------------------------------------------------------
 
 void H5File::create_dataset(const std::string& path, DType dtype, const Shape& shape, const Shape& chunk) {
   std::string n = norm_path(path);
   auto where = [&] { return path_ + ": dataset '" + n + "': "; };
   ZP_REQUIRE(!exists(n), where(), "cannot create, it already exists");
+  // HDF5 aborts inside H5Screate_simple (checked) on more dimensions than it supports.
+  ZP_REQUIRE(shape.size() <= size_t(H5S_MAX_RANK), where(), "shape ", shape_str(shape), " has ", shape.size(),
+             " dimensions, HDF5 supports at most ", H5S_MAX_RANK);
   for (int64_t d : shape) ZP_REQUIRE(d >= 0, where(), "negative dimension in shape ", shape_str(shape));
+  ZP_REQUIRE(checked_numel(shape) >= 0, where(), "shape ", shape_str(shape),
+             " has more elements than 64-bit sizes can count");
   bool chunked = !chunk.empty() && shape_numel(shape) > 0;
   if (chunked) {
     ZP_REQUIRE(chunk.size() == shape.size(), where(), "chunk ", shape_str(chunk), " does not match shape ",
@@ -387,6 +441,13 @@ void H5File::create_dataset(const std::string& path, DType dtype, const Shape& s
     for (size_t i = 0; i < chunk.size(); ++i)
       ZP_REQUIRE(chunk[i] >= 1 && chunk[i] <= shape[i], where(), "chunk ", shape_str(chunk),
                  " must be within 1..shape ", shape_str(shape));
+    // HDF5's own limits, which H5Pset_chunk (checked) would otherwise abort on.
+    uint64_t chunk_bytes = dtype_size(dtype);
+    for (int64_t c : chunk)
+      ZP_REQUIRE(c < (int64_t(1) << 32) && !__builtin_mul_overflow(chunk_bytes, uint64_t(c), &chunk_bytes), where(),
+                 "chunk ", shape_str(chunk), " is larger than HDF5 allows");
+    ZP_REQUIRE(chunk_bytes < (uint64_t(1) << 32), where(), "chunk ", shape_str(chunk), " of ", dtype_name(dtype),
+               " is ", chunk_bytes, " bytes, HDF5 allows less than 4 GiB");
   }
   QuietErrors quiet;
   Hid space = make_space(shape);
@@ -420,10 +481,13 @@ DatasetInfo H5File::dataset_info(const std::string& path) const {
   if (!space.valid()) fail("cannot read the shape of dataset '" + n + "'");
   H5S_class_t cls = H5Sget_simple_extent_type(space.get());
   ZP_REQUIRE(cls == H5S_SIMPLE || cls == H5S_SCALAR, where(), "has a null dataspace");
-  int nd = H5Sget_simple_extent_ndims(space.get());
-  if (nd < 0) fail("cannot read the rank of dataset '" + n + "'");
-  std::vector<hsize_t> dims(static_cast<size_t>(nd));
-  if (nd > 0) ZP_H5_CHECK(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr));
+  const std::vector<hsize_t> dims = space_dims(space.get(), [&](const std::string& why) {
+    std::string stack = h5_stack();
+    throw Error(where() + "its shape " + why + " (HDF5: " + stack + ")");
+  });
+  const int nd = int(dims.size());
+  ZP_REQUIRE(checked_numel(dims) >= 0, where(), "its shape ", dims_str(dims),
+             " has more elements than 64-bit sizes can count (a damaged file?)");
   info.shape.assign(dims.begin(), dims.end());
   Hid dcpl(H5Dget_create_plist(d.get()));
   if (!dcpl.valid()) fail("cannot read the layout of dataset '" + n + "'");
@@ -661,15 +725,34 @@ static OpenAttr open_attr(const H5File& f, hid_t file, const std::string& obj, c
   std::string n = norm_path(obj);
   ZP_REQUIRE(f.has_attr(n, name), f.path(), ": no attribute '", name, "' on '", n, "'");
   QuietErrors quiet;
+  auto fail = [&](const std::string& why) {
+    std::string stack = h5_stack();
+    throw Error(f.path() + ": attribute '" + name + "' on '" + n + "': " + why + " (HDF5: " + stack + ")");
+  };
   OpenAttr a;
   a.attr = Hid(H5Aopen_by_name(file, n.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT));
-  if (!a.attr.valid()) throw Error(f.path() + ": cannot open attribute '" + name + "' on '" + n + "' (HDF5: " + h5_stack() + ")");
-  a.type = Hid(checked(H5Aget_type(a.attr.get()), "H5Aget_type"));
-  a.space = Hid(checked(H5Aget_space(a.attr.get()), "H5Aget_space"));
+  if (!a.attr.valid()) fail("cannot open it");
+  // A damaged attribute message fails here, so these are input errors, not broken invariants.
+  a.type = Hid(H5Aget_type(a.attr.get()));
+  if (!a.type.valid()) fail("cannot read its type");
+  a.space = Hid(H5Aget_space(a.attr.get()));
+  if (!a.space.valid()) fail("cannot read its shape");
   a.cls = H5Tget_class(a.type.get());
   a.space_cls = H5Sget_simple_extent_type(a.space.get());
-  a.npoints = a.space_cls == H5S_NULL ? 0 : int64_t(H5Sget_simple_extent_npoints(a.space.get()));
-  if (a.npoints < 0) ZP_FATAL("H5Sget_simple_extent_npoints: ", h5_error_string());
+  if (a.space_cls == H5S_NULL) return a;
+  const std::vector<hsize_t> dims = space_dims(a.space.get(), [&](const std::string& why) { fail("its shape " + why); });
+  a.npoints = checked_numel(dims);
+  if (a.npoints < 0) fail("its shape " + dims_str(dims) + " has more elements than 64-bit sizes can count");
+  // The readers size their buffers by the element count: it must agree with what the file stores.
+  const size_t type_size = H5Tget_size(a.type.get());
+  if (type_size == 0) fail("cannot read the size of its type");
+  if (a.cls != H5T_STRING || H5Tis_variable_str(a.type.get()) <= 0) {
+    uint64_t bytes = 0;
+    if (__builtin_mul_overflow(uint64_t(a.npoints), uint64_t(type_size), &bytes) ||
+        bytes > uint64_t(H5Aget_storage_size(a.attr.get())))
+      fail(std::to_string(a.npoints) + " elements of " + std::to_string(type_size) + " bytes but " +
+           std::to_string(H5Aget_storage_size(a.attr.get())) + " bytes stored");
+  }
   return a;
 }
 
@@ -688,9 +771,10 @@ AttrKind H5File::attr_kind(const std::string& obj, const std::string& name) cons
 Shape H5File::attr_shape(const std::string& obj, const std::string& name) const {
   OpenAttr a = open_attr(*this, id_, obj, name);
   if (a.space_cls == H5S_NULL) return {0};
-  int nd = H5Sget_simple_extent_ndims(a.space.get());
-  std::vector<hsize_t> dims(size_t(std::max(nd, 0)));
-  if (nd > 0) ZP_H5_CHECK(H5Sget_simple_extent_dims(a.space.get(), dims.data(), nullptr));
+  // open_attr has checked the dimensions (each fits int64).
+  const std::vector<hsize_t> dims = space_dims(a.space.get(), [&](const std::string& why) {
+    fail("attribute '" + name + "' on '" + norm_path(obj) + "': its shape " + why);
+  });
   return Shape(dims.begin(), dims.end());
 }
 

@@ -97,6 +97,10 @@ class H5File {
   void create_group(const std::string& path);  // creates missing parents; no-op if it exists
   // Names of the links in a group, sorted.
   std::vector<std::string> children(const std::string& group) const;
+  // The identity of the object at `path` (its address in the file): two links to one object give
+  // the same value, which is how a walker notices a hard-link cycle (a hostile file can make one).
+  // Throws naming file and object when it is missing or its header cannot be read.
+  uint64_t object_id(const std::string& path) const;
 
   // --- datasets ---
   // Creates a dataset of `shape` stored as `dtype` (parents created on demand). `chunk` empty gives

@@ -1,5 +1,6 @@
 #include "io/latent_dataset.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -8,6 +9,12 @@
 #include "io/h5file.h"
 
 namespace zp::io {
+
+namespace {
+// One sample's latents or text states beyond this (8 GiB as fp32) are a damaged shape, not data: the
+// caller allocates a buffer of that size per sample.
+constexpr int64_t kMaxSampleElements = int64_t(1) << 31;
+}  // namespace
 
 LatentDataset::~LatentDataset() = default;
 
@@ -23,6 +30,11 @@ LatentDataset::LatentDataset(const std::string& path, double from, double to) : 
     ZP_REQUIRE(dtype_is_float(info.dtype), path, ": dataset '", name, "' holds ", dtype_name(info.dtype),
                ", expected floats");
     for (int64_t d : info.shape) ZP_REQUIRE(d > 0, path, ": dataset '", name, "' is empty: ", shape_str(info.shape));
+    // dataset_info has checked that the element count fits int64, and every dimension is at least 1,
+    // so the count of any subset of the dimensions fits too.
+    const int64_t per_sample = info.numel() / info.shape[0];
+    ZP_REQUIRE(per_sample <= kMaxSampleElements, path, ": dataset '", name, "' has shape ", shape_str(info.shape),
+               ": ", per_sample, " elements per sample, more than ", kMaxSampleElements, " (a damaged file?)");
     return info.shape;
   };
   const Shape lat = shape_of("latents", 4, "latents [N, C, H, W]");
@@ -48,8 +60,13 @@ LatentDataset::LatentDataset(const std::string& path, double from, double to) : 
     ZP_REQUIRE(ti[1] == 6, path, ": dataset 'time_ids' has shape ", shape_str(ti), ", expected [N, 6]");
     has_time_ids_ = true;
   }
-  begin_ = int64_t(std::floor(from * double(N)));
-  end_ = int64_t(std::floor(to * double(N)));
+  // Clamped before converting: above 2^53 samples double(N) rounds up, possibly past int64's range.
+  auto sample_at = [&](double fraction) {
+    const double x = std::floor(fraction * double(N));
+    return x >= double(N) ? N : int64_t(x);
+  };
+  begin_ = sample_at(from);
+  end_ = sample_at(to);
   ZP_REQUIRE(end_ > begin_, path, ": the sample range [", from, ", ", to, ") of ", N, " samples is empty");
 }
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -41,6 +42,32 @@ std::string safetensors_dtype_name(DType d) {
   return "?";
 }
 
+namespace {
+
+// The reference implementation refuses headers above 100 MB; a real one is a few hundred KB, and a
+// larger claim is a damaged length field that would have us parse the tensor data as JSON.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// Deeper JSON than any real header; bounds the recursion of dumping a nested metadata value.
+constexpr int kMaxJsonDepth = 64;
+// HDF5's H5S_MAX_RANK: the weights files these tensors go to cannot hold more dimensions.
+constexpr size_t kMaxRank = 32;
+
+// A JSON number that is an exact non-negative integer (nlohmann's get<> would silently truncate 2.5
+// to 2 and wrap -1 to 2^64-1, and takes true for 1).
+bool as_index(const json& v, uint64_t* out) {
+  if (v.is_number_unsigned()) { *out = v.get<uint64_t>(); return true; }
+  if (v.is_number_integer() && v.get<int64_t>() >= 0) { *out = uint64_t(v.get<int64_t>()); return true; }
+  return false;
+}
+
+// A JSON value for an error message, cut short: a damaged header can hold megabytes in one value.
+std::string brief(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  return s.size() > 80 ? s.substr(0, 77) + "..." : s;
+}
+
+}  // namespace
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   ZP_REQUIRE(fd_ >= 0, path, ": cannot open: ", std::strerror(errno));
@@ -57,12 +84,19 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   uint64_t hlen = 0;
   std::memcpy(&hlen, map_, 8);  // little-endian on every platform we build for
   if (hlen > size_ - 8) fail("header length " + std::to_string(hlen) + " exceeds the file size " + std::to_string(size_));
+  if (hlen > kMaxHeaderBytes)
+    fail("header length " + std::to_string(hlen) + " is above the format's limit of " + std::to_string(kMaxHeaderBytes));
   const char* hdr = static_cast<const char*>(map_) + 8;
   data_ = hdr + hlen;
   const uint64_t data_size = size_ - 8 - hlen;
   json j;
   try {
-    j = json::parse(hdr, hdr + hlen);
+    // Refused while parsing, before a deep document exists: dumping one would recurse that deep.
+    const json::parser_callback_t limit_depth = [&](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxJsonDepth) throw Error("nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+      return true;
+    };
+    j = json::parse(hdr, hdr + hlen, limit_depth);
   } catch (const std::exception& e) {
     fail(std::string("header is not JSON: ") + e.what());
   }
@@ -70,8 +104,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (auto& [name, v] : j.items()) {
     if (name == "__metadata__") {
-      if (v.is_object())
-        for (auto& [k, m] : v.items()) metadata_[k] = m.is_string() ? m.get<std::string>() : m.dump();
+      if (!v.is_object()) fail("__metadata__ is not a JSON object");
+      for (auto& [k, m] : v.items()) metadata_[k] = m.is_string() ? m.get<std::string>() : m.dump(-1, ' ', false, json::error_handler_t::replace);
       continue;
     }
     auto bad = [&](const std::string& why) { fail("tensor '" + name + "': " + why); };
@@ -79,34 +113,47 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       bad("entry needs dtype, shape and data_offsets");
     SafetensorsEntry e;
     e.name = name;
+    const json& dtype = v["dtype"];
+    if (!dtype.is_string()) bad("dtype is not a string");
     try {
-      e.dtype = safetensors_dtype(v["dtype"].get<std::string>());
-      for (auto& d : v["shape"]) {
-        int64_t x = d.get<int64_t>();
-        if (x < 0) bad("negative dimension");
-        e.shape.push_back(x);
-      }
-      auto& off = v["data_offsets"];
-      if (!off.is_array() || off.size() != 2) bad("data_offsets must be [begin, end]");
-      e.begin = off[0].get<uint64_t>();
-      e.end = off[1].get<uint64_t>();
+      e.dtype = safetensors_dtype(dtype.get<std::string>());
     } catch (const Error& err) {
       bad(err.what());
-    } catch (const std::exception& err) {
-      bad(std::string("malformed entry: ") + err.what());
     }
+    const json& shape = v["shape"];
+    if (!shape.is_array()) bad("shape is not an array");
+    if (shape.size() > kMaxRank)
+      bad("shape has " + std::to_string(shape.size()) + " dimensions, more than " + std::to_string(kMaxRank));
+    // Elements and bytes are counted with overflow checks: a wrapped product could match the range.
+    uint64_t numel = 1;
+    bool overflow = false;
+    for (const json& d : shape) {
+      uint64_t x = 0;
+      if (!as_index(d, &x) || x > uint64_t(INT64_MAX)) bad("shape entry " + brief(d) + " is not a non-negative integer");
+      e.shape.push_back(int64_t(x));
+      overflow = overflow || __builtin_mul_overflow(numel, x, &numel);
+    }
+    uint64_t want = 0;
+    overflow = overflow || numel > uint64_t(INT64_MAX) || __builtin_mul_overflow(numel, dtype_size(e.dtype), &want);
+    if (overflow) bad("shape " + brief(shape) + " has more elements than 64-bit sizes can count");
+    const json& off = v["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !as_index(off[0], &e.begin) || !as_index(off[1], &e.end))
+      bad("data_offsets must be [begin, end] of non-negative integers, not " + brief(off));
     if (e.begin > e.end || e.end > data_size)
       bad("data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + ") outside the data section of " +
           std::to_string(data_size) + " bytes");
-    uint64_t want = uint64_t(shape_numel(e.shape)) * dtype_size(e.dtype);
     if (e.end - e.begin != want)
       bad("holds " + std::to_string(e.end - e.begin) + " bytes but shape x dtype needs " + std::to_string(want));
-    ranges.emplace_back(e.begin, e.end);
+    if (e.end > e.begin) ranges.emplace_back(e.begin, e.end);
     entries_.emplace(name, std::move(e));
   }
+  // Against the furthest end so far, not only the previous range: [0, 16) also contains [8, 12) after [4, 6).
   std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i)
-    if (ranges[i].first < ranges[i - 1].second && ranges[i].first != ranges[i].second) fail("tensor data ranges overlap");
+  uint64_t reached = 0;
+  for (const auto& [b, e] : ranges) {
+    if (b < reached) fail("tensor data ranges overlap at byte " + std::to_string(b) + " of the data section");
+    reached = std::max(reached, e);
+  }
 }
 
 SafetensorsFile::~SafetensorsFile() { release(); }
@@ -164,6 +211,7 @@ SafetensorsCollection SafetensorsCollection::open_dir(const std::string& dir, co
     ZP_REQUIRE(j.contains("weight_map") && j["weight_map"].is_object(), index.string(), ": no \"weight_map\" object");
     std::map<std::string, size_t> file_ids;
     for (auto& [name, f] : j["weight_map"].items()) {
+      ZP_REQUIRE(f.is_string(), index.string(), ": weight_map entry '", name, "' is not a file name: ", brief(f));
       std::string fname = f.get<std::string>();
       ZP_REQUIRE(fname.find('/') == std::string::npos, index.string(), ": shard name '", fname, "' is not a plain file name");
       auto it = file_ids.find(fname);

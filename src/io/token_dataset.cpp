@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +15,10 @@
 #include "core/error.h"
 
 namespace zp::io {
+
+namespace {
+constexpr size_t kHeaderBytes = 256 * sizeof(int32_t);
+}  // namespace
 
 TokenFile::TokenFile(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -28,28 +33,34 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
     fd_ = -1;
     throw Error(path + ": not a token file: " + why);
   };
-  constexpr size_t kHeader = 256 * sizeof(int32_t);
+  constexpr size_t kHeader = kHeaderBytes;
   if (map_size_ < kHeader) fail("shorter than the 1024-byte header");
   map_ = mmap(nullptr, map_size_, PROT_READ, MAP_SHARED, fd_, 0);
   if (map_ == MAP_FAILED) { map_ = nullptr; fail(std::string("mmap: ") + std::strerror(errno)); }
   const auto* h = static_cast<const int32_t*>(map_);
+  uint64_t claimed = 0;
   if (h[0] == kTokenFileMagic) {
     if (h[1] != 1) fail("unsupported version " + std::to_string(h[1]));
     if (h[2] != 2 && h[2] != 4) fail("bytes per token must be 2 or 4, header says " + std::to_string(h[2]));
     token_bytes_ = h[2];
-    n_tokens_ = int64_t(uint32_t(h[3])) | (int64_t(uint32_t(h[4])) << 32);
+    claimed = uint64_t(uint32_t(h[3])) | (uint64_t(uint32_t(h[4])) << 32);
+    if (h[5] < 0) fail("the header's vocabulary size " + std::to_string(h[5]) + " is negative (0 means unknown)");
     vocab_ = h[5];
   } else if (h[0] == kLlmcTokenMagic) {
     if (h[1] != 1) fail("unsupported llm.c version " + std::to_string(h[1]));
     token_bytes_ = 2;
-    n_tokens_ = int64_t(uint32_t(h[2]));
+    claimed = uint64_t(uint32_t(h[2]));
   } else {
     fail("unknown magic " + std::to_string(h[0]));
   }
-  size_t want = kHeader + size_t(n_tokens_) * size_t(token_bytes_);
-  if (map_size_ != want)
-    fail("header says " + std::to_string(n_tokens_) + " tokens (" + std::to_string(want) + " bytes) but the file has " +
-         std::to_string(map_size_) + " bytes");
+  // Divided rather than multiplied: a hostile count times the token size can wrap around to exactly
+  // the file's size.
+  const uint64_t data_bytes = map_size_ - kHeader;
+  if (data_bytes % uint64_t(token_bytes_) != 0 || claimed != data_bytes / uint64_t(token_bytes_))
+    fail("header says " + std::to_string(claimed) + " tokens of " + std::to_string(token_bytes_) +
+         " bytes but the file holds " + std::to_string(data_bytes) + " bytes after the " + std::to_string(kHeader) +
+         "-byte header");
+  n_tokens_ = int64_t(claimed);  // at most the file size over 2, so it fits
   tokens_ = static_cast<const char*>(map_) + kHeader;
   madvise(map_, map_size_, MADV_RANDOM);
 }
@@ -64,11 +75,66 @@ void TokenFile::copy(int64_t begin, int64_t n, int32_t* out) const {
   for (int64_t i = 0; i < n; ++i) out[i] = at(begin + i);
 }
 
+namespace {
+
+// The largest of p[0, n): a branch-free reduction without an early exit, which the compiler turns
+// into packed unsigned max instructions.
+template <class T> T max_of(const T* p, size_t n) {
+  T m = 0;
+  for (size_t i = 0; i < n; ++i) m = p[i] > m ? p[i] : m;
+  return m;
+}
+
+template <class T> int64_t first_at_least(const T* p, size_t n, uint64_t bound) {
+  for (size_t i = 0; i < n; ++i)
+    if (p[i] >= bound) return int64_t(i);
+  return -1;
+}
+
+}  // namespace
+
+void TokenFile::check_vocab(int64_t vocab) const {
+  ZP_REQUIRE(vocab > 0, path_, ": cannot check token ids against a vocabulary of ", vocab);
+  // A file that declares a smaller vocabulary than the model's holds no ids beyond its own: one that
+  // does is damaged even when the model could embed it.
+  const bool file_bound = vocab_ > 0 && vocab_ < vocab;
+  const uint64_t bound = uint64_t(file_bound ? vocab_ : vocab);
+  // Compared as unsigned: a 4-byte id of 2^31 or more would turn negative as an int32.
+  if (token_bytes_ == 2 && bound > 65535) return;  // every 2-byte id fits
+  madvise(map_, map_size_, MADV_SEQUENTIAL);
+  // Blocks keep the hot loop a pure reduction; only a block holding a bad id is searched again.
+  constexpr size_t kBlock = size_t(1) << 16;
+  const size_t n = size_t(n_tokens_);
+  int64_t bad = -1;
+  for (size_t b = 0; b < n && bad < 0; b += kBlock) {
+    const size_t len = std::min(kBlock, n - b);
+    if (token_bytes_ == 2) {
+      const auto* p = static_cast<const uint16_t*>(tokens_) + b;
+      if (max_of(p, len) >= bound) bad = int64_t(b) + first_at_least(p, len, bound);
+    } else {
+      const auto* p = static_cast<const uint32_t*>(tokens_) + b;
+      if (max_of(p, len) >= bound) bad = int64_t(b) + first_at_least(p, len, bound);
+    }
+  }
+  madvise(map_, map_size_, MADV_RANDOM);
+  if (bad < 0) return;
+  const uint32_t id = token_bytes_ == 2 ? static_cast<const uint16_t*>(tokens_)[bad]
+                                        : static_cast<const uint32_t*>(tokens_)[bad];
+  throw Error(path_ + ": token " + std::to_string(bad) + " (byte " + std::to_string(int64_t(kHeaderBytes) + bad * token_bytes_) +
+              ") has id " + std::to_string(id) + ", outside " +
+              (file_bound ? "the vocabulary of " + std::to_string(vocab_) + " that the file's header declares"
+                          : "the model's vocabulary of " + std::to_string(vocab)) +
+              " (the first such token; the file is damaged or was made with another tokenizer)");
+}
+
 void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int32_t vocab_size) {
+  ZP_REQUIRE(vocab_size >= 0, path, ": vocabulary size ", vocab_size, " is negative (0 means unknown)");
   int32_t h[256] = {0};
   bool small = true;
   for (int32_t t : tokens) {
     ZP_REQUIRE(t >= 0, path, ": negative token id ", t);
+    // A file whose ids exceed its own vocabulary would be rejected when read.
+    ZP_REQUIRE(vocab_size == 0 || t < vocab_size, path, ": token id ", t, " is outside the vocabulary of ", vocab_size);
     if (t > 65535) small = false;
   }
   h[0] = kTokenFileMagic;
@@ -134,6 +200,10 @@ int64_t TokenDataset::epoch_order(uint64_t seed, int64_t epoch, int64_t i, bool 
     cached_seed_ = seed;
   }
   return order_[size_t(i)];
+}
+
+void TokenDataset::check_vocab(int64_t vocab) const {
+  for (const auto& f : files_) f->check_vocab(vocab);
 }
 
 int32_t TokenDataset::max_token_seen_bound() const {

@@ -1,6 +1,7 @@
 // Token files, memory-mapped. Two layouts, both a 256 x int32 header followed by the tokens:
 //  - ours:   header[0] = 0x5A50544B ("ZPTK"), [1] = version 1, [2] = bytes per token (2 or 4),
-//            [3..4] = token count (low, high 32 bits), [5] = vocabulary size (0 = unknown);
+//            [3..4] = token count (low, high 32 bits), [5] = vocabulary size (0 = unknown, negative is
+//            an error);
 //  - llm.c:  header[0] = 20240520, [1] = version 1, [2] = token count; tokens are uint16.
 // A TokenDataset serves windows of T+1 consecutive tokens (inputs and shifted targets). The windows
 // of a file are cut at stride T; an epoch visits them in a seeded random order, and the order depends
@@ -32,6 +33,10 @@ class TokenFile {
   }
   // Copies tokens [begin, begin+n) into out as int32.
   void copy(int64_t begin, int64_t n, int32_t* out) const;
+  // Reads every token once and throws zp::Error naming the file, the first position and the id of a
+  // token >= `vocab` (the model's vocabulary) or >= the vocabulary the header declares. A bad id
+  // would otherwise abort the run in the embedding only when its window is first drawn, hours in.
+  void check_vocab(int64_t vocab) const;
 
  private:
   std::string path_;
@@ -59,6 +64,9 @@ class TokenDataset {
   // The window index at position `i` of epoch `epoch`'s shuffled order (shuffle=false: identity).
   int64_t epoch_order(uint64_t seed, int64_t epoch, int64_t i, bool shuffle = true) const;
   int32_t max_token_seen_bound() const;  // the largest vocab_size the files declare (0 if none)
+  // TokenFile::check_vocab for every file: a full read of the data, meant to be called once per run
+  // before training starts (memory-bandwidth bound: 100M tokens take about 0.1 s once mapped).
+  void check_vocab(int64_t vocab) const;
 
  private:
   struct Window { uint32_t file; int64_t start; };
