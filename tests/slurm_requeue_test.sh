@@ -2,8 +2,8 @@
 # Preemption under a real SLURM (../shared/slurm-local/setup-slurm.sh makes this machine a one-node
 # cluster): slurm/train-1node-5gpu.sbatch runs the demo model on 5 CPU ranks; mid-run the ranks get
 # SIGUSR1 (what `#SBATCH --signal=USR1@120` sends before the time limit), save and exit 75, the job
-# requeues itself and its rerun resumes; then SIGTERM (what preemption sends the ranks) does the
-# same; the third run finishes all steps. One output file holds all three runs (--open-mode=append).
+# requeues itself and its rerun resumes; then SIGTERM sent to the ranks (what preemption does) does
+# the same; the third run finishes all steps. One output file holds all three runs (--open-mode=append).
 # Usage: slurm_requeue_test.sh ZEROPIPE_BINARY SOURCE_DIR
 bin=$1 src=$2
 source "$(dirname "$0")/nothing_lost_lib.sh"
@@ -22,6 +22,7 @@ echo "job $job"
 trap 'scancel "$job" 2> /dev/null; cleanup' EXIT
 
 state() { scontrol show job "$job" 2> /dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
+fail_with_output() { cp "$out" "$tmp/job.log" 2> /dev/null; fail "$@"; }
 # interrupt SIGNAL RUN: waits for run RUN to train 15 steps, signals its ranks, waits for the requeue
 # and starts the rerun at once (a requeued job otherwise waits about two minutes).
 interrupt() {
@@ -31,14 +32,19 @@ interrupt() {
     [ "${seen:-0}" -ge 15 ] && break
     sleep 0.05
   done
-  [ "${seen:-0}" -ge 15 ] || fail "run $run never trained 15 steps (job state $(state))"
-  scancel --signal="$sig" "$job" || fail "scancel --signal=$sig failed"
+  [ "${seen:-0}" -ge 15 ] || fail_with_output "run $run never trained 15 steps (job state $(state))"
+  if [ "$sig" = USR1 ]; then  # as --signal=USR1@T delivers it: slurmd signals the tasks
+    scancel --signal=USR1 "$job" || fail "scancel --signal=USR1 failed"
+  else  # preemption's SIGTERM to the tasks (scancel --signal=TERM is not that: it cancels the step)
+    # shellcheck disable=SC2046
+    kill -"$sig" $(rank_pids)
+  fi
   for _ in $(seq 1 600); do
     case "$(state)" in PENDING|REQUEUED|REQUEUE_HOLD) break ;; esac
     sleep 0.1
   done
-  case "$(state)" in PENDING|REQUEUED|REQUEUE_HOLD) ;; *) fail "the job did not requeue after SIG$sig (state $(state))" ;; esac
-  grep -q "zeropipe stopped with a checkpoint (status 75): requeueing" "$out" || fail "the batch script did not see status 75"
+  case "$(state)" in PENDING|REQUEUED|REQUEUE_HOLD) ;; *) fail_with_output "the job did not requeue after SIG$sig (state $(state))" ;; esac
+  grep -q "zeropipe stopped with a checkpoint (status 75): requeueing" "$out" || fail_with_output "the batch script did not see status 75"
   # The stopped run's step must be gone before the job may start again (else slurmd refuses it:
   # "Job credential revoked").
   for _ in $(seq 1 300); do [ -z "$(rank_pids)" ] && ! scontrol listpids "$job" > /dev/null 2>&1 && break; sleep 0.1; done
@@ -49,7 +55,7 @@ interrupt() {
 interrupt USR1 1
 interrupt TERM 2
 for _ in $(seq 1 1800); do [ "$(state)" = COMPLETED ] && break; sleep 0.1; done
-[ "$(state)" = COMPLETED ] || fail "the job did not complete (state $(state))"
+[ "$(state)" = COMPLETED ] || fail_with_output "the job did not complete (state $(state))"
 cp "$out" "$tmp/job.log"
 runs=$(grep -c "zeropipe job $job run " "$out")
 [ "$runs" -eq 3 ] || fail "$runs runs in the output, expected 3 (one output file across requeues)"

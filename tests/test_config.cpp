@@ -13,14 +13,6 @@ static json schema() {
   })");
 }
 
-static std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(Config, MergesOverDefaultsAndOverrides) {
   Config c(schema(), json::parse(R"({"zero_optimization": {"stage": 2}, "optimizer": {"params": {"lr": 6e-4}}})"), "t.json");
@@ -38,17 +30,17 @@ TEST(Config, MergesOverDefaultsAndOverrides) {
 }
 
 TEST(Config, ErrorsNameTheKey) {
-  std::string m = message_of([] { Config(schema(), json::parse(R"({"zero_optimisation": {}})"), "t.json"); });
+  std::string m = error_message([] { Config(schema(), json::parse(R"({"zero_optimisation": {}})"), "t.json"); });
   EXPECT_NE(m.find("unknown key 'zero_optimisation'"), std::string::npos) << m;
   EXPECT_NE(m.find("t.json"), std::string::npos) << m;
-  m = message_of([] { Config(schema(), json::parse(R"({"zero_optimization": {"stage": "two"}})"), "t.json"); });
+  m = error_message([] { Config(schema(), json::parse(R"({"zero_optimization": {"stage": "two"}})"), "t.json"); });
   EXPECT_NE(m.find("'zero_optimization.stage' must be a number"), std::string::npos) << m;
-  m = message_of([] { Config(schema(), json::parse(R"({"optimizer": {"params": {"bogus": 1}}})"), "t.json"); });
+  m = error_message([] { Config(schema(), json::parse(R"({"optimizer": {"params": {"bogus": 1}}})"), "t.json"); });
   EXPECT_NE(m.find("'optimizer.params.bogus'"), std::string::npos) << m;
   Config c(schema(), json::object(), "t.json");
-  m = message_of([&] { c.set("zero_optimization.stag=1"); });
+  m = error_message([&] { c.set("zero_optimization.stag=1"); });
   EXPECT_NE(m.find("--set zero_optimization.stag=1"), std::string::npos) << m;
-  m = message_of([&] { c.set("nonsense"); });
+  m = error_message([&] { c.set("nonsense"); });
   EXPECT_NE(m.find("key.path=value"), std::string::npos) << m;
   EXPECT_THROW(Config::from_file(schema(), "/nonexistent.json"), Error);
 }

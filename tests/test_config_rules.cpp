@@ -55,14 +55,6 @@ std::string write_file(const std::string& name, const std::string& text) {
   return p;
 }
 
-std::string error_text(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 
@@ -213,7 +205,7 @@ TEST(ConfigRules, EveryProblemOfAConfigIsReportedAtOnce) {
   c.set("checkpoint.keep_last=-1");
   c.set("training.devise=cpu");
   c.set("nonsense");
-  const std::string m = error_text([&] { TrainConfig::from(c); });
+  const std::string m = error_message([&] { TrainConfig::from(c); });
   for (const char* key : {"'train_micro_batch_size_per_gpu'", "'gradient_accumulation_steps'", "'zero_optimisation'",
                           "'optimizer.params.lr'", "'optimizer.params.betas'", "bf16.enabled and fp16.enabled",
                           "'data.seq_len'", "'training.eval_batches'", "'checkpoint.keep_last'", "'training.devise'",
@@ -245,7 +237,7 @@ TEST(ConfigRules, MessagesQuoteBoundedExcerpts) {
   const std::string long_text(100000, 'x');
   json user = valid_user();
   user["seed"] = long_text;
-  const std::string m = error_text([&] { TrainConfig::from(keep_config(user)); });
+  const std::string m = error_message([&] { TrainConfig::from(keep_config(user)); });
   EXPECT_NE(m.find("'seed'"), std::string::npos) << m.substr(0, 300);
   EXPECT_NE(m.find("xxx..."), std::string::npos) << m.substr(0, 300);
   EXPECT_LT(m.size(), 300u);
@@ -256,11 +248,11 @@ TEST(ConfigRules, MessagesQuoteBoundedExcerpts) {
   EXPECT_EQ(io::json_excerpt(json(INFINITY)), "inf");
   expect_error([&] { io::Config(runtime::train_config_schema(), json{{long_text, 1}}, "t.json"); },
                {"unknown key 'xxxx"});
-  EXPECT_LT(error_text([&] { io::Config(runtime::train_config_schema(), json{{long_text, 1}}, "t.json"); }).size(), 300u);
+  EXPECT_LT(error_message([&] { io::Config(runtime::train_config_schema(), json{{long_text, 1}}, "t.json"); }).size(), 300u);
   // A typed read of the wrong type names where the value came from.
   io::Config c = keep_config(valid_user());
   c.set("model.config.hidden_size=\"" + long_text + "\"");
-  const std::string typed = error_text([&] { c.get<int>("model.config.hidden_size"); });
+  const std::string typed = error_message([&] { c.get<int>("model.config.hidden_size"); });
   EXPECT_NE(typed.find("--set model.config.hidden_size=\"xxx"), std::string::npos) << typed.substr(0, 300);
   EXPECT_LT(typed.size(), 400u);
 }
@@ -279,7 +271,7 @@ TEST(ConfigRules, DeeplyNestedValuesAreRejectedWithoutRecursion) {
   // and the message quotes a bounded excerpt.
   json user = valid_user();
   user["model"]["config"] = json::parse(deep);
-  const std::string m = error_text([&] { io::Config(runtime::train_config_schema(), user, "t.json"); });
+  const std::string m = error_message([&] { io::Config(runtime::train_config_schema(), user, "t.json"); });
   EXPECT_NE(m.find("'model.config' nests deeper than 64"), std::string::npos) << m.substr(0, 300);
   EXPECT_LT(m.size(), 300u);
   EXPECT_LE(io::json_excerpt(user["model"]["config"]).size(), 83u);

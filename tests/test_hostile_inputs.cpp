@@ -20,21 +20,9 @@ namespace {
 using namespace zp::io;
 namespace fs = std::filesystem;
 
-class Dir {
- public:
-  explicit Dir(const std::string& name)
-      : dir_(fs::temp_directory_path() / ("zp_hostile_" + name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  ~Dir() {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string operator/(const std::string& f) const { return (dir_ / f).string(); }
-
- private:
-  fs::path dir_;
+// Scratch folders <temp>/zp_hostile_<name>_<pid>.
+struct Dir : ScratchFolder {
+  explicit Dir(const std::string& name) : ScratchFolder("hostile_" + name) {}
 };
 
 // --- token files ------------------------------------------------------------------------------

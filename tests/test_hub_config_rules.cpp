@@ -24,14 +24,6 @@ json tiny_gpt2() {
   return {{"model_type", "gpt2"}, {"vocab_size", 100}, {"n_positions", 32}, {"n_embd", 32}, {"n_layer", 2}, {"n_head", 2}};
 }
 
-std::string error_text(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 
@@ -80,7 +72,7 @@ TEST(HubConfigRules, TransformerSizesArePositiveBoundedAndConsistent) {
     j[c.key] = c.value;
     SCOPED_TRACE(c.key + " = " + io::json_excerpt(c.value));
     expect_error([&] { parse(j); }, c.fragments);
-    EXPECT_LT(error_text([&] { parse(j); }).size(), 400u);
+    EXPECT_LT(error_message([&] { parse(j); }).size(), 400u);
   }
   // Each size fits 2^31, but the products do not fit int64.
   json wide = tiny_llama();

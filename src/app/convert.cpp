@@ -162,7 +162,7 @@ std::map<std::string, ModelTensor> model_tensors(const Family& fam, const json& 
   std::map<std::string, ModelTensor> out;
   auto collect = [&](std::vector<nn::ParamBlock*> blocks) {
     for (nn::ParamBlock* b : blocks)
-      for (const auto& p : b->params()) out[p->name] = {p->shape, p->file_transposed};
+      for (const auto& p : b->params()) out[p->name] = {p->shape, p->file_transposed, ""};
   };
   if (std::string(fam.name) == "transformer") {
     models::Transformer m(models::TransformerConfig::from_hub_json(cfg, source), Device::cpu(), DType::F32, nullptr, 1,

@@ -4,10 +4,12 @@
 #include "io/checkpoint_file.h"
 
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <array>
 #include <cerrno>
 #include <cstdio>
@@ -553,6 +555,51 @@ ChecksumReport verify_checksums(const std::string& path, MPI_Comm comm) {
   rep.problems.insert(rep.problems.end(), shared.begin(), shared.end());
   std::sort(rep.problems.begin(), rep.problems.end());
   return rep;
+}
+
+std::string probe_metadata(const std::string& path) {
+  int fds[2];
+  ZP_REQUIRE(::pipe(fds) == 0, "pipe: ", std::strerror(errno));
+  std::fflush(nullptr);  // nothing buffered may be written twice
+  const pid_t pid = ::fork();
+  ZP_REQUIRE(pid >= 0, "fork: ", std::strerror(errno));
+  if (pid == 0) {
+    ::close(fds[0]);
+    for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE}) std::signal(sig, SIG_DFL);  // no MPI backtrace: the parent reports
+    std::string err;
+    try {
+      const H5File f = H5File::open(path);
+      std::vector<std::string> objects = {"/"};
+      walk_datasets(f, "/", objects);
+      for (const std::string& o : objects) {
+        if (o != "/") f.dataset_info(o);
+        for (const std::string& a : f.attr_names(o)) switch (f.attr_kind(o, a)) {
+            case AttrKind::String: f.attr_string(o, a); break;
+            case AttrKind::Int64: f.attr_int(o, a); break;
+            case AttrKind::Double: f.attr_double(o, a); break;
+            case AttrKind::Int64Array: f.attr_ints(o, a); break;
+            default: break;
+          }
+      }
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    ssize_t ignored = ::write(fds[1], err.data(), err.size());
+    (void)ignored;
+    ::_exit(err.empty() ? 0 : 1);  // no atexit handlers: they belong to the parent's HDF5 and MPI
+  }
+  ::close(fds[1]);
+  std::string err;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) err.append(buf, size_t(n));
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  if (WIFSIGNALED(status))
+    return path + ": reading its HDF5 metadata crashed the HDF5 library (signal " + std::to_string(WTERMSIG(status)) +
+           "): the file is damaged";
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  return err.empty() ? path + ": its HDF5 metadata could not be read" : err;
 }
 
 namespace {

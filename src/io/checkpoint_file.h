@@ -157,6 +157,13 @@ struct ChecksumReport {
 // over the ranks), and every rank gets the full report.
 ChecksumReport verify_checksums(const std::string& path, MPI_Comm comm = MPI_COMM_NULL);
 
+// Opens `path` and reads every attribute and dataset description, in a child process: libhdf5 1.10
+// trusts some sizes inside a damaged file and can crash the process reading them (a global heap
+// object's size, under a string attribute), which must not take a training job down when an older
+// checkpoint would do. Returns "" when the child got through, else what went wrong (the child's
+// zp::Error, or the signal that ended it). Serial; the child uses neither MPI nor CUDA.
+std::string probe_metadata(const std::string& path);
+
 // A printable summary of any HDF5 file (serial): groups, datasets with dtype, shape and layout,
 // attributes (strings in full, so the config JSON shows), and with `verify` the checksum report.
 std::string inspect(const std::string& path, bool verify);

@@ -87,8 +87,9 @@ class ZeroEngine : public nn::BlockAccess {
   int64_t optimizer_steps() const { return opt_->steps(); }
   ShardedAdamW& optimizer() { return *opt_; }
   MemoryPlan memory_plan() const;
-  // Every block's fp32 master weights (padded flat buffers, concatenated in block order), gathered
-  // from the owners onto every rank: for tests and small-model tools, not for large models.
+  // Every block's fp32 master weights (its parameters in order, without the padding, which depends
+  // on the world size; blocks in order), gathered from the owners onto every rank: for tests and
+  // small-model tools, not for large models.
   std::vector<float> gather_master();
   // After the fp32 master weights of the owned ranges were overwritten (a checkpoint load): rewrites
   // the compute weights from them (cast to the compute dtype, then all-gathered where they are

@@ -103,6 +103,8 @@ void LoopCheckpoints::resume(LossScaler& scaler, TrainResult& result) {
   std::vector<std::string> damaged;
   for (const std::string& c : candidates) {
     try {
+      const std::string problem = decided_by_rank0(group_, [&] { return io::probe_metadata(c); });
+      if (!problem.empty()) throw io::DamagedFileError(problem);
       st = load_checkpoint(c, group_, engine_, model_, s_);
       from = c;
       break;

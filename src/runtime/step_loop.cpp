@@ -57,7 +57,7 @@ void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t
     loop.ctrl->all_reduce(&v, &out, 1, DType::F64, comm::ReduceOp::Avg);
     return out;
   };
-  const StopSignals signals;
+  StopSignals signals;
   int64_t bad_in_a_row = 0;
   for (int64_t step = loop.checkpoints.start_step(); step < cfg.max_steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -100,6 +100,7 @@ void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t
                              " (older ones in checkpoint.dir are kept)."));
     }
     if (stop) {
+      signals.stop_completed();
       result.stopped_by_signal = stop;
       ZP_LOG_INFO("stopped by signal ", stop, " after step ", step + 1,
                   result.saved.empty() ? std::string(": nothing saved (no checkpoint.dir)")

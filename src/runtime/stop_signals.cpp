@@ -11,12 +11,13 @@ namespace zp::runtime {
 namespace {
 
 constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1};
-volatile std::sig_atomic_t g_received = 0;
+volatile std::sig_atomic_t g_received = 0, g_completed = 0;
 bool g_installed = false;
 struct sigaction g_previous[3];
 
 // Async-signal-safe: a flag, write(2) and _exit only.
 void on_signal(int sig) {
+  if (g_completed != 0) _exit(kExitStopped);
   if (g_received != 0) _exit(128 + sig);
   g_received = sig;
   const char* name = sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "SIGUSR1";
@@ -33,6 +34,7 @@ StopSignals::StopSignals() {
   ZP_CHECK(!g_installed, "one StopSignals at a time");
   g_installed = true;
   g_received = 0;
+  g_completed = 0;
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
@@ -41,10 +43,13 @@ StopSignals::StopSignals() {
 }
 
 StopSignals::~StopSignals() {
-  for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &g_previous[i], nullptr);
+  if (g_received == 0 && g_completed == 0)
+    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &g_previous[i], nullptr);
   g_installed = false;
 }
 
 int StopSignals::received() const { return g_received; }
+
+void StopSignals::stop_completed() { g_completed = 1; }
 
 }  // namespace zp::runtime

@@ -65,6 +65,10 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
   const int32_t file_vocab = train_ds.max_token_seen_bound();
   ZP_REQUIRE(file_vocab == 0 || file_vocab <= mcfg.vocab, cfg.train_files[0], ": the token file's vocabulary (",
              file_vocab, ") is larger than the model's (", mcfg.vocab, ")");
+  // Every id, once, now: an id past the embedding would otherwise stop the run when its window is
+  // first drawn, possibly hours in.
+  train_ds.check_vocab(mcfg.vocab);
+  if (!cfg.val_files.empty()) val_ds->check_vocab(mcfg.vocab);
   std::unique_ptr<Stream> stream = dev.is_cuda() ? std::make_unique<Stream>(dev) : nullptr;
   const StreamHandle s = stream ? stream->handle() : nullptr;
   // The model is only laid out; the ZeRO engine (optimizer state, gradient reduction, stage-3
