@@ -366,7 +366,10 @@ const std::vector<CheckpointReader::Slice>& CheckpointReader::slices(const std::
 std::string CheckpointReader::scan(const std::string& n, const DatasetInfo& info, int64_t lo, int64_t hi,
                                    int64_t piece,
                                    const std::function<void(const char*, int64_t, int64_t)>& consume) const {
-  const std::vector<Slice>& rows = slices(n, info);
+  // An empty range (a rank with nothing to read, or one that found a problem before) still joins the
+  // collective reads, and must not look at the slices (they may be what is damaged).
+  static const std::vector<Slice> none;
+  const std::vector<Slice>& rows = lo < hi ? slices(n, info) : none;
   const size_t esize = dtype_size(info.dtype);
   // Collective reads: every rank makes as many as the rank with the most pieces.
   int64_t pieces = (hi - lo + piece - 1) / piece;

@@ -56,14 +56,11 @@ LossScalerState LoopCheckpoints::scaler_state(const LossScaler& sc) const {
 void LoopCheckpoints::check_storage() const {
   const std::string dir = cfg_.checkpoint_dir;
   if (dir.empty()) return;
-  int64_t existing = 0;
-  for (const auto& c : io::list_checkpoints(dir)) {
-    std::error_code ec;
-    existing += int64_t(fs::file_size(c.path, ec));
-  }
   decided_by_rank0(group_, [&]() -> std::string {
     const std::string key = "checkpoint.dir '" + dir + "'";
     std::error_code ec;
+    int64_t existing = 0;
+    for (const auto& c : io::list_checkpoints(dir)) existing += int64_t(fs::file_size(c.path, ec));
     ZP_REQUIRE(!fs::exists(dir, ec) || fs::is_directory(dir, ec), key, ": exists and is not a directory");
     fs::create_directories(dir, ec);
     ZP_REQUIRE(!ec, key, ": cannot be created: ", ec.message());
@@ -168,7 +165,7 @@ void LoopCheckpoints::step_done(int64_t steps_done, bool skipped, bool healthy, 
   const bool due = (cfg_.save_every > 0 && steps_done % cfg_.save_every == 0) || steps_done == cfg_.max_steps || stop;
   if (!due && !save_pending_) return;
   if (!healthy) {
-    ZP_LOG_WARN("step ", steps_done, ": no checkpoint from a step whose loss or gradient norm is not finite",
+    if (!save_pending_ || steps_done == cfg_.max_steps || stop) ZP_LOG_WARN("step ", steps_done, ": no checkpoint from a step whose loss or gradient norm is not finite",
                 steps_done == cfg_.max_steps || stop ? " (the run ends here: the newest checkpoint stays the last healthy one)"
                                                       : "; the save waits for a healthy step");
     save_pending_ = true;
