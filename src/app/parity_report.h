@@ -26,7 +26,8 @@ double relative_error(const std::vector<double>& got, const std::vector<double>&
 // error), a `train.final.*` parameter in fp32 within max(tolerance, 4 x) (five AdamW steps amplify
 // the gradient's rounding). In bf16/fp16 `train.final.*` is reported but not gated: a parameter whose
 // gradient is below the precision's noise takes AdamW steps of random sign, and `train.loss` gates
-// the trajectory. Without reference errors every bound is the tolerance.
+// the trajectory. Without reference errors (no file, or a tensor the file does not list) the bound is
+// the tolerance.
 class ParityCriterion {
  public:
   struct Bound {
