@@ -131,16 +131,21 @@ inline void expect_grad_matches_fd(std::vector<double>& x, const std::vector<dou
   EXPECT_LE(rel_error(an, fd), tol) << what << ": analytic gradient differs from finite differences";
 }
 
-// Path of a file under the golden reference folder ("" when the folder is absent).
+// Path of a file under the reference dumps (tests/golden in the checkout; the ZP_GOLDEN_DIR
+// environment variable overrides). A missing one throws, which fails the test: the dumps ship with
+// the project, so a test that cannot find them is broken, never "not applicable".
 inline std::string golden_path(const std::string& rel) {
   const char* env = std::getenv("ZP_GOLDEN_DIR");
 #ifdef ZP_GOLDEN_DIR
-  std::string base = env ? env : ZP_GOLDEN_DIR;
+  const std::string base = env ? env : ZP_GOLDEN_DIR;
 #else
-  std::string base = env ? env : "";
+  const std::string base = env ? env : "";
 #endif
-  std::string p = base + "/" + rel;
-  return !base.empty() && std::filesystem::exists(p) ? p : "";
+  const std::string p = base + "/" + rel;
+  if (base.empty() || !std::filesystem::exists(p))
+    throw std::runtime_error("reference dump file '" + rel + "' not found under '" + base +
+                             "' (tests/golden in the checkout; ZP_GOLDEN_DIR overrides)");
+  return p;
 }
 
 inline const std::vector<DType>& gpu_float_dtypes() {

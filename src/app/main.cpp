@@ -37,7 +37,8 @@ const char* kUsage =
     "           zeropipe convert --from X --to Y [--dtype bf16|fp32|keep]\n"
     "  make-latents  write a small latent dataset for a UNet (the UNet demo's data)\n"
     "  inspect  list and check a checkpoint or weights file: zeropipe inspect FILE [--verify]\n"
-    "  parity   run a reference folder (hub config, weights, io.safetensors) and compare every tensor\n"
+    "  parity   run a reference folder (hub config, weights, io.safetensors) and hold every tensor to\n"
+    "           the parity criterion (its reference_error.json); exit 0 exactly when all gated pass\n"
     "run `zeropipe <command> --help` for the command's options\n";
 
 // Parses argv against `desc` (and the positional `pos`) into `vm`; false when --help was given,
@@ -59,7 +60,7 @@ int cmd_parity(int argc, char** argv) {
   desc.add_options()("help,h", "show this help")(
       "model", po::value<std::string>(&o.model_dir)->required(), "reference folder (config.json, weights, io.safetensors)")(
       "device", po::value<std::string>(&o.device)->default_value("cpu"), "cpu | cuda")(
-      "dtype", po::value<std::string>(&o.dtype)->default_value("fp32"), "fp32 | bf16 (bf16 needs a GPU)");
+      "dtype", po::value<std::string>(&o.dtype)->default_value("fp32"), "fp32 | bf16 | fp64 (cpu only)");
   po::variables_map vm;
   if (!parse_options(argc, argv, desc, vm)) return 0;
   return zp::app::run_parity(o).finish();

@@ -29,14 +29,13 @@ ParityReport run_parity(const ParityOptions& opt, bool print) {
   const Device dev = opt.device == "cuda" ? Device::cuda(0) : Device::cpu();
   if (dev.is_cuda()) ZP_REQUIRE(cuda_device_count() > 0, "--device cuda: ", cuda_unavailable_reason());
   const DType dt = opt.dtype == "bf16" ? DType::BF16 : opt.dtype == "fp64" ? DType::F64 : DType::F32;
-  const double tol = dt == DType::BF16 ? 3e-2 : 1e-4;
 
   const fs::path cfg_path = dir / "config.json";
   const json cfg_json = io::read_json_file(cfg_path.string());
   if (cfg_json.contains("_class_name")) {
     ZP_REQUIRE(cfg_json["_class_name"] == "UNet2DConditionModel", cfg_path.string(), ": _class_name ",
                cfg_json["_class_name"].dump(), " is not supported (UNet2DConditionModel or a transformer LM)");
-    return run_unet_parity(dir.string(), dev, dt, print);
+    return run_unet_parity(dir.string(), dev, dt, print, opt.alter_result);
   }
   auto cfg = models::TransformerConfig::from_hub_json(cfg_json, cfg_path.string());
   const fs::path io_path = dir / "io.safetensors";
@@ -63,10 +62,12 @@ ParityReport run_parity(const ParityOptions& opt, bool print) {
   Tensor d_ids = ids.to(dev), d_tgt = tgt.to(dev);
   const int64_t num_valid = B * (T - 1);
 
+  ParityReport rep(ParityCriterion::for_dump(dir.string(), dt), print);
+  rep.expect(ref.names());
+  rep.alter_results(opt.alter_result);
   if (print) std::printf("parity: %s (%s, %lld parameters) on %s in %s, B=%lld T=%lld, tolerance %.0e\n", opt.model_dir.c_str(),
               cfg.model_type.c_str(), (long long)cfg.num_parameters(), dev.str().c_str(), opt.dtype.c_str(),
-              (long long)B, (long long)T, tol);
-  ParityReport rep(tol, print);
+              (long long)B, (long long)T, rep.tolerance());
   Tensor logits;
   model.forward(d_ids.data<int32_t>(), d_tgt.data<int32_t>(), num_valid, B, T, false, &logits);
   const double loss = model.loss();
@@ -97,12 +98,13 @@ ParityReport run_parity(const ParityOptions& opt, bool print) {
     rep.check("train.loss", losses, host_values(ref.read_as("train.loss", DType::F64)));
     for (nn::Parameter* p : model.parameters()) {
       const std::string f = "train.final." + p->name;
-      if (!ref.contains(f)) continue;
+      ZP_REQUIRE(ref.contains(f), io_path.string(), ": has train.loss but no tensor '", f, "'");
       std::vector<double> got = host_values(p->value), want = host_values(ref.read_as(f, DType::F64));
       if (p->file_transposed) got = transpose(got, p->shape[0], p->shape[1]);
       rep.check(f, got, want);
     }
   }
+  rep.record_missing();
   return rep;
 }
 

@@ -22,10 +22,9 @@ std::vector<float> host_floats(const io::SafetensorsFile& f, const std::string& 
 
 }  // namespace
 
-ParityReport run_unet_parity(const std::string& dir, Device dev, DType dt, bool print) {
+ParityReport run_unet_parity(const std::string& dir, Device dev, DType dt, bool print, const AlterResult& alter_result) {
   ZP_REQUIRE(fs::is_directory(dir), dir, ": not a directory");
   if (dev.is_cuda()) ZP_REQUIRE(cuda_device_count() > 0, "--device cuda: ", cuda_unavailable_reason());
-  const double tol = dt == DType::BF16 ? 3e-2 : 1e-4;
 
   const fs::path cfg_path = fs::path(dir) / "config.json";
   const json cfg_json = io::read_json_file(cfg_path.string());
@@ -50,13 +49,15 @@ ParityReport run_unet_parity(const std::string& dir, Device dev, DType dt, bool 
     inputs.text_embeds = ref.read_as("input.text_embeds", dt).to(dev);
     inputs.time_ids = host_floats(ref, "input.time_ids");
   }
+  ParityReport rep(ParityCriterion::for_dump(dir, dt), print);
+  rep.expect(ref.names());
+  rep.alter_results(alter_result);
   const Shape& xs = inputs.sample.shape();
   if (print)
     std::printf("parity: %s (UNet2DConditionModel, %lld parameters) on %s in %s, sample %s, tolerance %.0e\n",
                 dir.c_str(), (long long)model.num_parameters(), dev.str().c_str(), std::string(dtype_name(dt)).c_str(),
-                shape_str(xs).c_str(), tol);
+                shape_str(xs).c_str(), rep.tolerance());
 
-  ParityReport rep(tol, print);
   Tensor out = model.forward(inputs);
   rep.check("output.sample", host_values(out), host_values(ref.read_as("output.sample", DType::F64)));
   Tensor dsample = model.backward(ref.read_as("grad_output.sample", dt).to(dev));
@@ -66,6 +67,7 @@ ParityReport run_unet_parity(const std::string& dir, Device dev, DType dt, bool 
     ZP_REQUIRE(ref.contains(g), io_path.string(), ": no tensor '", g, "'");
     rep.check(g, host_values(p->grad), host_values(ref.read_as(g, DType::F64)));
   }
+  rep.record_missing();
   return rep;
 }
 

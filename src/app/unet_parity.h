@@ -10,8 +10,10 @@
 
 namespace zp::app {
 
-// Checks output.sample, grad_input.sample and every grad.<param> (tolerance 3e-2 in bf16, else 1e-4),
-// printing as it goes when `print`. Throws zp::Error for a folder it cannot run.
-ParityReport run_unet_parity(const std::string& dir, Device dev, DType dt, bool print = true);
+// Checks output.sample, grad_input.sample and every grad.<param> by the parity criterion
+// (ParityCriterion::for_dump), every result the dump holds counted, printing as it goes when `print`;
+// `alter_result` is for tests (ParityReport::alter_results). Throws zp::Error for a folder it cannot run.
+ParityReport run_unet_parity(const std::string& dir, Device dev, DType dt, bool print = true,
+                             const AlterResult& alter_result = {});
 
 }  // namespace zp::app

@@ -3,9 +3,9 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/fault_injection.h"
 #ifdef ZP_WITH_CUDA
 #include "core/cuda_check.h"
-#include "core/fault_injection.h"
 #endif
 
 namespace zp {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the reference implementation itself reaches on the golden LM folders (shared/golden/*-tiny).
+"""What the reference implementation itself reaches on the golden LM folders (tests/golden/*-tiny).
 
 `zeropipe parity` compares our engine with float64 dumps at fixed tolerances (fp32 1e-4, bf16 3e-2).
 This script runs transformers the same way, in float32 and with bf16 autocast, on the CPU and the
@@ -7,7 +7,7 @@ GPU, and prints the same relative errors (||a - b|| / ||b|| per tensor), so a te
 our engine can be told apart from one no float32/bf16 implementation can meet. Needs torch and
 transformers (the GPU host has both).
 
-  python3 tests/reference/transformers_golden_parity.py ../shared/golden/{gpt2,llama,qwen2}-tiny
+  python3 tests/reference/transformers_golden_parity.py tests/golden/{gpt2,llama,qwen2}-tiny
 """
 import argparse
 import sys
