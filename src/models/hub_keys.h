@@ -107,4 +107,14 @@ struct HubKeys {
   }
 };
 
+// Runs `read` (a config reader made of HubKeys calls); a JSON exception that an explicit check
+// missed becomes a zp::Error naming `source`, never an abort.
+template <class F> auto named_json_errors(const std::string& source, F&& read) {
+  try {
+    return read();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(source + ": " + io::text_excerpt(e.what()));
+  }
+}
+
 }  // namespace zp::models

@@ -114,12 +114,7 @@ TransformerConfig read_hub_config(const json& j, const std::string& source) {
 }  // namespace
 
 TransformerConfig TransformerConfig::from_hub_json(const json& j, const std::string& source) {
-  try {
-    return read_hub_config(j, source);
-  } catch (const nlohmann::json::exception& e) {
-    // Every check above is explicit; this keeps any that was missed a named error, not an abort.
-    throw Error(source + ": " + io::text_excerpt(e.what()));
-  }
+  return named_json_errors(source, [&] { return read_hub_config(j, source); });
 }
 
 bool TransformerConfig::hub_transposed(const std::string& name) const {
