@@ -35,12 +35,7 @@ template <class... Args> std::string cat(const Args&... a) {
     int zp_rc_ = (call);                                                 \
     if (zp_rc_ != 0) ZP_FATAL(#call ": ", ::zp::mpi_error_string(zp_rc_)); \
   } while (0)
-#define ZP_H5_CHECK(call)                                              \
-  do {                                                                 \
-    if ((call) < 0) ZP_FATAL(#call ": ", ::zp::h5_error_string());     \
-  } while (0)
 
 namespace zp {
 std::string mpi_error_string(int rc);
-std::string h5_error_string();  // the HDF5 error stack, innermost message first
 }  // namespace zp

@@ -18,6 +18,27 @@
 #include "kernels/elementwise.h"
 
 namespace zp::io {
+
+// The HDF5 error stack, innermost message first.
+std::string h5_error_string() {
+  std::string out;
+  auto walk = [](unsigned n, const H5E_error2_t* e, void* data) -> herr_t {
+    auto* s = static_cast<std::string*>(data);
+    if (!s->empty()) *s += " <- ";
+    *s += e->desc ? e->desc : "?";
+    if (e->func_name) { *s += " in "; *s += e->func_name; }
+    return 0;
+  };
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, walk, &out);
+  return out.empty() ? "HDF5 call failed (no error stack)" : out;
+}
+
+
+// A broken invariant of this wrapper (not bad input): fatal, with HDF5's own message.
+#define ZP_H5_CHECK(call)                                          \
+  do {                                                             \
+    if ((call) < 0) ZP_FATAL(#call ": ", h5_error_string());       \
+  } while (0)
 namespace fs = std::filesystem;
 
 static_assert(std::is_same_v<hid_t, int64_t>, "H5File stores hid_t as int64_t");
