@@ -15,6 +15,7 @@
 #include "runtime/diffusion.h"
 #include "runtime/train_config.h"
 #include "test_util.h"
+#include "tiny_llama_config.h"
 #include "tiny_unet_config.h"
 
 namespace zp::test {
@@ -24,11 +25,6 @@ using runtime::TrainConfig;
 using runtime::UNetTrainConfig;
 namespace fs = std::filesystem;
 
-json tiny_llama() {
-  return {{"model_type", "llama"},       {"vocab_size", 70},        {"hidden_size", 32},
-          {"intermediate_size", 64},     {"num_hidden_layers", 2},  {"num_attention_heads", 4},
-          {"num_key_value_heads", 2},    {"max_position_embeddings", 32}};
-}
 
 // A valid LM training config (parsing only: the data file need not exist).
 json valid_user() {

@@ -9,17 +9,13 @@
 #include "models/transformer.h"
 #include "models/unet.h"
 #include "test_util.h"
+#include "tiny_llama_config.h"
 #include "tiny_unet_config.h"
 
 namespace zp::test {
 namespace {
 using json = nlohmann::json;
 
-json tiny_llama() {
-  return {{"model_type", "llama"},       {"vocab_size", 70},        {"hidden_size", 32},
-          {"intermediate_size", 64},     {"num_hidden_layers", 2},  {"num_attention_heads", 4},
-          {"num_key_value_heads", 2},    {"max_position_embeddings", 32}};
-}
 json tiny_gpt2() {
   return {{"model_type", "gpt2"}, {"vocab_size", 100}, {"n_positions", 32}, {"n_embd", 32}, {"n_layer", 2}, {"n_head", 2}};
 }
