@@ -15,6 +15,7 @@
 #include "kernels/reduce.h"
 #include "models/transformer.h"
 #include "parallel/zero_engine.h"
+#include "runtime/causal_lm_loss.h"
 #include "bench_common.h"
 
 namespace zp::bench {
@@ -41,8 +42,11 @@ void BM_TrainStepGpt2(benchmark::State& st) {
   Tensor ids = ids_h.to(Device::cuda(0), s), tgt = tgt_h.to(Device::cuda(0), s);
   auto step = [&] {
     engine.begin_step();
-    model.forward(ids.data<int32_t>(), tgt.data<int32_t>(), B * T, B, T, checkpoint);
-    model.backward();
+    models::TransformerActivations acts;
+    model.forward(ids.data<int32_t>(), B, T, acts,
+                  checkpoint ? models::ForwardMode::TrainCheckpointed : models::ForwardMode::Train);
+    runtime::CausalLmLoss loss(acts.logits, cfg.vocab, tgt.data<int32_t>(), B * T, s);
+    model.backward(acts, loss.backward(acts.logits));
     const double norm = std::sqrt(engine.grad_norm_squared());
     engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);
     peaks.sample();

@@ -19,6 +19,7 @@
 #include "kernels/elementwise.h"
 #include "models/transformer.h"
 #include "parallel/zero_engine.h"
+#include "runtime/causal_lm_loss.h"
 #include "bench_common.h"
 
 namespace zp::bench {
@@ -59,8 +60,10 @@ void BM_ZeroStep(benchmark::State& st) {
       engine.begin_step();
       engine.begin_micro_step(true);
       if (in_backward) engine.set_update_in_backward(1.f, -1.0);
-      model.forward(ids.data<int32_t>(), ids.data<int32_t>(), B * T, B, T);
-      model.backward();
+      models::TransformerActivations acts;
+      model.forward(ids.data<int32_t>(), B, T, acts);
+      runtime::CausalLmLoss loss(acts.logits, cfg.vocab, ids.data<int32_t>(), B * T, s);
+      model.backward(acts, loss.backward(acts.logits));
       engine.finish_gradients();
       const double norm = std::sqrt(engine.grad_norm_squared());
       if (!in_backward) engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);

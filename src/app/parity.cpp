@@ -14,11 +14,24 @@
 #include "io/weight_source.h"
 #include "models/transformer.h"
 #include "parallel/zero_engine.h"
+#include "runtime/causal_lm_loss.h"
 
 namespace zp::app {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+namespace {
+
+// The first `vocab` of every `ld` values: the logits without the model's padding columns.
+std::vector<double> vocab_columns(const std::vector<double>& rows, int64_t vocab, int64_t ld) {
+  std::vector<double> out;
+  out.reserve(rows.size() / size_t(ld) * size_t(vocab));
+  for (size_t r = 0; r + size_t(ld) <= rows.size(); r += size_t(ld))
+    out.insert(out.end(), rows.begin() + ptrdiff_t(r), rows.begin() + ptrdiff_t(r + size_t(vocab)));
+  return out;
+}
+
+}  // namespace
 
 ParityReport run_parity(const ParityOptions& opt, bool print) {
   const fs::path dir = opt.model_dir;
@@ -68,12 +81,13 @@ ParityReport run_parity(const ParityOptions& opt, bool print) {
   if (print) std::printf("parity: %s (%s, %lld parameters) on %s in %s, B=%lld T=%lld, tolerance %.0e\n", opt.model_dir.c_str(),
               cfg.model_type.c_str(), (long long)cfg.num_parameters(), dev.str().c_str(), opt.dtype.c_str(),
               (long long)B, (long long)T, rep.tolerance());
-  Tensor logits;
-  model.forward(d_ids.data<int32_t>(), d_tgt.data<int32_t>(), num_valid, B, T, false, &logits);
-  const double loss = model.loss();
-  rep.check("output.logits", host_values(logits), host_values(ref.read_as("output.logits", DType::F64)));
-  rep.check("output.loss", {loss}, host_values(ref.read_as("output.loss", DType::F64)));
-  model.backward();
+  models::TransformerActivations acts;
+  model.forward(d_ids.data<int32_t>(), B, T, acts);
+  runtime::CausalLmLoss lm(acts.logits, cfg.vocab, d_tgt.data<int32_t>(), num_valid);
+  rep.check("output.logits", vocab_columns(host_values(acts.logits), cfg.vocab, model.padded_vocab()),
+            host_values(ref.read_as("output.logits", DType::F64)));
+  rep.check("output.loss", {lm.mean()}, host_values(ref.read_as("output.loss", DType::F64)));
+  model.backward(acts, lm.backward(acts.logits));  // the logits were read: the gradient may overwrite them
   for (nn::Parameter* p : model.parameters()) {
     const std::string g = "grad." + p->name;
     ZP_REQUIRE(ref.contains(g), io_path.string(), ": no tensor '", g, "'");
@@ -90,9 +104,11 @@ ParityReport run_parity(const ParityOptions& opt, bool print) {
     const int64_t steps = ref.entry("train.loss").shape.at(0);
     for (int64_t s = 0; s < steps; ++s) {
       engine.begin_step();
-      model.forward(d_ids.data<int32_t>(), d_tgt.data<int32_t>(), num_valid, B, T);
-      losses.push_back(model.loss());
-      model.backward();
+      models::TransformerActivations step_acts;
+      model.forward(d_ids.data<int32_t>(), B, T, step_acts);
+      runtime::CausalLmLoss step_loss(step_acts.logits, cfg.vocab, d_tgt.data<int32_t>(), num_valid);
+      model.backward(step_acts, step_loss.backward(step_acts.logits));
+      losses.push_back(step_loss.mean());
       engine.step(1.f, -1.0);
     }
     rep.check("train.loss", losses, host_values(ref.read_as("train.loss", DType::F64)));

@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "io/weight_source.h"
-#include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "models/hub_keys.h"
@@ -271,16 +270,15 @@ void Transformer::load_block(const io::WeightSource& files, ParamBlock& b) {
   }
 }
 
-void Transformer::layer_forward(const Layer& l, const Tensor& x_in, Tensor& x_out, LayerSaved& sv, int64_t B,
-                                int64_t T) {
-  const Ctx& c = ctx_;
+void Transformer::layer_forward(const Ctx& c, const Layer& l, const Tensor& x_in, Tensor& x_out, LayerSaved& sv,
+                                int64_t B, int64_t T) {
   const int64_t N = B * T, C = cfg_.hidden;
-  sv.a1 = c.act({N, C});
+  sv.a1 = c.saved({N, C});
   l.ln1.forward(c, sv.a1.data(), x_in.data(), N, sv.n1);
   // Both residual adds happen in the output projections' GEMMs.
-  sv.x_mid = c.act({N, C});
+  sv.x_mid = c.saved({N, C});
   l.attn.forward(c, sv.x_mid.data(), sv.a1.data(), B, T, sv.attn, x_in.data());
-  sv.a2 = c.act({N, C});
+  sv.a2 = c.saved({N, C});
   l.ln2.forward(c, sv.a2.data(), sv.x_mid.data(), N, sv.n2);
   l.mlp.forward(c, x_out.data(), sv.a2.data(), N, sv.mlp, sv.x_mid.data());
 }
@@ -297,70 +295,72 @@ void Transformer::layer_backward(const Layer& l, const Tensor& x_in, Tensor& dre
   l.ln1.backward(c, dres.data(), da.data(), x_in.data(), N, sv.n1, true);
 }
 
-void Transformer::forward(const int32_t* ids, const int32_t* targets, int64_t num_valid, int64_t B, int64_t T,
-                          bool checkpoint, Tensor* logits_out) {
-  const Ctx& c = ctx_;
+void Transformer::forward(const int32_t* ids, int64_t B, int64_t T, TransformerActivations& a, ForwardMode mode) {
   const int64_t N = B * T, C = cfg_.hidden, V = cfg_.vocab;
   ZP_REQUIRE(T <= cfg_.max_positions || !cfg_.learned_positions, "sequence length ", T, " exceeds the model's ",
              cfg_.max_positions, " positions");
-  B_ = B;
-  T_ = T;
-  num_valid_ = num_valid;
-  ids_ = ids;
-  targets_ = targets;
-  checkpoint_ = checkpoint;
-  residual_.assign(size_t(cfg_.layers + 1), Tensor());
-  saved_.assign(size_t(cfg_.layers), LayerSaved());
-  residual_[0] = c.act({N, C});
+  a = TransformerActivations();  // frees what an earlier forward left in it
+  const bool train = mode != ForwardMode::Inference;
+  // kept: memory that outlives the forward, for the backward (tagged apart); transient: the rest.
+  Ctx kept = ctx_;
+  kept.saved_tag = kSavedActivationsTag;
+  const Ctx& transient = ctx_;
+  const Ctx& streams = train ? kept : transient;                         // residual streams, final norm
+  const Ctx& layer_ctx = mode == ForwardMode::Train ? kept : transient;  // inside a layer
+  a.mode_ = mode;
+  a.B_ = B;
+  a.T_ = T;
+  a.ids_ = ids;
+  if (train) a.residual_.reserve(size_t(cfg_.layers + 1));
+  if (mode == ForwardMode::Train) a.layers_.reserve(size_t(cfg_.layers));
+
+  Tensor x = streams.saved({N, C});
   {
     // A tied head reads the token embedding again at the end: keep the block until then.
     if (cfg_.tied && access_) access_->acquire_params(*embed_);
     ParamsInUse use(access_, *embed_);
-    ZP_KERNEL_CALL(c.dev, embedding_forward, c.s, c.dt, residual_[0].data(), ids, wte_->v(), N, C, V,
+    ZP_KERNEL_CALL(ctx_.dev, embedding_forward, ctx_.s, ctx_.dt, x.data(), ids, wte_->v(), N, C, V,
                    wpe_ ? wpe_->v() : nullptr, T, 0);
   }
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    residual_[i + 1] = c.act({N, C});
-    ParamsInUse use(access_, *layers_[i].block);
-    layer_forward(layers_[i], residual_[i], residual_[i + 1], saved_[i], B, T);
-    if (checkpoint) saved_[i] = LayerSaved();  // keep only the layer input; re-run in the backward
+  for (const Layer& l : layers_) {
+    Tensor y = streams.saved({N, C});
+    LayerSaved sv;
+    {
+      ParamsInUse use(access_, *l.block);
+      layer_forward(layer_ctx, l, x, y, sv, B, T);
+    }
+    // Checkpointing and inference drop sv here; the backward re-runs the layer from its input.
+    if (mode == ForwardMode::Train) a.layers_.push_back(std::move(sv));
+    if (train) a.residual_.push_back(std::move(x));
+    x = std::move(y);  // inference: the layer's input is freed
   }
-  af_ = c.act({N, C});
-  logits_ = c.act({N, vpad_});
+  Tensor af = streams.saved({N, C});
+  nn::Norm::Saved nf;
+  a.logits = transient.act({N, vpad_});
   {
     ParamsInUse use(access_, *head_);
-    lnf_.forward(c, af_.data(), residual_.back().data(), N, nf_);
-    head_linear_.forward(c, logits_.data(), af_.data(), N, vpad_);
+    lnf_.forward(streams, af.data(), x.data(), N, nf);
+    head_linear_.forward(transient, a.logits.data(), af.data(), N, vpad_);
   }
   if (cfg_.tied && access_) access_->release_params(*embed_);
-  losses_ = c.act({N}, DType::F32);
-  lse_ = c.act({N}, DType::F32);
-  ZP_KERNEL_CALL(c.dev, cross_entropy_forward, c.s, c.dt, losses_.data<float>(), lse_.data<float>(), logits_.data(),
-                 targets, N, V, vpad_);
-  if (logits_out) {
-    *logits_out = Tensor::empty({N, V}, c.dt, c.dev, "logits", c.s);
-    const size_t row = size_t(V) * dtype_size(c.dt), ld = size_t(vpad_) * dtype_size(c.dt);
-    for (int64_t r = 0; r < N; ++r)
-      copy_bytes(static_cast<char*>(logits_out->data()) + r * row, c.dev,
-                 static_cast<const char*>(logits_.data()) + r * ld, c.dev, row, c.s);
+  if (train) {
+    a.residual_.push_back(std::move(x));
+    a.af_ = std::move(af);
+    a.nf_ = std::move(nf);
+    a.awaiting_backward_ = true;
   }
 }
 
-double Transformer::loss() const {
-  ZP_CHECK(losses_.defined(), "loss() before a forward");
-  Tensor h = losses_.to(Device::cpu(), ctx_.s);
-  double sum = 0;  // ignored rows hold 0
-  for (int64_t i = 0; i < h.numel(); ++i) sum += h.data<float>()[i];
-  return num_valid_ ? sum / double(num_valid_) : 0.0;
-}
-
-void Transformer::backward(float loss_scale) {
+void Transformer::backward(TransformerActivations& a, Tensor dlogits) {
+  ZP_CHECK(a.awaiting_backward_, a.mode_ == ForwardMode::Inference && a.logits.defined()
+                                     ? "backward after an inference forward (it keeps nothing for one)"
+                                     : "backward without a training forward (or a second one of the same forward)");
   const Ctx& c = ctx_;
-  const int64_t B = B_, T = T_, N = B * T, C = cfg_.hidden, V = cfg_.vocab;
-  ZP_CHECK(logits_.defined(), "backward without a forward");
-  float dscale = num_valid_ ? loss_scale / float(num_valid_) : 0.f;
-  ZP_KERNEL_CALL(c.dev, cross_entropy_backward, c.s, c.dt, logits_.data(), logits_.data(), lse_.data<float>(),
-                 targets_, dscale, N, V, vpad_);
+  const int64_t B = a.B_, T = a.T_, N = B * T, C = cfg_.hidden, V = cfg_.vocab;
+  ZP_CHECK(dlogits.defined() && dlogits.shape() == Shape({N, vpad_}) && dlogits.dtype() == c.dt,
+           "backward: dlogits must be ", dtype_name(c.dt), "[", N, ", ", vpad_, "] (the forward's logits), got ",
+           dlogits.defined() ? dlogits.str() : std::string("none"));
+  a.logits = Tensor();  // usually dlogits' own buffer: it goes with dlogits after the head's backward
   Tensor daf = c.act({N, C}), dres = c.act({N, C});
   // The tied embedding receives gradients from the head now and from the lookup at the end.
   if (cfg_.tied && access_) {
@@ -370,31 +370,31 @@ void Transformer::backward(float loss_scale) {
   {
     ParamsInUse use(access_, *head_);
     GradsInUse grads(access_, *head_);
-    head_linear_.backward(c, daf.data(), logits_.data(), af_.data(), N, false, vpad_);
-    logits_ = Tensor();
-    lnf_.backward(c, dres.data(), daf.data(), residual_.back().data(), N, nf_, false);
+    head_linear_.backward(c, daf.data(), dlogits.data(), a.af_.data(), N, false, vpad_);
+    dlogits = Tensor();
+    lnf_.backward(c, dres.data(), daf.data(), a.residual_.back().data(), N, a.nf_, false);
   }
   if (cfg_.tied && access_) access_->release_params(*embed_);
   for (size_t i = layers_.size(); i-- > 0;) {
     ParamsInUse use(access_, *layers_[i].block);
     GradsInUse grads(access_, *layers_[i].block);
-    if (checkpoint_) {
+    LayerSaved rerun;
+    LayerSaved& sv = a.mode_ == ForwardMode::Train ? a.layers_[i] : rerun;
+    if (a.mode_ == ForwardMode::TrainCheckpointed) {
       Tensor out = c.act({N, C});
-      layer_forward(layers_[i], residual_[i], out, saved_[i], B, T);
+      layer_forward(c, layers_[i], a.residual_[i], out, sv, B, T);
     }
-    layer_backward(layers_[i], residual_[i], dres, saved_[i], B, T);
-    saved_[i] = LayerSaved();
-    residual_[i + 1] = Tensor();
+    layer_backward(layers_[i], a.residual_[i], dres, sv, B, T);
+    sv = LayerSaved();
+    a.residual_[i + 1] = Tensor();
   }
   {
     GradsInUse grads(access_, *embed_);
-    ZP_KERNEL_CALL(c.dev, embedding_backward, c.s, c.dt, wte_->g(), wpe_ ? wpe_->g() : nullptr, dres.data(), ids_, N,
-                   C, V, T, 0);
+    ZP_KERNEL_CALL(c.dev, embedding_backward, c.s, c.dt, wte_->g(), wpe_ ? wpe_->g() : nullptr, dres.data(), a.ids_,
+                   N, C, V, T, 0);
   }
   if (cfg_.tied && access_) access_->release_grads(*embed_);
-  residual_.clear();
-  af_ = Tensor();
-  lse_ = Tensor();
+  a = TransformerActivations();
 }
 
 }  // namespace zp::models

@@ -1,10 +1,27 @@
 // Decoder-only transformer LMs built from a hub config.json: GPT-2, Llama and Qwen2.
 //
+// The model holds weights only (its nn modules and ParamBlocks); what one forward call computes lives
+// in a TransformerActivations that the caller owns. forward(ids, B, T, acts, mode) fills it with the
+// logits [B*T, padded_vocab()] and, in a training mode, with what the backward needs;
+// backward(acts, dlogits) consumes it and accumulates every parameter's gradient. So several forwards
+// may be in flight at once, each with its own object (micro-batch A forward, B forward, B backward,
+// A backward), and the gradients are the same as running them one after the other.
+//
+// The objective is not the model's: the runtime turns the logits into a loss and into dlogits, the
+// gradient of that scalar with respect to the logits (runtime/causal_lm_loss.h: next-token
+// cross-entropy, dlogits written over the logits in place, so the logits' buffer is the only one).
+//
+// Modes (ForwardMode): Train keeps every layer's activations; TrainCheckpointed (activation
+// checkpointing) keeps only each layer's input and re-runs the layer's forward inside its backward;
+// Inference keeps nothing for a backward: between layers only the current residual stream is alive,
+// and the object ends up holding the logits alone. What the object keeps for the backward is
+// allocated under the tag kSavedActivationsTag; transient memory (inside a layer, the backward's
+// gradients, the logits) under "activations", so the allocator's per-tag statistics tell them apart.
+//
 // Sharding units (ParamBlocks): "embed" (token and, for GPT-2, position embeddings), one per layer,
 // and "head" (final norm and, when untied, lm_head). A tied head reuses the token embedding, so its
-// gradient accumulates both uses. Activations saved for the backward are kept per layer; with
-// activation checkpointing only each layer's input is kept and the layer's forward is re-run inside
-// its backward.
+// gradient accumulates both uses. Every use of a block, in the forward and the backward, is reported
+// to the engine (nn::BlockAccess).
 #pragma once
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -39,6 +56,57 @@ struct TransformerConfig {
   bool hub_transposed(const std::string& name) const;
 };
 
+// The allocator tag of the memory a TransformerActivations keeps from a forward for its backward.
+inline constexpr const char* kSavedActivationsTag = "saved_activations";
+
+// What a forward keeps for the backward.
+enum class ForwardMode {
+  Train,              // every layer's activations
+  TrainCheckpointed,  // activation checkpointing: each layer's input; the backward re-runs the layer
+  Inference,          // nothing: no backward follows
+};
+
+// The activations of one forward call, filled by Transformer::forward and consumed by
+// Transformer::backward (see the top of this file). Move-only: one object, one backward.
+class TransformerActivations {
+ public:
+  TransformerActivations() = default;
+  TransformerActivations(TransformerActivations&&) = default;
+  TransformerActivations& operator=(TransformerActivations&&) = default;
+  TransformerActivations(const TransformerActivations&) = delete;
+  TransformerActivations& operator=(const TransformerActivations&) = delete;
+
+  // The forward's output, [B*T, padded_vocab()] in the model's dtype: row b*T+t scores the token
+  // after position t of sequence b over the vocabulary; the columns from vocab on are padding (the
+  // head's zero rows: 0). The objective may overwrite it with its gradient, in place, for backward().
+  Tensor logits;
+
+  int64_t batch() const { return B_; }
+  int64_t seq_len() const { return T_; }
+  ForwardMode mode() const { return mode_; }
+  // True from a training forward until its backward.
+  bool awaiting_backward() const { return awaiting_backward_; }
+  // Frees everything (a training forward that no backward will follow).
+  void clear() { *this = TransformerActivations(); }
+
+ private:
+  friend class Transformer;
+  struct Layer {
+    Tensor a1, x_mid, a2;
+    nn::Norm::Saved n1, n2;
+    nn::SelfAttention::Saved attn;
+    nn::Mlp::Saved mlp;
+  };
+  ForwardMode mode_ = ForwardMode::Inference;
+  bool awaiting_backward_ = false;
+  int64_t B_ = 0, T_ = 0;
+  const int32_t* ids_ = nullptr;  // the caller's; the embedding's backward reads them again
+  std::vector<Tensor> residual_;  // training: L+1 residual streams [N, C], the layer inputs and the final output
+  std::vector<Layer> layers_;     // Train: every layer's saved activations
+  Tensor af_;                     // training: the final norm's output [N, C]
+  nn::Norm::Saved nf_;
+};
+
 class Transformer {
  public:
   // pad_multiple: every block's flat size is padded to a multiple of it (the ZeRO engine's world x
@@ -71,16 +139,17 @@ class Transformer {
   // matrix multiplies (6 per parameter used in one) and causal attention (half the score matrix).
   double flops_per_token(int64_t T) const;
 
-  // ids, targets: device int32 [B*T]; a target < 0 is ignored, and num_valid (counted by the caller,
-  // who has the batch on the host) is how many are not. Nothing is synchronised: the loss stays on
-  // the device until loss() is asked for. Keeps what the backward needs; `logits_out` (optional)
-  // receives [B*T, V] in dt.
-  void forward(const int32_t* ids, const int32_t* targets, int64_t num_valid, int64_t B, int64_t T,
-               bool checkpoint = false, Tensor* logits_out = nullptr);
-  // Mean loss over the valid targets of the last forward (waits for it).
-  double loss() const;
-  // Gradients of (loss * loss_scale) accumulate into every block's fp32 gradient buffer.
-  void backward(float loss_scale = 1.f);
+  // ids: device int32 [B*T] (B sequences of T tokens). Fills `acts` (dropping whatever it held) with
+  // the logits and what `mode` keeps for the backward; the ids are read again by the backward, so
+  // they must live until then. Nothing is synchronised.
+  void forward(const int32_t* ids, int64_t B, int64_t T, TransformerActivations& acts,
+               ForwardMode mode = ForwardMode::Train);
+  // dlogits: the gradient of the objective with respect to acts.logits, [B*T, padded_vocab()] in the
+  // model's dtype, zero in the padding columns; usually acts.logits itself, overwritten in place by
+  // the objective. Gradients accumulate into every block's fp32 gradient buffer. Consumes `acts`
+  // (empty afterwards); the logits' buffer is freed as soon as the head's backward is done with it,
+  // unless the caller still holds another handle to it.
+  void backward(TransformerActivations& acts, Tensor dlogits);
 
  private:
   struct Layer {
@@ -89,13 +158,10 @@ class Transformer {
     nn::SelfAttention attn;
     nn::Mlp mlp;
   };
-  struct LayerSaved {
-    Tensor a1, x_mid, a2;
-    nn::Norm::Saved n1, n2;
-    nn::SelfAttention::Saved attn;
-    nn::Mlp::Saved mlp;
-  };
-  void layer_forward(const Layer& l, const Tensor& x_in, Tensor& x_out, LayerSaved& sv, int64_t B, int64_t T);
+  using LayerSaved = TransformerActivations::Layer;
+  // c: the context whose saved_tag names what `sv` holds (kept for the backward, or transient).
+  void layer_forward(const nn::Ctx& c, const Layer& l, const Tensor& x_in, Tensor& x_out, LayerSaved& sv, int64_t B,
+                     int64_t T);
   void layer_backward(const Layer& l, const Tensor& x_in, Tensor& dres, LayerSaved& sv, int64_t B, int64_t T);
 
   TransformerConfig cfg_;
@@ -107,15 +173,6 @@ class Transformer {
   std::vector<Layer> layers_;
   nn::Norm lnf_;
   nn::Linear head_linear_;
-
-  // State of the last forward, for the backward.
-  int64_t B_ = 0, T_ = 0, num_valid_ = 0;
-  bool checkpoint_ = false;
-  const int32_t *ids_ = nullptr, *targets_ = nullptr;
-  std::vector<Tensor> residual_;  // L+1 residual streams [N, C]: layer inputs and the final output
-  std::vector<LayerSaved> saved_;
-  Tensor af_, logits_, lse_, losses_;
-  nn::Norm::Saved nf_;
 };
 
 }  // namespace zp::models

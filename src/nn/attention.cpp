@@ -9,9 +9,9 @@ using namespace zp::kernels;
 void SelfAttention::forward(const Ctx& c, void* y, const void* x, int64_t B, int64_t T, Saved& saved,
                             const void* residual) const {
   const int64_t N = B * T, W = sh_.qkv_width(), Hq = sh_.Hq, Hkv = sh_.Hkv, D = sh_.D;
-  saved.qkv = c.act({N, W});
-  saved.att = c.act({N, Hq * D});
-  saved.lse = c.act({B, Hq, T}, DType::F32);
+  saved.qkv = c.saved({N, W});
+  saved.att = c.saved({N, Hq * D});
+  saved.lse = c.saved({B, Hq, T}, DType::F32);
   qkv_.forward(c, saved.qkv.data(), x, N);
   char* base = static_cast<char*>(saved.qkv.data());
   const size_t esz = dtype_size(c.dt);

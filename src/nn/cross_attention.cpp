@@ -23,12 +23,12 @@ void CrossAttention::forward(const Ctx& c, void* y, const void* x, int64_t B, in
                              int64_t L, Saved& saved) const {
   const int64_t N = B * T, I = inner_, H = heads_, D = head_dim();
   const size_t esz = dtype_size(c.dt);
-  saved.att = c.act({N, I});
-  saved.lse = c.act({B, H, T}, DType::F32);
+  saved.att = c.saved({N, I});
+  saved.lse = c.saved({B, H, T}, DType::F32);
   const void *q, *k, *v;
   int64_t qs, kvs, Tk;
   if (self_) {
-    saved.q = c.act({N, 3 * I});
+    saved.q = c.saved({N, 3 * I});
     q_.forward(c, saved.q.data(), x, N);
     const char* base = static_cast<const char*>(saved.q.data());
     q = base;
@@ -38,8 +38,8 @@ void CrossAttention::forward(const Ctx& c, void* y, const void* x, int64_t B, in
     Tk = T;
   } else {
     ZP_CHECK(context, "cross-attention without a context");
-    saved.q = c.act({N, I});
-    saved.kv = c.act({B * L, 2 * I});
+    saved.q = c.saved({N, I});
+    saved.kv = c.saved({B * L, 2 * I});
     q_.forward(c, saved.q.data(), x, N);
     kv_.forward(c, saved.kv.data(), context, B * L);
     const char* base = static_cast<const char*>(saved.kv.data());

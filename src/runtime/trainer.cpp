@@ -14,6 +14,7 @@
 #include "kernels/reduce.h"
 #include "models/transformer.h"
 #include "parallel/zero_engine.h"
+#include "runtime/causal_lm_loss.h"
 #include "runtime/loop_checkpoints.h"
 #include "runtime/loss_scaler.h"
 #include "runtime/lr_schedule.h"
@@ -107,10 +108,15 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
     Tensor ids = b.ids.to(dev, s), tgt = b.targets.to(dev, s);
     int64_t valid = 0;
     for (int64_t i = 0; i < b.targets.numel(); ++i) valid += b.targets.data<int32_t>()[i] >= 0;
-    model.forward(ids.data<int32_t>(), tgt.data<int32_t>(), valid, cfg.micro_batch, cfg.seq_len,
-                  train_step && cfg.activation_checkpointing);
-    if (train_step) model.backward(loss_scale);
-    return model.loss();  // read after the backward is queued, so the GPU never waits for the host
+    using models::ForwardMode;
+    models::TransformerActivations acts;
+    model.forward(ids.data<int32_t>(), cfg.micro_batch, cfg.seq_len, acts,
+                  !train_step                    ? ForwardMode::Inference
+                  : cfg.activation_checkpointing ? ForwardMode::TrainCheckpointed
+                                                 : ForwardMode::Train);
+    CausalLmLoss lm(acts.logits, mcfg.vocab, tgt.data<int32_t>(), valid, s);
+    if (train_step) model.backward(acts, lm.backward(acts.logits, loss_scale));
+    return lm.mean();  // read after the backward is queued, so the GPU never waits for the host
   };
 
   std::function<double(int64_t)> validate;

@@ -1,0 +1,269 @@
+// The transformer's per-call activations and the causal-LM objective (models/transformer.h,
+// runtime/causal_lm_loss.h): micro-batches in flight at once (forward A, forward B, backward B,
+// backward A) give the gradients of running them one after the other, with and without activation
+// checkpointing; an inference forward keeps nothing for a backward (the allocator's
+// "saved_activations" tag never rises) and gives the training forward's logits; the objective is
+// the mean next-token cross-entropy and writes its gradient over the logits.
+#include <cmath>
+#include <optional>
+
+#include "core/allocator.h"
+#include "models/transformer.h"
+#include "runtime/causal_lm_loss.h"
+#include "test_util.h"
+#include "tiny_llama_config.h"
+
+namespace zp::test {
+using models::ForwardMode;
+using models::Transformer;
+using models::TransformerActivations;
+
+namespace {
+
+constexpr int64_t kB = 2, kT = 12;
+
+models::TransformerConfig tiny_config(const std::string& type) {
+  // GPT-2: tied head, learned positions, LayerNorm, GELU; Llama: untied, RoPE, grouped-query heads,
+  // RMSNorm, SwiGLU. Both vocabularies are padded (100 and 70 -> 128).
+  const nlohmann::json hub = type == "gpt2"
+                                 ? nlohmann::json{{"model_type", "gpt2"}, {"vocab_size", 100}, {"n_positions", 32},
+                                                  {"n_embd", 32}, {"n_layer", 2}, {"n_head", 2}}
+                                 : tiny_llama();
+  return models::TransformerConfig::from_hub_json(hub, type);
+}
+
+// One micro-batch on the device: ids, their next tokens as targets (the last position of each
+// sequence and a few others ignored) and how many targets count.
+struct Batch {
+  Tensor ids, targets;
+  int64_t valid = 0;
+};
+
+Batch make_batch(uint64_t seed, int64_t vocab, Device dev) {
+  std::mt19937_64 g(seed);
+  std::vector<float> ids(size_t(kB * kT)), tgt(ids.size());
+  for (auto& x : ids) x = float(g() % uint64_t(vocab));
+  Batch b;
+  for (int64_t s = 0; s < kB; ++s)
+    for (int64_t t = 0; t < kT; ++t) {
+      const size_t i = size_t(s * kT + t);
+      const bool ignored = t + 1 == kT || g() % 5 == 0;
+      tgt[i] = ignored ? -1.f : ids[i + 1];
+      b.valid += !ignored;
+    }
+  b.ids = upload(ids, DType::I32, dev);
+  b.targets = upload(tgt, DType::I32, dev);
+  return b;
+}
+
+std::unique_ptr<Transformer> make_model(const std::string& type, Device dev, DType dt) {
+  auto m = std::make_unique<Transformer>(tiny_config(type), dev, dt);
+  m->init_random(7, 0.2);  // large enough weights that every gradient is far from zero
+  return m;
+}
+
+// What one schedule of forwards and backwards produced: every block's fp32 gradient buffer (from
+// zero) and each micro-batch's mean loss.
+struct Grads {
+  std::vector<std::string> blocks;
+  std::vector<std::vector<float>> grads;
+  std::vector<double> losses;
+};
+
+// steps: "f0" forwards micro-batch 0 in modes[0], "b0" runs its objective's and the model's backward.
+Grads run_schedule(Transformer& m, const std::vector<Batch>& batches, const std::vector<ForwardMode>& modes,
+                   const std::vector<std::string>& steps) {
+  for (nn::ParamBlock* b : m.blocks()) b->zero_grad(m.ctx().s);
+  std::vector<TransformerActivations> acts(batches.size());
+  std::vector<std::optional<runtime::CausalLmLoss>> losses(batches.size());
+  for (const std::string& step : steps) {
+    const size_t i = size_t(step[1] - '0');
+    if (step[0] == 'f') {
+      m.forward(batches[i].ids.data<int32_t>(), kB, kT, acts[i], modes[i]);
+      EXPECT_TRUE(acts[i].awaiting_backward());
+      losses[i].emplace(acts[i].logits, m.config().vocab, batches[i].targets.data<int32_t>(), batches[i].valid,
+                        m.ctx().s);
+    } else {
+      m.backward(acts[i], losses[i]->backward(acts[i].logits, 2.f));
+      EXPECT_FALSE(acts[i].awaiting_backward());
+      EXPECT_FALSE(acts[i].logits.defined()) << "the backward consumes the activations";
+    }
+  }
+  Grads r;
+  for (auto& l : losses) r.losses.push_back(l->mean());
+  for (nn::ParamBlock* b : m.blocks()) {
+    r.blocks.push_back(b->name());
+    r.grads.push_back(download(b->grads()));
+  }
+  return r;
+}
+
+// tol = 0: bit for bit (the CPU); else the relative error of each block's gradient.
+void expect_same_grads(const Grads& got, const Grads& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.grads.size(), want.grads.size()) << what;
+  for (size_t k = 0; k < want.grads.size(); ++k) {
+    ASSERT_EQ(got.grads[k].size(), want.grads[k].size());
+    double norm = 0;
+    for (float g : want.grads[k]) norm += double(g) * g;
+    EXPECT_GT(norm, 0.0) << what << ": block " << want.blocks[k] << " got no gradient";
+    if (tol == 0)
+      EXPECT_EQ(got.grads[k], want.grads[k]) << what << ": gradient of block " << want.blocks[k];
+    else
+      EXPECT_LE(rel_error(got.grads[k], want.grads[k]), tol) << what << ": gradient of block " << want.blocks[k];
+  }
+}
+
+// Gradients accumulate in the order the backwards run, so the interleaved schedule (backward B, then
+// A) is compared bit for bit with "B then A" one after the other, and with "A then B" to the
+// rounding of adding two micro-batches' gradients in the other order. tol: see expect_same_grads.
+void expect_interleaving_changes_nothing(Device dev, DType dt, double tol) {
+  for (const std::string type : {"gpt2", "llama"}) {
+    auto m = make_model(type, dev, dt);
+    const std::vector<Batch> batches = {make_batch(1, m->config().vocab, dev), make_batch(2, m->config().vocab, dev)};
+    const std::vector<ForwardMode> plain = {ForwardMode::Train, ForwardMode::Train};
+    const Grads a_then_b = run_schedule(*m, batches, plain, {"f0", "b0", "f1", "b1"});
+    const Grads b_then_a = run_schedule(*m, batches, plain, {"f1", "b1", "f0", "b0"});
+    const std::string where = type + " " + dev.str() + " " + std::string(dtype_name(dt));
+    expect_same_grads(b_then_a, a_then_b, dt == DType::F32 ? 1e-6 : 1e-5, where + " B then A vs A then B");
+    const std::vector<std::pair<std::string, std::vector<ForwardMode>>> cases = {
+        {"plain", plain},
+        {"checkpointed", {ForwardMode::TrainCheckpointed, ForwardMode::TrainCheckpointed}},
+        {"A checkpointed, B plain", {ForwardMode::TrainCheckpointed, ForwardMode::Train}}};
+    for (const auto& [name, modes] : cases) {
+      const std::string what = where + " " + name;
+      const Grads inter = run_schedule(*m, batches, modes, {"f0", "f1", "b1", "b0"});
+      EXPECT_EQ(inter.losses, a_then_b.losses) << what << ": each micro-batch's loss";
+      expect_same_grads(inter, b_then_a, tol, what + " interleaved vs B then A");
+      expect_same_grads(inter, a_then_b, std::max(tol, dt == DType::F32 ? 1e-6 : 1e-5),
+                        what + " interleaved vs A then B");
+    }
+  }
+}
+
+// Bytes under `tag` now, and the most since the peak was reset.
+size_t current(const Allocator& a, const std::string& tag) {
+  const MemoryStats s = a.stats();
+  auto it = s.current_by_tag.find(tag);
+  return it == s.current_by_tag.end() ? 0 : it->second;
+}
+size_t peak(const Allocator& a, const std::string& tag) {
+  const MemoryStats s = a.stats();
+  auto it = s.peak_by_tag.find(tag);
+  return it == s.peak_by_tag.end() ? 0 : it->second;
+}
+
+// An inference forward never allocates under the saved tag and leaves only the logits behind; its
+// logits are the training forward's, bit for bit. A training forward keeps memory under the saved
+// tag (less with checkpointing) until its backward, which frees all of it.
+void expect_inference_saves_nothing(Device dev, DType dt) {
+  const std::string saved = models::kSavedActivationsTag;
+  for (const std::string type : {"gpt2", "llama"}) {
+    const std::string what = type + " " + dev.str() + " " + std::string(dtype_name(dt));
+    auto m = make_model(type, dev, dt);
+    const Batch b = make_batch(3, m->config().vocab, dev);
+    Allocator& alloc = allocator_for(dev);
+    const size_t saved0 = current(alloc, saved), act0 = current(alloc, "activations");
+
+    alloc.reset_peak();
+    TransformerActivations inf;
+    m->forward(b.ids.data<int32_t>(), kB, kT, inf, ForwardMode::Inference);
+    EXPECT_EQ(peak(alloc, saved), saved0) << what << ": the inference forward allocated saved activations";
+    EXPECT_EQ(current(alloc, "activations") - act0, inf.logits.nbytes()) << what << ": only the logits remain";
+    EXPECT_FALSE(inf.awaiting_backward());
+    const size_t inference_peak = peak(alloc, "activations") - act0;
+
+    std::vector<size_t> kept;
+    for (ForwardMode mode : {ForwardMode::Train, ForwardMode::TrainCheckpointed}) {
+      alloc.reset_peak();
+      TransformerActivations train;
+      m->forward(b.ids.data<int32_t>(), kB, kT, train, mode);
+      kept.push_back(current(alloc, saved) - saved0);
+      EXPECT_GT(peak(alloc, saved), saved0) << what << ": a training forward keeps activations";
+      EXPECT_LT(inference_peak, peak(alloc, saved) - saved0 + peak(alloc, "activations") - act0) << what;
+      EXPECT_EQ(download(inf.logits), download(train.logits)) << what << ": inference and training logits";
+      runtime::CausalLmLoss loss(train.logits, m->config().vocab, b.targets.data<int32_t>(), b.valid, m->ctx().s);
+      m->backward(train, loss.backward(train.logits));
+      EXPECT_EQ(current(alloc, saved), saved0) << what << ": the backward frees what the forward kept";
+    }
+    EXPECT_LT(kept[1], kept[0]) << what << ": checkpointing keeps less";
+    EXPECT_GT(kept[1], 0u) << what << ": checkpointing keeps the layer inputs";
+  }
+}
+
+}  // namespace
+
+TEST(TransformerActivations, InterleavedMicroBatchesMatchSequentialCpu) {
+  expect_interleaving_changes_nothing(Device::cpu(), DType::F32, 0);
+  expect_interleaving_changes_nothing(Device::cpu(), DType::BF16, 0);
+}
+
+// On the GPU the embedding's backward adds rows with fp32 atomics, whose order (and so the last bits)
+// varies from run to run.
+TEST(TransformerActivationsGpu, InterleavedMicroBatchesMatchSequential) {
+  ZP_SKIP_WITHOUT_GPU();
+  expect_interleaving_changes_nothing(Device::cuda(0), DType::F32, 1e-6);
+  expect_interleaving_changes_nothing(Device::cuda(0), DType::BF16, 1e-5);
+}
+
+TEST(TransformerActivations, InferenceSavesNothingCpu) {
+  expect_inference_saves_nothing(Device::cpu(), DType::F32);
+  expect_inference_saves_nothing(Device::cpu(), DType::BF16);
+}
+
+TEST(TransformerActivationsGpu, InferenceSavesNothing) {
+  ZP_SKIP_WITHOUT_GPU();
+  expect_inference_saves_nothing(Device::cuda(0), DType::F32);
+  expect_inference_saves_nothing(Device::cuda(0), DType::BF16);
+}
+
+TEST(TransformerActivations, BackwardNeedsATrainingForward) {
+  auto m = make_model("llama", Device::cpu(), DType::F32);
+  const Batch b = make_batch(4, m->config().vocab, Device::cpu());
+  TransformerActivations inf;
+  m->forward(b.ids.data<int32_t>(), kB, kT, inf, ForwardMode::Inference);
+  EXPECT_DEATH(m->backward(inf, inf.logits), "inference forward");
+  TransformerActivations none;
+  EXPECT_DEATH(m->backward(none, inf.logits), "without a training forward");
+}
+
+// The objective by hand in double: mean over the valid targets of logsumexp(row[:V]) - row[target],
+// and dlogits = scale / num_valid * (softmax - onehot) over the real columns, 0 elsewhere.
+TEST(CausalLmLoss, MeanNextTokenCrossEntropyAndItsGradientInPlace) {
+  const int64_t N = 6, V = 5, ld = 8;
+  const std::vector<float> x = randn(size_t(N * ld), 11, 2.f);
+  const std::vector<int32_t> targets = {3, -1, 0, 4, -1, 1};
+  const int64_t valid = 4;
+  Tensor logits = Tensor::empty({N, ld}, DType::F32, Device::cpu());
+  std::copy(x.begin(), x.end(), logits.data<float>());
+  Tensor tgt = Tensor::empty({N}, DType::I32, Device::cpu());
+  std::copy(targets.begin(), targets.end(), tgt.data<int32_t>());
+
+  runtime::CausalLmLoss lm(logits, V, tgt.data<int32_t>(), valid);
+  double want = 0;
+  std::vector<double> lse(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) {
+    double mx = -INFINITY, s = 0;
+    for (int64_t c = 0; c < V; ++c) mx = std::max(mx, double(x[size_t(n * ld + c)]));
+    for (int64_t c = 0; c < V; ++c) s += std::exp(double(x[size_t(n * ld + c)]) - mx);
+    lse[size_t(n)] = mx + std::log(s);
+    if (targets[size_t(n)] >= 0) want += lse[size_t(n)] - double(x[size_t(n * ld + targets[size_t(n)])]);
+  }
+  want /= double(valid);
+  EXPECT_NEAR(lm.mean(), want, 1e-6 * std::abs(want));
+  EXPECT_EQ(download(lm.losses())[1], 0.f) << "an ignored target";
+
+  const float scale = 3.f;
+  Tensor d = lm.backward(logits, scale);
+  EXPECT_EQ(d.data(), logits.data()) << "in place";
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < ld; ++c) {
+      const int32_t t = targets[size_t(n)];
+      double g = 0;
+      if (t >= 0 && c < V)
+        g = scale / double(valid) * (std::exp(double(x[size_t(n * ld + c)]) - lse[size_t(n)]) - (c == t ? 1.0 : 0.0));
+      EXPECT_NEAR(d.data<float>()[n * ld + c], g, 1e-6) << "row " << n << " column " << c;
+    }
+  EXPECT_DEATH(lm.backward(logits, scale), "second backward");
+}
+
+}  // namespace zp::test
