@@ -162,7 +162,8 @@ struct TinyUNetRun {
           for (float v : {64.f, 64.f, float(8 * m), 0.f, 64.f, 64.f}) x.time_ids.push_back(v);
         EXPECT_EQ(int64_t(x.time_ids.size()), B * models::kTimeIdsPerSample);
       }
-      dout[m] = upload(randn(size_t(B * cfg.out_channels * S * S), seed + 3), dt, dev).view({B, cfg.out_channels, S, S});
+      dout[m] = upload(randn(size_t(B * cfg.out_channels * S * S), seed + 3), dt, dev)
+                    .view({B, cfg.out_channels, S, S});
     }
   }
   void zero_grads() {

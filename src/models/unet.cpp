@@ -341,7 +341,8 @@ Transformer2D add_transformer2d(ParamBlock& b, const std::string& p, int64_t C, 
   std::vector<BasicTransformerBlock> blocks;
   for (int64_t l = 0; l < layers; ++l)
     blocks.push_back(add_transformer_block(b, p + ".transformer_blocks." + std::to_string(l), inner, heads, cross_dim));
-  if (cfg.linear_projection) return Transformer2D(norm, in_lin, std::move(blocks), add_linear(b, p + ".proj_out", inner, C));
+  if (cfg.linear_projection)
+    return Transformer2D(norm, in_lin, std::move(blocks), add_linear(b, p + ".proj_out", inner, C));
   return Transformer2D(norm, in_conv, std::move(blocks), add_conv(b, p + ".proj_out", inner, C, 1, 1, 0));
 }
 
