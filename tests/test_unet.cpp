@@ -262,9 +262,9 @@ TEST(UNetActivationsGpu, InterleavedForwardsMatchSequential) {
 }
 
 // An inference forward keeps nothing for a backward: no allocation under the "saved" tag (what a
-// training forward keeps, nn::Ctx::saved), less activation memory at its peak than a training
-// forward, and the same output.
-static void expect_inference_saves_nothing(bool sdxl, Device dev, DType dt) {
+// training forward keeps, nn::Ctx::saved), less memory at its peak than a training forward, and the
+// same output (bit for bit on the CPU, tol = 0; to `tol` on the GPU, as in the checkpointing test).
+static void expect_inference_saves_nothing(bool sdxl, Device dev, DType dt, double tol) {
   const std::string what = std::string(sdxl ? "SDXL " : "SD ") + dev.str() + " " + std::string(dtype_name(dt));
   TinyUNetRun run(sdxl, dev, dt);
   Allocator& alloc = allocator_for(dev);
@@ -291,20 +291,23 @@ static void expect_inference_saves_nothing(bool sdxl, Device dev, DType dt) {
   EXPECT_FALSE(train.empty()) << what;
   EXPECT_GT(saved_train, 0u) << what << ": a training forward keeps activations under the tag \"saved\"";
   EXPECT_LT(total_inf, total_train) << what;
-  EXPECT_EQ(out_inf, out_train) << what << ": the inference forward runs the same kernels on the same data";
+  if (tol == 0)
+    EXPECT_EQ(out_inf, out_train) << what << ": the inference forward runs the same kernels on the same data";
+  else
+    EXPECT_LE(rel_error(out_inf, out_train), tol) << what;
   EXPECT_THROW(run.model.forward(run.in[1], train), Error) << what << ": a second forward into held activations";
   std::printf("%s: forward peak memory %zu bytes inference, %zu training (%zu of them saved)\n", what.c_str(),
               total_inf, total_train, saved_train);
 }
 
 TEST(UNetActivations, InferenceForwardSavesNothingCpu) {
-  for (bool sdxl : {false, true}) expect_inference_saves_nothing(sdxl, Device::cpu(), DType::F32);
+  for (bool sdxl : {false, true}) expect_inference_saves_nothing(sdxl, Device::cpu(), DType::F32, 0);
 }
 TEST(UNetActivationsGpu, InferenceForwardSavesNothing) {
   ZP_SKIP_WITHOUT_GPU();
   for (bool sdxl : {false, true}) {
-    expect_inference_saves_nothing(sdxl, Device::cuda(0), DType::F32);
-    expect_inference_saves_nothing(sdxl, Device::cuda(0), DType::BF16);
+    expect_inference_saves_nothing(sdxl, Device::cuda(0), DType::F32, 1e-6);
+    expect_inference_saves_nothing(sdxl, Device::cuda(0), DType::BF16, 1e-2);
   }
 }
 
