@@ -124,7 +124,7 @@ Tensor random_tensor(const Shape& shape, DType dt, uint64_t seed, StreamHandle s
 void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, bool checkpoint, bool in_backward) {
   const auto cfg = models::UNetConfig::from_hub_json(hub, "bench");
   const int64_t S = hub["sample_size"].get<int64_t>(), C = cfg.in_channels, n = C * S * S;
-  const int64_t D = cfg.cross_dim.back(), E = cfg.text_time ? cfg.add_in_dim - 6 * cfg.add_time_dim : 0;
+  const int64_t D = cfg.cross_dim.back(), E = cfg.text_embeds_dim();
   Stream stream(Device::cuda(0));
   const StreamHandle s = stream.handle();
   MemoryPeaks peaks;
@@ -156,12 +156,13 @@ void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, boo
       engine.begin_step();
       engine.begin_micro_step(true);
       if (in_backward) engine.set_update_in_backward(1.f, -1.0);
-      Tensor pred = model.forward(in, checkpoint);
+      models::UNetActivations acts = models::UNetActivations::training(checkpoint);
+      Tensor pred = model.forward(in, acts);
       kernels::cuda::mse_forward(s, DType::BF16, losses.data<float>(), pred.data(), target.data<float>(), nullptr, B, n);
       Tensor dpred = Tensor::empty(pred.shape(), DType::BF16, Device::cuda(0), "activations", s);
       kernels::cuda::mse_backward(s, DType::BF16, dpred.data(), pred.data(), target.data<float>(), nullptr, 1.f, B, n);
       pred = Tensor();
-      model.backward(dpred);
+      model.backward(dpred, acts);
       engine.finish_gradients();
       const double norm = std::sqrt(engine.grad_norm_squared());
       if (!in_backward) engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);

@@ -1,4 +1,5 @@
-// What every module's forward and backward run with: the device, the stream and the compute dtype.
+// What every module's forward and backward run with: the device, the stream and the compute dtype,
+// and whether a forward keeps anything for a backward.
 #pragma once
 #include "core/tensor.h"
 
@@ -8,9 +9,21 @@ struct Ctx {
   Device dev;
   StreamHandle s = nullptr;
   DType dt = DType::F32;
-  // Activation memory (tagged so the allocator's statistics show it apart from parameters).
+  // false for a forward that runs for its output alone (inference): what the modules would keep
+  // for the backward is then working memory like any other, gone when each module returns.
+  bool saves = true;
+
+  // Working memory of one forward or backward (tagged so the allocator's statistics show it apart
+  // from parameters).
   Tensor act(const Shape& shape) const { return Tensor::empty(shape, dt, dev, "activations", s); }
   Tensor act(const Shape& shape, DType t) const { return Tensor::empty(shape, t, dev, "activations", s); }
+  // What a forward keeps for its backward (a module's Saved, a model's activation state), tagged
+  // apart from working memory: the allocator's statistics then show what a micro-batch in flight
+  // holds, and that an inference forward holds nothing.
+  Tensor saved(const Shape& shape) const { return saved(shape, dt); }
+  Tensor saved(const Shape& shape, DType t) const {
+    return Tensor::empty(shape, t, dev, saves ? "saved" : "activations", s);
+  }
 };
 
 }  // namespace zp::nn

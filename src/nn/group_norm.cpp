@@ -13,8 +13,8 @@ GroupNorm::GroupNorm(Parameter* weight, Parameter* bias, int64_t groups, float e
 }
 
 void GroupNorm::forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t HW, Saved& saved) const {
-  saved.mean = c.act({N, groups_}, DType::F32);
-  saved.rstd = c.act({N, groups_}, DType::F32);
+  saved.mean = c.saved({N, groups_}, DType::F32);
+  saved.rstd = c.saved({N, groups_}, DType::F32);
   ZP_KERNEL_CALL(c.dev, groupnorm_forward, c.s, c.dt, y, saved.mean.data<float>(), saved.rstd.data<float>(), x,
                  w_->v(), b_->v(), N, channels(), HW, groups_, eps_, silu_);
 }

@@ -14,7 +14,7 @@ void Mlp::activate(const Ctx& c, void* h, const void* pre, int64_t N) const {
 }
 
 void Mlp::forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved, const void* residual) const {
-  saved.pre = c.act({N, up_.out()});
+  saved.pre = c.saved({N, up_.out()});
   Tensor h = c.act({N, hidden()});
   if (kind_ == MlpKind::GeluTanh) {
     up_.forward_gelu(c, h.data(), saved.pre.data(), x, N);

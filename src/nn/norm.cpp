@@ -8,9 +8,9 @@ using namespace zp::kernels;
 
 void Norm::forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved) const {
   int64_t C = width();
-  saved.rstd = c.act({N}, DType::F32);
+  saved.rstd = c.saved({N}, DType::F32);
   if (kind_ == NormKind::LayerNorm) {
-    saved.mean = c.act({N}, DType::F32);
+    saved.mean = c.saved({N}, DType::F32);
     ZP_KERNEL_CALL(c.dev, layernorm_forward, c.s, c.dt, y, saved.mean.data<float>(), saved.rstd.data<float>(), x,
                    w_->v(), b_ ? b_->v() : nullptr, N, C, eps_);
   } else {

@@ -205,7 +205,7 @@ io::LatentRequirements requirements(const models::UNetConfig& m, const std::stri
   io::LatentRequirements r;
   r.channels = m.in_channels;
   r.spatial_multiple = int64_t(1) << (m.num_blocks() - 1);
-  r.text_embeds_dim = m.text_time ? m.add_in_dim - 6 * m.add_time_dim : 0;
+  r.text_embeds_dim = m.text_embeds_dim();
   // One encoder_hidden_states feeds every attention block: their cross_attention_dim must agree.
   r.context_dim = 0;
   for (int64_t i = 0; i < m.num_blocks(); ++i) {
@@ -307,7 +307,8 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
   // Host buffers of one micro-batch, reused.
   std::vector<float> x0(static_cast<size_t>(B * n)), eps(static_cast<size_t>(n)), xt(static_cast<size_t>(B * n)),
       target(static_cast<size_t>(B * n)), context(static_cast<size_t>(B * L * D)),
-      text_embeds(static_cast<size_t>(B * E)), time_ids(static_cast<size_t>(E > 0 ? B * 6 : 0)),
+      text_embeds(static_cast<size_t>(B * E)),
+      time_ids(static_cast<size_t>(E > 0 ? B * models::kTimeIdsPerSample : 0)),
       weights(static_cast<size_t>(B));
   // One micro-batch at global positions [first, first + B) of `ds`; `key_step` keys the draws (-1
   // for validation). Returns the mean weighted loss (read after the backward is queued).
@@ -320,7 +321,7 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
       const int64_t p = first + i;
       const int64_t w = train_step ? ds.epoch_order(cfg.seed, p / N, p % N, cfg.shuffle) : p % N;
       ds.read(w, &x0[size_t(i * n)], &context[size_t(i * L * D)], E > 0 ? &text_embeds[size_t(i * E)] : nullptr,
-              E > 0 ? &time_ids[size_t(i * 6)] : nullptr);
+              E > 0 ? &time_ids[size_t(i * models::kTimeIdsPerSample)] : nullptr);
       const int64_t t = draw_timestep(cfg.seed, key_step, p, T_train);
       draw_noise(cfg.seed, key_step, p, n, eps.data());
       noise.noisy_and_target(t, &x0[size_t(i * n)], eps.data(), n, &xt[size_t(i * n)], &target[size_t(i * n)]);
@@ -335,8 +336,10 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
     }
     Tensor tgt = upload(target, {B, n}, DType::F32, dev, s), wts = upload(weights, {B}, DType::F32, dev, s);
     Tensor losses = Tensor::empty({B}, DType::F32, dev, "metrics", s);
-    // Validation too: a plain forward keeps every activation, the peak checkpointing is there to avoid.
-    Tensor pred = model.forward(in, cfg.activation_checkpointing);
+    // Validation runs for the loss alone: an inference forward, which keeps nothing.
+    auto acts = train_step ? models::UNetActivations::training(cfg.activation_checkpointing)
+                           : models::UNetActivations::inference();
+    Tensor pred = model.forward(in, acts);
     ZP_KERNEL_CALL(dev, mse_forward, s, cfg.dtype, losses.data<float>(), pred.data(), tgt.data<float>(),
                    wts.data<float>(), B, n);
     if (train_step) {
@@ -344,7 +347,7 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
       ZP_KERNEL_CALL(dev, mse_backward, s, cfg.dtype, dpred.data(), pred.data(), tgt.data<float>(), wts.data<float>(),
                      loss_scale, B, n);
       pred = Tensor();
-      model.backward(dpred);
+      model.backward(dpred, acts);
     }
     Tensor h = losses.to(Device::cpu(), s);
     double sum = 0;
