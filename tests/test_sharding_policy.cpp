@@ -53,6 +53,10 @@ TEST(ShardingPolicy, OffloadDevicesAreTiers) {
   EXPECT_EQ(ShardingPolicy::from_config(1, "nvme", "none").optimizer_tier(), StateTier::Nvme);
   EXPECT_EQ(ShardingPolicy::from_config(3, "cpu", "nvme").parameter_tier(), StateTier::Nvme);
   EXPECT_EQ(ShardingPolicy::from_config(3, "none", "cpu").parameter_tier(), StateTier::PinnedHost);
+  EXPECT_EQ(ShardingPolicy::from_config(3, "cpu", "nvme").str(),
+            "ZeRO stage 3 (optimizer state, gradients and parameters sharded; optimizer state on pinned host memory, "
+            "parameters on NVMe)");
+  EXPECT_EQ(ShardingPolicy::zero_stage(1).str(), "ZeRO stage 1 (optimizer state sharded; optimizer state on device)");
 }
 
 TEST(ShardingPolicy, ImpossibleCombinationsNameTheKeys) {

@@ -49,7 +49,8 @@ class ShardingPolicy {
   // keep it on yet (every tier but the device one: the offload tiers are issue 11).
   void require_implemented() const;
 
-  std::string str() const;  // "ZeRO stage 2 (optimizer state and gradients sharded; optimizer state on device)"
+  // "ZeRO stage 2 (optimizer state and gradients sharded; optimizer state on device)": for logs.
+  std::string str() const;
 
  private:
   int stage_ = 0;

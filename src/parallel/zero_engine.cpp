@@ -175,11 +175,11 @@ std::vector<float> ZeroEngine::gather_master() {
   return all;
 }
 
-void ZeroEngine::visit_state(const EngineStateVisitor& visit) {
+void ZeroEngine::visit_state(const EngineStateVisitor& visit, StreamHandle s) {
   bool master_written = false;
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const int64_t shard = blocks_[i]->padded() / world_;
-    BlockState st(opt_->ranges()[i], rank_ * shard, (rank_ + 1) * shard, opt_->state(), i, s_);
+    BlockState st(opt_->ranges()[i], rank_ * shard, (rank_ + 1) * shard, opt_->state(), i, s);
     visit(st);
     master_written = master_written || st.master_written();
   }

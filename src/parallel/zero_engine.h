@@ -103,11 +103,11 @@ class ZeroEngine : public nn::BlockAccess {
   // on the world size; blocks in order), gathered from the owners onto every rank: for tests and
   // small-model tools, not for large models.
   std::vector<float> gather_master();
-  // Visits every block's optimizer state (runtime/checkpoint.h saves and loads through this). When
-  // the visitor wrote master weights, the compute weights are rewritten from them afterwards (cast
-  // to the compute dtype, then all-gathered where they are replicated), so the next forward sees
-  // the loaded values.
-  void visit_state(const EngineStateVisitor& visit);
+  // Visits every block's optimizer state (runtime/checkpoint.h saves and loads through this); the
+  // visitor's copies are ordered on `s`. When the visitor wrote master weights, the compute weights
+  // are rewritten from them afterwards (cast to the compute dtype, then all-gathered where they are
+  // replicated), so the next forward sees the loaded values.
+  void visit_state(const EngineStateVisitor& visit, StreamHandle s = nullptr);
 
   // overlap_comm = false runs every collective on the compute stream (for measuring the overlap).
   void set_overlap_comm(bool on);

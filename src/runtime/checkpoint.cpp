@@ -125,7 +125,7 @@ void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngin
                 host[k].data<float>() + (count ? lo - begin : 0), count ? lo - p->offset : 0, count);
       if (p->file_transposed) f.set_attr_int(model_ds(p->name), "hub_transposed", 1);
     }
-  });
+  }, s);
   w.commit();
 }
 
@@ -206,7 +206,7 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm comm, parallel::Zer
       }
       bs.write(kStates[k].state, begin, size, host.data<float>());
     }
-  });
+  }, s);
   engine.set_optimizer_steps(st.optimizer_steps);
   return st;
 }
