@@ -135,7 +135,8 @@ void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, boo
     fill_blocks_random(model.blocks(), Device::cuda(0), s);
     parallel::AdamWHyper hyper{1e-4, 0.9, 0.999, 1e-8, 0.01, false};
     hyper.step_in_backward = in_backward;
-    parallel::ZeroEngine engine(model.blocks(), in_backward ? 2 : 0, nullptr, hyper, s);
+    parallel::ZeroEngine engine(model.blocks(), parallel::ShardingPolicy::zero_stage(in_backward ? 2 : 0), nullptr,
+                                hyper, s);
     model.set_block_access(&engine);
     flops_sample = runtime::unet_train_flops_per_sample(model, S, S, L);
     params = model.num_parameters();

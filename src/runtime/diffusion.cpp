@@ -270,7 +270,7 @@ TrainResult train_unet(const UNetTrainConfig& ucfg, comm::Runtime& rt, MPI_Comm 
     hub_weights = io::WeightSource::open(cfg.hub_dir, "diffusion_pytorch_model");
     model.check_weights(*hub_weights);
   }
-  parallel::ZeroEngine engine(model.blocks(), cfg.zero_stage, dp.get(),
+  parallel::ZeroEngine engine(model.blocks(), sharding_policy(cfg), dp.get(),
                               adamw_hyper(cfg), s,
                               [&](nn::ParamBlock& b) {
                                 if (hub_weights)

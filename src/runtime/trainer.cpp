@@ -76,7 +76,7 @@ TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, boo
   models::Transformer model(mcfg, dev, cfg.dtype, s, parallel::shard_pad_multiple(world), /*allocate=*/false);
   std::unique_ptr<io::WeightSource> hub_weights;
   if (cfg.init == "hub") hub_weights = io::WeightSource::open(cfg.hub_dir, "model");
-  parallel::ZeroEngine engine(model.blocks(), cfg.zero_stage, dp.get(),
+  parallel::ZeroEngine engine(model.blocks(), sharding_policy(cfg), dp.get(),
                               adamw_hyper(cfg), s,
                               [&](nn::ParamBlock& b) {
                                 if (hub_weights)
