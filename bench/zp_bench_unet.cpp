@@ -3,7 +3,7 @@
 // 2048, text_time conditioning): bf16 compute, fp32 master weights and AdamW, random weights (bench_weights.h) and random
 // data; forward, weighted MSE against a noise target, backward, global-norm clipping and the optimizer
 // update, timed with CUDA events. Reports samples/s, achieved TFLOP/s and MFU against the device's
-// dense bf16 peak (FLOPs from runtime::unet_train_flops_per_sample), and peak device memory (the
+// dense bf16 peak (FLOPs from models::unet_train_flops_per_sample), and peak device memory (the
 // engine allocator's peak, and everything the process holds on the device including library
 // workspaces). Each runs plain (ckpt:0) and with activation checkpointing (ckpt:1, models/unet.h:
 // every ResBlock and transformer block re-runs its forward in the backward), so one run reports the
@@ -26,7 +26,7 @@
 #include "models/unet.h"
 #include "parallel/zero_engine.h"
 #include "bench_common.h"
-#include "runtime/diffusion.h"
+#include "models/unet_flops.h"
 
 namespace zp::bench {
 using nlohmann::json;
@@ -138,7 +138,7 @@ void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, boo
     parallel::ZeroEngine engine(model.blocks(), parallel::ShardingPolicy::zero_stage(in_backward ? 2 : 0), nullptr,
                                 hyper, s);
     model.set_block_access(&engine);
-    flops_sample = runtime::unet_train_flops_per_sample(model, S, S, L);
+    flops_sample = models::unet_train_flops_per_sample(model, S, S, L);
     params = model.num_parameters();
 
     models::UNetInputs in;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "io/bounded_json.h"
 #include "io/config.h"
 #include "io/h5file.h"
@@ -78,8 +79,7 @@ int make_latents(const std::string& path, const std::string& unet_config_json_or
   const int64_t E = cfg.text_embeds_dim();
   constexpr int64_t K = models::kTimeIdsPerSample;
 
-  const std::string tmp = path + ".tmp";
-  {
+  io::write_file_atomically(path, [&](const std::string& tmp) {
     io::H5File f = io::H5File::create(tmp);
     f.create_dataset("latents", DType::F32, {n, C, H, W});
     f.create_dataset("encoder_hidden_states", DType::F32, {n, L, D});
@@ -125,10 +125,7 @@ int make_latents(const std::string& path, const std::string& unet_config_json_or
       }
     }
     f.close();
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  ZP_REQUIRE(!ec, path, ": cannot rename ", tmp, " into place: ", ec.message());
+  });
   std::printf("wrote %lld samples to %s: latents [%lld, %lld, %lld, %lld], encoder_hidden_states [%lld, %lld, %lld]%s\n",
               (long long)n, path.c_str(), (long long)n, (long long)C, (long long)H, (long long)W, (long long)n,
               (long long)L, (long long)D, E > 0 ? ", text_embeds and time_ids" : "");

@@ -5,7 +5,7 @@
 // File layout (on top of io::CheckpointWriter's zeropipe_format and per-slice checksums):
 //   root attributes
 //     kind               "checkpoint" (a weights file from `zeropipe convert` says "weights")
-//     model_family       "transformer" (runtime/trainer.h) or "unet" (runtime/diffusion.h)
+//     model_family       "transformer" (runtime/lm_training.h) or "unet" (runtime/diffusion_training.h)
 //     config             the training configuration JSON, as given (after --set)
 //     model_config       the model's config.json object (transformers' or diffusers')
 //     step               training steps done (steps skipped for an fp16 overflow included)

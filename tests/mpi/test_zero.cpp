@@ -20,7 +20,7 @@
 #include "io/config.h"
 #include "io/token_dataset.h"
 #include "runtime/train_config.h"
-#include "runtime/trainer.h"
+#include "runtime/lm_training.h"
 
 namespace zp::test {
 using namespace zp::runtime;
