@@ -31,7 +31,7 @@ void BM_TrainStepGpt2(benchmark::State& st) {
   MemoryPeaks peaks;
   models::Transformer model(cfg, Device::cuda(0), DType::BF16, s);
   model.init_random(1234, 0.02);
-  parallel::ZeroEngine engine(model.blocks(), 0, nullptr, {6e-4, 0.9, 0.95, 1e-8, 0.1, false}, s);
+  parallel::ZeroEngine engine(model.blocks(), parallel::ShardingPolicy::zero_stage(0), nullptr, {6e-4, 0.9, 0.95, 1e-8, 0.1, false}, s);
 
   std::mt19937 g(1);
   Tensor ids_h = Tensor::empty({B * T}, DType::I32, Device::cpu()), tgt_h = Tensor::empty({B * T}, DType::I32, Device::cpu());

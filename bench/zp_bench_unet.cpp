@@ -3,7 +3,7 @@
 // 2048, text_time conditioning): bf16 compute, fp32 master weights and AdamW, random weights (bench_weights.h) and random
 // data; forward, weighted MSE against a noise target, backward, global-norm clipping and the optimizer
 // update, timed with CUDA events. Reports samples/s, achieved TFLOP/s and MFU against the device's
-// dense bf16 peak (FLOPs from runtime::unet_train_flops_per_sample), and peak device memory (the
+// dense bf16 peak (FLOPs from models::unet_train_flops_per_sample), and peak device memory (the
 // engine allocator's peak, and everything the process holds on the device including library
 // workspaces). Each runs plain (ckpt:0) and with activation checkpointing (ckpt:1, models/unet.h:
 // every ResBlock and transformer block re-runs its forward in the backward), so one run reports the
@@ -26,7 +26,7 @@
 #include "models/unet.h"
 #include "parallel/zero_engine.h"
 #include "bench_common.h"
-#include "runtime/diffusion.h"
+#include "models/unet_flops.h"
 
 namespace zp::bench {
 using nlohmann::json;
@@ -124,7 +124,7 @@ Tensor random_tensor(const Shape& shape, DType dt, uint64_t seed, StreamHandle s
 void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, bool checkpoint, bool in_backward) {
   const auto cfg = models::UNetConfig::from_hub_json(hub, "bench");
   const int64_t S = hub["sample_size"].get<int64_t>(), C = cfg.in_channels, n = C * S * S;
-  const int64_t D = cfg.cross_dim.back(), E = cfg.text_time ? cfg.add_in_dim - 6 * cfg.add_time_dim : 0;
+  const int64_t D = cfg.cross_dim.back(), E = cfg.text_embeds_dim();
   Stream stream(Device::cuda(0));
   const StreamHandle s = stream.handle();
   MemoryPeaks peaks;
@@ -135,9 +135,10 @@ void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, boo
     fill_blocks_random(model.blocks(), Device::cuda(0), s);
     parallel::AdamWHyper hyper{1e-4, 0.9, 0.999, 1e-8, 0.01, false};
     hyper.step_in_backward = in_backward;
-    parallel::ZeroEngine engine(model.blocks(), in_backward ? 2 : 0, nullptr, hyper, s);
+    parallel::ZeroEngine engine(model.blocks(), parallel::ShardingPolicy::zero_stage(in_backward ? 2 : 0), nullptr,
+                                hyper, s);
     model.set_block_access(&engine);
-    flops_sample = runtime::unet_train_flops_per_sample(model, S, S, L);
+    flops_sample = models::unet_train_flops_per_sample(model, S, S, L);
     params = model.num_parameters();
 
     models::UNetInputs in;
@@ -156,12 +157,13 @@ void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, boo
       engine.begin_step();
       engine.begin_micro_step(true);
       if (in_backward) engine.set_update_in_backward(1.f, -1.0);
-      Tensor pred = model.forward(in, checkpoint);
+      models::UNetActivations acts = models::UNetActivations::training(checkpoint);
+      Tensor pred = model.forward(in, acts);
       kernels::cuda::mse_forward(s, DType::BF16, losses.data<float>(), pred.data(), target.data<float>(), nullptr, B, n);
       Tensor dpred = Tensor::empty(pred.shape(), DType::BF16, Device::cuda(0), "activations", s);
       kernels::cuda::mse_backward(s, DType::BF16, dpred.data(), pred.data(), target.data<float>(), nullptr, 1.f, B, n);
       pred = Tensor();
-      model.backward(dpred);
+      model.backward(dpred, acts);
       engine.finish_gradients();
       const double norm = std::sqrt(engine.grad_norm_squared());
       if (!in_backward) engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);

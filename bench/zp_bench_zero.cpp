@@ -48,7 +48,7 @@ void BM_ZeroStep(benchmark::State& st) {
     fill_blocks_random(model.blocks(), rt.device(), s);
     parallel::AdamWHyper hyper{3e-4, 0.9, 0.95, 1e-8, 0.1, false};
     hyper.step_in_backward = in_backward;
-    parallel::ZeroEngine engine(model.blocks(), stage, dp.get(), hyper, s);
+    parallel::ZeroEngine engine(model.blocks(), parallel::ShardingPolicy::zero_stage(stage), dp.get(), hyper, s);
     model.set_block_access(&engine);
     engine.set_overlap_comm(overlap);
     engine.set_timing(true);

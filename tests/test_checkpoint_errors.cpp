@@ -23,9 +23,9 @@
 #include "io/checkpoint_file.h"
 #include "io/config.h"
 #include "io/token_dataset.h"
-#include "runtime/diffusion.h"
+#include "runtime/diffusion_training.h"
+#include "runtime/lm_training.h"
 #include "runtime/train_config.h"
-#include "runtime/trainer.h"
 #include "test_util.h"
 #include "tiny_unet_config.h"
 

@@ -12,7 +12,7 @@
 #include "io/config.h"
 #include "models/transformer.h"
 #include "models/unet.h"
-#include "runtime/diffusion.h"
+#include "runtime/diffusion_config.h"
 #include "runtime/train_config.h"
 #include "test_util.h"
 #include "tiny_llama_config.h"

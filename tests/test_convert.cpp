@@ -39,7 +39,7 @@ struct ScratchDir {
 const char* const kGolden[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "unet-sd-tiny", "unet-sdxl-tiny"};
 
 std::string stem_of(const std::string& model) {
-  return model.rfind("unet", 0) == 0 ? "diffusion_pytorch_model" : "model";
+  return model.starts_with("unet") ? "diffusion_pytorch_model" : "model";
 }
 
 std::string read_all(const std::string& p) {

@@ -15,7 +15,10 @@
 #include "io/latent_dataset.h"
 #include "kernels/mse.h"
 #include "models/unet.h"
-#include "runtime/diffusion.h"
+#include "models/unet_flops.h"
+#include "runtime/diffusion_draws.h"
+#include "runtime/diffusion_training.h"
+#include "runtime/noise_schedule.h"
 #include "test_util.h"
 #include "tiny_unet_config.h"
 
@@ -417,7 +420,7 @@ TEST(DiffusionTraining, ConfigErrorsNameTheKey) {
   EXPECT_NE(e.find("cross_attention_dim"), std::string::npos) << e;
   // Every stage of the tiny model's FLOPs counter covers the convs and the attention.
   models::UNet m(models::UNetConfig::from_hub_json(tiny_unet(), "tiny"), Device::cpu(), DType::F32);
-  EXPECT_GT(unet_train_flops_per_sample(m, 8, 8, 8), 6.0 * double(m.num_parameters()));
+  EXPECT_GT(models::unet_train_flops_per_sample(m, 8, 8, 8), 6.0 * double(m.num_parameters()));
 }
 
 }  // namespace zp::test

@@ -47,7 +47,7 @@ TEST(Parity, LlamaCpuFp64) { expect_parity("llama-tiny", "cpu", "fp64"); }
 static void expect_bf16_parity(const std::string& model, const std::string& device) {
   app::ParityReport r = expect_parity(model, device, "bf16");
   int gated_finals = 0;
-  for (const auto& e : r.entries()) gated_finals += e.gated && e.name.rfind("train.final.", 0) == 0;
+  for (const auto& e : r.entries()) gated_finals += e.gated && e.name.starts_with("train.final.");
   EXPECT_EQ(gated_finals, 0) << model;
 }
 TEST(Parity, AllLmsCpuBf16) {
@@ -78,7 +78,7 @@ TEST(Parity, CriterionBoundsComeFromTheReferenceErrors) {
   for (const char* name : {"grad.transformer.h.0.attn.c_attn.bias", "train.final.transformer.h.1.attn.c_attn.bias",
                            "output.logits", "train.loss"}) {
     SCOPED_TRACE(name);
-    const bool final_param = std::string(name).rfind("train.final.", 0) == 0;
+    const bool final_param = std::string(name).starts_with("train.final.");
     const auto b32 = fp32.bound(name), b16 = bf16.bound(name);
     EXPECT_EQ(b32.reference_error, ref["fp32"][name].get<double>());
     EXPECT_EQ(b32.bound, std::max(1e-4, (final_param ? 4 : 2) * ref["fp32"][name].get<double>()));

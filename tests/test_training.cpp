@@ -8,7 +8,7 @@
 #include "runtime/loss_scaler.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/train_config.h"
-#include "runtime/trainer.h"
+#include "runtime/lm_training.h"
 #include "test_util.h"
 
 namespace zp::test {

@@ -156,7 +156,7 @@ size_t peak(const Allocator& a, const std::string& tag) {
 // logits are the training forward's, bit for bit. A training forward keeps memory under the saved
 // tag (less with checkpointing) until its backward, which frees all of it.
 void expect_inference_saves_nothing(Device dev, DType dt) {
-  const std::string saved = models::kSavedActivationsTag;
+  const std::string saved = nn::kSavedTag;
   for (const std::string type : {"gpt2", "llama"}) {
     const std::string what = type + " " + dev.str() + " " + std::string(dtype_name(dt));
     auto m = make_model(type, dev, dt);

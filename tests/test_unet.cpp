@@ -1,6 +1,7 @@
 // The diffusion UNet: parity with diffusers (tests/golden unet-sd-tiny and unet-sdxl-tiny) on
-// the CPU and the GPU, activation checkpointing against the plain forward and backward, the
-// sinusoidal time embedding, and config errors that name the key.
+// the CPU and the GPU, activation checkpointing against the plain forward and backward, several
+// micro-batches in flight and inference forwards (caller-owned activations), the sinusoidal time
+// embedding, and config errors that name the key.
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -11,7 +12,9 @@
 #include "io/weight_source.h"
 #include "models/unet.h"
 #include "nn/cross_attention.h"
+#include "nn/init.h"
 #include "test_util.h"
+#include "tiny_unet_config.h"
 
 namespace zp::test {
 using nlohmann::json;
@@ -78,12 +81,14 @@ static GoldenRun run_golden_unet(const std::string& dir, Device dev, DType dt, b
   const Tensor dout = ref.read_as("grad_output.sample", dt).to(dev);
 
   Allocator& alloc = allocator_for(dev);
-  const size_t held = alloc.stats().current_by_tag["activations"];
+  const size_t held = alloc.stats().current_by_tag["activations"] + alloc.stats().current_by_tag["saved"];
   alloc.reset_peak();
   GoldenRun r;
-  r.out = download(model.forward(inputs, checkpoint));
-  r.dsample = download(model.backward(dout));
-  r.peak_activations = alloc.stats().peak_by_tag["activations"] - held;
+  models::UNetActivations acts = models::UNetActivations::training(checkpoint);
+  r.out = download(model.forward(inputs, acts));
+  r.dsample = download(model.backward(dout, acts));
+  // Working memory and what the forward kept for the backward: their peaks, each above what was held.
+  r.peak_activations = alloc.stats().peak_by_tag["activations"] + alloc.stats().peak_by_tag["saved"] - held;
   for (nn::Parameter* p : model.parameters()) {
     r.names.push_back(p->name);
     r.grads.push_back(download(p->grad));
@@ -127,6 +132,182 @@ TEST(UNetCheckpointingGpu, ChangesNoGradientSdAndSdxlTiny) {
   for (const char* model : {"unet-sd-tiny", "unet-sdxl-tiny"}) {
     expect_checkpointing_changes_nothing(model, Device::cuda(0), DType::F32, 1e-6);
     expect_checkpointing_changes_nothing(model, Device::cuda(0), DType::BF16, 1e-2);
+  }
+}
+
+// ---- Per-call activation state (DESIGN decision 11) on the tiny UNet of the training tests.
+
+// A tiny UNet with random weights and two micro-batches of inputs and output gradients for it.
+struct TinyUNetRun {
+  models::UNet model;
+  models::UNetInputs in[2];
+  Tensor dout[2];
+
+  TinyUNetRun(bool sdxl, Device dev, DType dt)
+      : model(models::UNetConfig::from_hub_json(tiny_unet_config(sdxl), "tiny_unet_config"), dev, dt) {
+    for (nn::Parameter* p : model.parameters()) nn::init_normal(*p, 11, 0.2);
+    const models::UNetConfig& cfg = model.config();
+    const int64_t B = 2, S = 8, L = 3;
+    for (int m = 0; m < 2; ++m) {
+      const uint64_t seed = 100 * uint64_t(m + 1);
+      models::UNetInputs& x = in[m];
+      x.sample = upload(randn(size_t(B * cfg.in_channels * S * S), seed), dt, dev).view({B, cfg.in_channels, S, S});
+      x.timesteps = {float(10 + 500 * m), float(999 - 300 * m)};
+      x.encoder_hidden_states =
+          upload(randn(size_t(B * L * cfg.cross_dim[0]), seed + 1), dt, dev).view({B, L, cfg.cross_dim[0]});
+      if (cfg.text_time) {
+        x.text_embeds = upload(randn(size_t(B * cfg.text_embeds_dim()), seed + 2), dt, dev)
+                            .view({B, cfg.text_embeds_dim()});
+        for (int64_t b = 0; b < B; ++b)
+          for (float v : {64.f, 64.f, float(8 * m), 0.f, 64.f, 64.f}) x.time_ids.push_back(v);
+        EXPECT_EQ(int64_t(x.time_ids.size()), B * models::kTimeIdsPerSample);
+      }
+      dout[m] = upload(randn(size_t(B * cfg.out_channels * S * S), seed + 3), dt, dev)
+                    .view({B, cfg.out_channels, S, S});
+    }
+  }
+  void zero_grads() {
+    for (nn::ParamBlock* b : model.blocks()) b->zero_grad();
+  }
+  // Every block's fp32 gradient buffer.
+  std::vector<std::vector<float>> grads() {
+    std::vector<std::vector<float>> g;
+    for (nn::ParamBlock* b : model.blocks()) g.push_back(download(b->grads()));
+    return g;
+  }
+};
+
+// What one micro-batch's forward and backward give, and the gradient buffers after them.
+struct MicroBatchResults {
+  std::vector<float> out[2], dsample[2];
+  std::vector<std::vector<float>> grads;  // every block's fp32 gradient buffer, accumulated over both
+};
+
+// Forward A, forward B, backward B, backward A, each micro-batch in its own UNetActivations, gives
+// what running them one after the other gives: the model holds no activations of its own. The
+// gradient buffers accumulate the two backwards in the order they run, and the CPU kernels add
+// into them as they go, so the sums are bit for bit those of B's backward first (on the CPU, tol =
+// 0; GPU kernels may accumulate in another order from run to run) and those of A then B up to the
+// rounding of the other order (fp32: 1e-6).
+static void expect_interleaved_forwards_match_sequential(bool sdxl, bool checkpoint, Device dev, DType dt,
+                                                         double tol) {
+  const std::string what = std::string(sdxl ? "SDXL" : "SD") + (checkpoint ? " checkpointed " : " ") + dev.str() +
+                           " " + std::string(dtype_name(dt));
+  TinyUNetRun run(sdxl, dev, dt);
+  models::UNet& m = run.model;
+  auto sequential = [&](int first) {
+    MicroBatchResults r;
+    run.zero_grads();
+    for (int i : {first, 1 - first}) {
+      models::UNetActivations acts = models::UNetActivations::training(checkpoint);
+      r.out[i] = download(m.forward(run.in[i], acts));
+      EXPECT_FALSE(acts.empty()) << what;
+      r.dsample[i] = download(m.backward(run.dout[i], acts));
+      EXPECT_TRUE(acts.empty()) << what << ": a backward consumes its activations";
+    }
+    r.grads = run.grads();
+    return r;
+  };
+  const MicroBatchResults a_then_b = sequential(0), b_then_a = sequential(1);
+
+  MicroBatchResults inter;
+  run.zero_grads();
+  models::UNetActivations a = models::UNetActivations::training(checkpoint),
+                          b = models::UNetActivations::training(checkpoint);
+  inter.out[0] = download(m.forward(run.in[0], a));
+  inter.out[1] = download(m.forward(run.in[1], b));
+  inter.dsample[1] = download(m.backward(run.dout[1], b));
+  inter.dsample[0] = download(m.backward(run.dout[0], a));
+  inter.grads = run.grads();
+
+  const auto blocks = m.blocks();
+  auto expect_same = [&](const MicroBatchResults& seq, const char* order, double grad_tol) {
+    auto same = [&](const std::vector<float>& x, const std::vector<float>& y, double t, const std::string& name) {
+      ASSERT_EQ(x.size(), y.size()) << what << ": " << name;
+      if (t == 0)
+        EXPECT_EQ(x, y) << what << ": " << name << " differs between interleaved micro-batches and " << order;
+      else
+        EXPECT_LE(rel_error(x, y), t) << what << ": " << name << " against " << order;
+    };
+    for (int i = 0; i < 2; ++i) {
+      const std::string mb = i == 0 ? "A" : "B";
+      same(inter.out[i], seq.out[i], tol, "output " + mb);
+      same(inter.dsample[i], seq.dsample[i], tol, "input gradient " + mb);
+    }
+    ASSERT_EQ(inter.grads.size(), seq.grads.size());
+    for (size_t i = 0; i < seq.grads.size(); ++i)
+      same(inter.grads[i], seq.grads[i], grad_tol, "gradient buffer of block " + blocks[i]->name());
+  };
+  expect_same(b_then_a, "B then A", tol);
+  expect_same(a_then_b, "A then B", std::max(tol, 1e-6));
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    double norm = 0;
+    for (float g : inter.grads[i]) norm += double(g) * g;
+    EXPECT_GT(norm, 0) << what << ": block " << blocks[i]->name() << " got no gradient";
+  }
+}
+
+TEST(UNetActivations, InterleavedForwardsMatchSequentialCpu) {
+  for (bool sdxl : {false, true})
+    for (bool checkpoint : {false, true})
+      expect_interleaved_forwards_match_sequential(sdxl, checkpoint, Device::cpu(), DType::F32, 0);
+}
+TEST(UNetActivationsGpu, InterleavedForwardsMatchSequential) {
+  ZP_SKIP_WITHOUT_GPU();
+  for (bool sdxl : {false, true})
+    for (bool checkpoint : {false, true}) {
+      expect_interleaved_forwards_match_sequential(sdxl, checkpoint, Device::cuda(0), DType::F32, 1e-6);
+      expect_interleaved_forwards_match_sequential(sdxl, checkpoint, Device::cuda(0), DType::BF16, 1e-2);
+    }
+}
+
+// An inference forward keeps nothing for a backward: no allocation under the "saved" tag (what a
+// training forward keeps, nn::Ctx::saved), less memory at its peak than a training forward, and the
+// same output (bit for bit on the CPU, tol = 0; to `tol` on the GPU, as in the checkpointing test).
+static void expect_inference_saves_nothing(bool sdxl, Device dev, DType dt, double tol) {
+  const std::string what = std::string(sdxl ? "SDXL " : "SD ") + dev.str() + " " + std::string(dtype_name(dt));
+  TinyUNetRun run(sdxl, dev, dt);
+  Allocator& alloc = allocator_for(dev);
+  // The peaks of "saved" and of all memory, each above what was held before the forward.
+  auto forward = [&](models::UNetActivations& acts, size_t& saved_peak, size_t& total_peak) {
+    const MemoryStats before = alloc.stats();
+    const size_t held_saved = before.current_by_tag.count("saved") ? before.current_by_tag.at("saved") : 0;
+    alloc.reset_peak();
+    std::vector<float> out = download(run.model.forward(run.in[0], acts));
+    MemoryStats after = alloc.stats();
+    saved_peak = after.peak_by_tag["saved"] - held_saved;
+    total_peak = after.peak - before.current;
+    return out;
+  };
+  size_t saved_inf = 0, total_inf = 0, saved_train = 0, total_train = 0;
+  models::UNetActivations inf = models::UNetActivations::inference();
+  const std::vector<float> out_inf = forward(inf, saved_inf, total_inf);
+  EXPECT_TRUE(inf.empty()) << what;
+  EXPECT_EQ(saved_inf, 0u) << what << ": an inference forward allocated saved activations";
+  EXPECT_THROW(run.model.backward(run.dout[0], inf), Error) << what << ": backward of an inference forward";
+
+  models::UNetActivations train = models::UNetActivations::training();
+  const std::vector<float> out_train = forward(train, saved_train, total_train);
+  EXPECT_FALSE(train.empty()) << what;
+  EXPECT_GT(saved_train, 0u) << what << ": a training forward keeps activations under the tag \"saved\"";
+  EXPECT_LT(total_inf, total_train) << what;
+  if (tol == 0)
+    EXPECT_EQ(out_inf, out_train) << what << ": the inference forward runs the same kernels on the same data";
+  else
+    EXPECT_LE(rel_error(out_inf, out_train), tol) << what;
+  EXPECT_THROW(run.model.forward(run.in[1], train), Error) << what << ": a second forward into held activations";
+  std::printf("%s: forward peak memory %zu bytes inference, %zu training (%zu of them saved)\n", what.c_str(),
+              total_inf, total_train, saved_train);
+}
+
+TEST(UNetActivations, InferenceForwardSavesNothingCpu) {
+  for (bool sdxl : {false, true}) expect_inference_saves_nothing(sdxl, Device::cpu(), DType::F32, 0);
+}
+TEST(UNetActivationsGpu, InferenceForwardSavesNothing) {
+  ZP_SKIP_WITHOUT_GPU();
+  for (bool sdxl : {false, true}) {
+    expect_inference_saves_nothing(sdxl, Device::cuda(0), DType::F32, 1e-6);
+    expect_inference_saves_nothing(sdxl, Device::cuda(0), DType::BF16, 1e-2);
   }
 }
 

@@ -19,10 +19,10 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "core/tensor.h"
 #include "kernels/attention.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/flash_attention.cuh"
+#include "kernels/cuda/scratch.cuh"
 
 namespace zp::kernels::cuda {
 namespace {
@@ -413,28 +413,25 @@ __global__ void unpad_heads_kernel(T* __restrict__ dst, const T* __restrict__ sr
 
 unsigned pad_grid(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 256, 65535 * 8)); }
 
-Tensor padded_heads(StreamHandle s, DType dt, const void* src, int64_t rows, int64_t H, int64_t D, int64_t stride) {
-  int dev = 0;
-  ZP_CUDA_CHECK(cudaGetDevice(&dev));
-  Tensor t = Tensor::empty({rows * H * kPaddedD}, dt, Device::cuda(dev), "attention padding", s);
+KernelScratch padded_scratch(StreamHandle s, DType dt, int64_t rows, int64_t H) {
+  return KernelScratch(s, size_t(rows * H * kPaddedD) * dtype_size(dt), "attention padding");
+}
+
+KernelScratch padded_heads(StreamHandle s, DType dt, const void* src, int64_t rows, int64_t H, int64_t D,
+                           int64_t stride) {
+  KernelScratch t = padded_scratch(s, dt, rows, H);
   ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
-    pad_heads_kernel<<<pad_grid(t.numel()), 256, 0, s>>>(static_cast<T*>(t.data()), static_cast<const T*>(src), rows,
-                                                         H, D, stride, kPaddedD);
+    pad_heads_kernel<<<pad_grid(rows * H * kPaddedD), 256, 0, s>>>(t.as<T>(), static_cast<const T*>(src), rows, H, D,
+                                                                   stride, kPaddedD);
   });
   ZP_CUDA_LAUNCH_CHECK();
   return t;
 }
 
-Tensor padded_scratch(StreamHandle s, DType dt, int64_t rows, int64_t H) {
-  int dev = 0;
-  ZP_CUDA_CHECK(cudaGetDevice(&dev));
-  return Tensor::empty({rows * H * kPaddedD}, dt, Device::cuda(dev), "attention padding", s);
-}
-
-void unpad_heads(StreamHandle s, DType dt, void* dst, const Tensor& src, int64_t rows, int64_t H, int64_t D,
+void unpad_heads(StreamHandle s, DType dt, void* dst, const KernelScratch& src, int64_t rows, int64_t H, int64_t D,
                  int64_t stride) {
   ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
-    unpad_heads_kernel<<<pad_grid(rows * H * D), 256, 0, s>>>(static_cast<T*>(dst), static_cast<const T*>(src.data()),
+    unpad_heads_kernel<<<pad_grid(rows * H * D), 256, 0, s>>>(static_cast<T*>(dst), src.as<const T>(),
                                                               rows, H, D, stride, kPaddedD);
   });
   ZP_CUDA_LAUNCH_CHECK();
@@ -454,9 +451,9 @@ void attention_forward(StreamHandle s, DType dt, void* out, float* lse, const vo
   }
   if (scale > 0.f && pads_to_flash(dt, D)) {
     const int64_t P = kPaddedD;
-    Tensor qp = padded_heads(s, dt, q, B * Tq, Hq, D, p.qs), kp = padded_heads(s, dt, k, B * Tk, Hkv, D, p.ks);
-    Tensor vp = padded_heads(s, dt, v, B * Tk, Hkv, D, p.vs), op = padded_scratch(s, dt, B * Tq, Hq);
-    flash_attention_forward(s, dt, op.data(), lse, qp.data(), kp.data(), vp.data(), B, Tq, Tk, Hq, Hkv, P, Hq * P,
+    KernelScratch qp = padded_heads(s, dt, q, B * Tq, Hq, D, p.qs), kp = padded_heads(s, dt, k, B * Tk, Hkv, D, p.ks);
+    KernelScratch vp = padded_heads(s, dt, v, B * Tk, Hkv, D, p.vs), op = padded_scratch(s, dt, B * Tq, Hq);
+    flash_attention_forward(s, dt, op.get(), lse, qp.get(), kp.get(), vp.get(), B, Tq, Tk, Hq, Hkv, P, Hq * P,
                             Hkv * P, Hkv * P, Hq * P, scale, causal);
     unpad_heads(s, dt, out, op, B * Tq, Hq, D, p.os);
     return;
@@ -489,13 +486,14 @@ void attention_backward(StreamHandle s, DType dt, void* dq, void* dk, void* dv, 
   }
   if (scale > 0.f && Tq > 0 && pads_to_flash(dt, D)) {
     const int64_t P = kPaddedD;
-    Tensor qp = padded_heads(s, dt, q, B * Tq, Hq, D, p.qs), kp = padded_heads(s, dt, k, B * Tk, Hkv, D, p.ks);
-    Tensor vp = padded_heads(s, dt, v, B * Tk, Hkv, D, p.vs), op = padded_heads(s, dt, out, B * Tq, Hq, D, p.os);
-    Tensor dop = padded_heads(s, dt, dout, B * Tq, Hq, D, p.os);
-    Tensor dqp = padded_scratch(s, dt, B * Tq, Hq), dkp = padded_scratch(s, dt, B * Tk, Hkv);
-    Tensor dvp = padded_scratch(s, dt, B * Tk, Hkv);
-    flash_attention_backward(s, dt, dqp.data(), dkp.data(), dvp.data(), dop.data(), qp.data(), kp.data(), vp.data(),
-                             op.data(), lse, B, Tq, Tk, Hq, Hkv, P, Hq * P, Hkv * P, Hkv * P, Hq * P, scale, causal);
+    KernelScratch qp = padded_heads(s, dt, q, B * Tq, Hq, D, p.qs), kp = padded_heads(s, dt, k, B * Tk, Hkv, D, p.ks);
+    KernelScratch vp = padded_heads(s, dt, v, B * Tk, Hkv, D, p.vs);
+    KernelScratch op = padded_heads(s, dt, out, B * Tq, Hq, D, p.os);
+    KernelScratch dop = padded_heads(s, dt, dout, B * Tq, Hq, D, p.os);
+    KernelScratch dqp = padded_scratch(s, dt, B * Tq, Hq), dkp = padded_scratch(s, dt, B * Tk, Hkv);
+    KernelScratch dvp = padded_scratch(s, dt, B * Tk, Hkv);
+    flash_attention_backward(s, dt, dqp.get(), dkp.get(), dvp.get(), dop.get(), qp.get(), kp.get(), vp.get(),
+                             op.get(), lse, B, Tq, Tk, Hq, Hkv, P, Hq * P, Hkv * P, Hkv * P, Hq * P, scale, causal);
     unpad_heads(s, dt, dq, dqp, B * Tq, Hq, D, p.qs);
     unpad_heads(s, dt, dk, dkp, B * Tk, Hkv, D, p.ks);
     unpad_heads(s, dt, dv, dvp, B * Tk, Hkv, D, p.vs);

@@ -16,9 +16,9 @@
 #include <mutex>
 #include <vector>
 
-#include "core/allocator.h"
 #include "kernels/conv2d.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/scratch.cuh"
 
 namespace zp::kernels::cuda {
 namespace {
@@ -166,22 +166,6 @@ Bound bind(StreamHandle s, DType dt, const Conv2dShape& c) {
   return {ctx, std::move(lock), *slot, dev};
 }
 
-// Scratch memory from the stream-ordered caching allocator, returned on the same stream after use.
-struct Scratch {
-  Allocator& alloc;
-  StreamHandle s;
-  size_t bytes;
-  const char* tag;
-  void* ptr;
-  Scratch(int dev, StreamHandle s_, size_t b, const char* tag_)
-      : alloc(device_allocator(dev)), s(s_), bytes(b), tag(tag_), ptr(b ? alloc.allocate(b, tag_, s_) : nullptr) {}
-  ~Scratch() {
-    if (ptr) alloc.deallocate(ptr, bytes, tag, s);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-};
-
 // y[n, c, :] = bias[c]; blockIdx.x is the (n, c) plane, blockIdx.y strides over its pixels.
 template <class T>
 __global__ void fill_bias_kernel(T* y, const T* bias, int64_t C, int64_t HW) {
@@ -231,37 +215,37 @@ void conv2d_forward(StreamHandle s, DType dt, void* y, const void* x, const void
     ZP_CUDA_LAUNCH_CHECK();
   }
   Bound b = bind(s, dt, c);
-  Scratch ws(b.device, s, b.plan.fwd_ws, "cudnn_scratch");
+  KernelScratch ws(s, b.plan.fwd_ws, "cudnn_scratch");
   const float one = 1.f, beta = bias ? 1.f : 0.f;
   ZP_CUDNN_CHECK(cudnnConvolutionForward(b.ctx.handle, &one, b.plan.x, x, b.plan.w, w, b.plan.fwd, b.plan.fwd_algo,
-                                         ws.ptr, ws.bytes, &beta, b.plan.y, y));
+                                         ws.get(), ws.bytes(), &beta, b.plan.y, y));
 }
 
 void conv2d_backward_data(StreamHandle s, DType dt, void* dx, const void* dy, const void* w, const Conv2dShape& c) {
   Bound b = bind(s, dt, c);
-  Scratch ws(b.device, s, b.plan.bwd_data_ws, "cudnn_scratch");
+  KernelScratch ws(s, b.plan.bwd_data_ws, "cudnn_scratch");
   const float one = 1.f, zero = 0.f;
   ZP_CUDNN_CHECK(cudnnConvolutionBackwardData(b.ctx.handle, &one, b.plan.w, w, b.plan.y, dy, b.plan.bwd_data,
-                                              b.plan.bwd_data_algo, ws.ptr, ws.bytes, &zero, b.plan.x, dx));
+                                              b.plan.bwd_data_algo, ws.get(), ws.bytes(), &zero, b.plan.x, dx));
 }
 
 void conv2d_backward_filter(StreamHandle s, DType dt, float* dw, float* dbias, const void* dy, const void* x,
                             const Conv2dShape& c) {
   {
     Bound b = bind(s, dt, c);
-    Scratch ws(b.device, s, b.plan.bwd_filter_ws, "cudnn_scratch");
+    KernelScratch ws(s, b.plan.bwd_filter_ws, "cudnn_scratch");
     const float one = 1.f, zero = 0.f;
     if (dt == DType::F32) {
       ZP_CUDNN_CHECK(cudnnConvolutionBackwardFilter(b.ctx.handle, &one, b.plan.x, x, b.plan.y, dy, b.plan.bwd_filter,
-                                                    b.plan.bwd_filter_algo, ws.ptr, ws.bytes, &one, b.plan.w, dw));
+                                                    b.plan.bwd_filter_algo, ws.get(), ws.bytes(), &one, b.plan.w, dw));
     } else {
       const int64_t n = c.w_numel();
-      Scratch grad16(b.device, s, size_t(n) * dtype_size(dt), "cudnn_scratch");
+      KernelScratch grad16(s, size_t(n) * dtype_size(dt), "cudnn_scratch");
       ZP_CUDNN_CHECK(cudnnConvolutionBackwardFilter(b.ctx.handle, &one, b.plan.x, x, b.plan.y, dy, b.plan.bwd_filter,
-                                                    b.plan.bwd_filter_algo, ws.ptr, ws.bytes, &zero, b.plan.w,
-                                                    grad16.ptr));
+                                                    b.plan.bwd_filter_algo, ws.get(), ws.bytes(), &zero, b.plan.w,
+                                                    grad16.get()));
       ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
-        accumulate_kernel<<<grid_for(n), 256, 0, s>>>(dw, static_cast<const T*>(grad16.ptr), n);
+        accumulate_kernel<<<grid_for(n), 256, 0, s>>>(dw, static_cast<const T*>(grad16.get()), n);
       });
       ZP_CUDA_LAUNCH_CHECK();
     }

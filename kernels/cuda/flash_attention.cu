@@ -24,10 +24,10 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "core/allocator.h"
 #include "kernels/attention.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/flash_attention.cuh"
+#include "kernels/cuda/scratch.cuh"
 
 namespace zp::kernels::cuda {
 namespace {
@@ -816,12 +816,8 @@ void flash_attention_backward(StreamHandle s, DType dt, void* dq, void* dk, void
   const int64_t pad_rows = B * Hq * Tq_pad;
   // Scratch: delta and lse2 [B, Hq, Tq_pad], then the fp32 dQ accumulator [B, Hq, Tq, D].
   const size_t scratch_floats = size_t(2 * pad_rows + B * Hq * Tq * D);
-  // Stream-ordered (the engine's caching allocator on CUDA's memory pool): freed right after the launches.
-  int dev = 0;
-  ZP_CUDA_CHECK(cudaGetDevice(&dev));
-  Allocator& alloc = device_allocator(dev);
-  const size_t scratch_bytes = scratch_floats * sizeof(float);
-  float* scratch = scratch_bytes ? static_cast<float*>(alloc.allocate(scratch_bytes, "attention_scratch", s)) : nullptr;
+  KernelScratch scratch_mem(s, scratch_floats * sizeof(float), "attention_scratch");
+  float* scratch = scratch_mem.as<float>();
   float* delta = scratch;
   float* lse2 = scratch + pad_rows;
   float* dq_acc = scratch + 2 * pad_rows;
@@ -849,7 +845,6 @@ void flash_attention_backward(StreamHandle s, DType dt, void* dq, void* dk, void
       ZP_CUDA_LAUNCH_CHECK();
     }
   });
-  if (scratch) alloc.deallocate(scratch, scratch_bytes, "attention_scratch", s);
 }
 
 }  // namespace zp::kernels::cuda

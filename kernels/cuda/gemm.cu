@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/scratch.cuh"
 #include "kernels/gemm.h"
 
 namespace zp::kernels::cuda {
@@ -76,10 +77,9 @@ struct Plan {
 struct DeviceState {
   cublasLtHandle_t handle = nullptr;
   int num_sms = 0;
-  std::unordered_map<StreamHandle, void*> workspaces;
 };
 
-// Handles, workspaces and plans live for the whole process: destroying them from static destructors
+// Handles and plans live for the whole process: destroying them from static destructors
 // would race the CUDA runtime's own teardown at exit.
 std::mutex g_mu;
 std::unordered_map<int, DeviceState>& devices() {
@@ -100,11 +100,7 @@ DeviceState& device_state(int dev) {
   }
   return d;
 }
-void* workspace(DeviceState& d, StreamHandle s) {
-  void*& w = d.workspaces[s];
-  if (!w) ZP_CUDA_CHECK(cudaMalloc(&w, kWorkspaceBytes));
-  return w;
-}
+void* workspace(StreamHandle s) { return stream_workspace(s, kWorkspaceBytes, "gemm_workspace"); }
 
 cublasLtEpilogue_t lt_epilogue(GemmEpilogue ep, bool has_aux) {
   switch (ep) {
@@ -333,7 +329,7 @@ void gemm(StreamHandle s, DType ab_dt, DType c_dt, bool trans_a, bool trans_b, i
 
   std::lock_guard<std::mutex> lock(g_mu);
   DeviceState& d = device_state(dev);
-  void* ws = workspace(d, s);
+  void* ws = workspace(s);
   Plan& plan = get_plan(d.handle, key, has_bias ? bias : nullptr, aux);
   if (plan.fused_epilogue) set_epilogue_pointers(plan.desc, has_bias ? bias : nullptr, aux);
   ZP_CUBLAS_CHECK(cublasLtMatmul(d.handle, plan.desc, &alpha, B, plan.lt_a, A, plan.lt_b, &beta, c_in ? c_in : C,
@@ -357,7 +353,7 @@ void bias_grad(StreamHandle s, DType dt, float* dbias, const void* dy, int64_t M
   {
     std::lock_guard<std::mutex> lock(g_mu);
     DeviceState& d = device_state(dev);
-    partial = static_cast<float*>(workspace(d, s));  // scratch, ordered on s like the matmuls using it
+    partial = static_cast<float*>(workspace(s));  // scratch, ordered on s like the matmuls using it
     num_sms = d.num_sms;
   }
   // Enough row splits to give every SM a few blocks, within the workspace and at >= 32 rows each.

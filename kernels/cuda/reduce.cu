@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <climits>
 
-#include "core/allocator.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/scratch.cuh"
 #include "kernels/reduce.h"
 
 namespace zp::kernels::cuda {
@@ -68,11 +68,8 @@ void l2norm_squared(StreamHandle s, DType dt, float* out, const void* const* ptr
     ZP_CHECK(sizes[t] >= 0);
     total_chunks += (sizes[t] + kChunk - 1) / kChunk;
   }
-  int dev = 0;
-  ZP_CUDA_CHECK(cudaGetDevice(&dev));
-  Allocator& alloc = device_allocator(dev);
-  const size_t bytes = size_t(std::max<int64_t>(total_chunks, 1)) * sizeof(float);
-  float* partials = static_cast<float*>(alloc.allocate(bytes, "reduce_scratch", s));
+  KernelScratch scratch(s, size_t(std::max<int64_t>(total_chunks, 1)) * sizeof(float), "reduce_scratch");
+  float* partials = scratch.as<float>();
 
   int64_t done_chunks = 0;  // partials slot of the current batch's first chunk
   Batch b{};
@@ -101,7 +98,6 @@ void l2norm_squared(StreamHandle s, DType dt, float* out, const void* const* ptr
   flush();
   sum_partials_kernel<<<1, 1024, 0, s>>>(out, partials, total_chunks);
   ZP_CUDA_LAUNCH_CHECK();
-  alloc.deallocate(partials, bytes, "reduce_scratch", s);
 }
 
 }  // namespace zp::kernels::cuda

@@ -4,9 +4,6 @@
 // GPT-2 weights are held whole (one matrix at a time), since a transpose needs all of it.
 #include "app/convert.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -22,6 +19,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/bounded_json.h"
+#include "io/atomic_file.h"
 #include "io/checkpoint_file.h"
 #include "io/safetensors.h"
 #include "io/weight_source.h"
@@ -93,40 +91,6 @@ std::string read_text(const std::string& path) {
   ZP_REQUIRE(!in.bad(), path, ": read failed");
   return s.str();
 }
-
-// A file that appears under its name only when complete: written to <path>.tmp, fsynced, renamed.
-class AtomicFile {
- public:
-  explicit AtomicFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
-    f_ = std::fopen(tmp_.c_str(), "wb");
-    ZP_REQUIRE(f_, tmp_, ": cannot create: ", std::strerror(errno));
-  }
-  ~AtomicFile() {
-    if (f_) std::fclose(f_);
-    if (!committed_) std::remove(tmp_.c_str());
-  }
-  AtomicFile(const AtomicFile&) = delete;
-  AtomicFile& operator=(const AtomicFile&) = delete;
-
-  void write(const void* data, size_t bytes) {
-    if (bytes && std::fwrite(data, 1, bytes, f_) != bytes) fail();
-  }
-  void commit() {
-    if (std::fflush(f_) != 0 || fsync(fileno(f_)) != 0) fail();
-    FILE* f = f_;
-    f_ = nullptr;
-    if (std::fclose(f) != 0) fail();
-    ZP_REQUIRE(std::rename(tmp_.c_str(), path_.c_str()) == 0, path_, ": cannot rename ", tmp_, " to it: ",
-               std::strerror(errno));
-    committed_ = true;
-  }
-
- private:
-  [[noreturn]] void fail() { throw Error(path_ + ": write failed: " + std::strerror(errno)); }
-  std::string path_, tmp_;
-  FILE* f_ = nullptr;
-  bool committed_ = false;
-};
 
 // --- hub folder -> weights file ----------------------------------------------------------------
 
@@ -287,8 +251,7 @@ std::vector<fs::path> stale_model_files(const std::string& dir, const std::strin
   std::vector<fs::path> out;
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string n = e.path().filename().string();
-    const bool shard = n.rfind(stem + "-", 0) == 0 && n.find("-of-") != std::string::npos &&
-                       n.size() > 12 && n.compare(n.size() - 12, 12, ".safetensors") == 0;
+    const bool shard = n.starts_with(stem + "-") && n.find("-of-") != std::string::npos && n.ends_with(".safetensors");
     if (shard || n == stem + ".safetensors" || n == stem + ".safetensors.index.json") out.push_back(e.path());
   }
   return out;
@@ -302,7 +265,7 @@ std::string shard_name(const std::string& stem, size_t i, size_t n) {
 
 // Streams tensor t from the file into `out` in the hub layout and dtype, verified against the file's
 // checksums (a mismatch throws; `out` is then never committed).
-void copy_tensor(const io::CheckpointReader& r, const OutTensor& t, AtomicFile& out, std::vector<uint64_t>& converted,
+void copy_tensor(const io::CheckpointReader& r, const OutTensor& t, io::AtomicFile& out, std::vector<uint64_t>& converted,
                  std::vector<uint64_t>& transposed) {
   const size_t dst_size = dtype_size(t.out_dt);
   const int64_t n = shape_numel(t.file_shape);
@@ -331,7 +294,7 @@ void write_shard(const std::string& path, const json& metadata, const io::Checkp
   }
   std::string h = hdr.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // keeps the data section 8-byte aligned, as the hub's writer does
-  AtomicFile out(path);
+  io::AtomicFile out(path, io::FileSync::BeforeRename);
   const uint64_t hlen = h.size();
   out.write(&hlen, 8);
   out.write(h.data(), h.size());
@@ -493,15 +456,11 @@ void h5_to_hub(const ConvertOptions& o, std::optional<DType> want) {
         written.push_back(name);
         for (const OutTensor* t : shards[i]) index["weight_map"][t->name] = name;
       }
-      AtomicFile idx((fs::path(o.to) / (stem + ".safetensors.index.json")).string());
-      const std::string text = index.dump(2) + "\n";
-      idx.write(text.data(), text.size());
-      idx.commit();
+      io::write_file_atomically((fs::path(o.to) / (stem + ".safetensors.index.json")).string(), index.dump(2) + "\n",
+                                io::FileSync::BeforeRename);
       written.push_back(stem + ".safetensors.index.json");
     }
-    AtomicFile cfg((fs::path(o.to) / "config.json").string());
-    cfg.write(m.config_text.data(), m.config_text.size());
-    cfg.commit();
+    io::write_file_atomically((fs::path(o.to) / "config.json").string(), m.config_text, io::FileSync::BeforeRename);
   } catch (...) {
     // Shards already in place are complete files, but a folder missing some is no model: take back
     // what this run wrote (a replaced file of an earlier conversion cannot come back).

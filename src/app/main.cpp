@@ -15,10 +15,10 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/config.h"
-#include "runtime/diffusion.h"
+#include "runtime/diffusion_training.h"
+#include "runtime/lm_training.h"
 #include "runtime/stop_signals.h"
 #include "runtime/train_config.h"
-#include "runtime/trainer.h"
 
 namespace po = boost::program_options;
 

@@ -6,9 +6,11 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "io/bounded_json.h"
 #include "io/config.h"
 #include "io/h5file.h"
+#include "io/latent_dataset.h"
 #include "models/unet.h"
 #include "nn/init.h"
 
@@ -19,6 +21,8 @@ using nlohmann::json;
 namespace {
 
 constexpr int64_t kClasses = 8, kPhases = 4, kTokens = 8;
+static_assert(io::kTimeIdsPerSample == models::kTimeIdsPerSample,
+              "the latent files' time_ids must hold the UNet's time ids");
 constexpr uint64_t kEmbeddingSeed = 20240601;  // fixed: the conditioning means the same in every file
 
 std::vector<float> fixed_vector(const std::string& name, int64_t n) {
@@ -72,16 +76,16 @@ int make_latents(const std::string& path, const std::string& unet_config_json_or
   ZP_REQUIRE(size > 0 && size % multiple == 0, source, ": key 'sample_size' = ", size, " is not divisible by ",
              multiple, " (one halving per down block but the last)");
   const int64_t C = cfg.in_channels, H = size, W = size, L = kTokens, D = cfg.cross_dim.back();
-  const int64_t E = cfg.text_time ? cfg.add_in_dim - 6 * cfg.add_time_dim : 0;
+  const int64_t E = cfg.text_embeds_dim();
+  constexpr int64_t K = models::kTimeIdsPerSample;
 
-  const std::string tmp = path + ".tmp";
-  {
+  io::write_file_atomically(path, [&](const std::string& tmp) {
     io::H5File f = io::H5File::create(tmp);
     f.create_dataset("latents", DType::F32, {n, C, H, W});
     f.create_dataset("encoder_hidden_states", DType::F32, {n, L, D});
     if (E > 0) {
       f.create_dataset("text_embeds", DType::F32, {n, E});
-      f.create_dataset("time_ids", DType::F32, {n, 6});
+      f.create_dataset("time_ids", DType::F32, {n, K});
     }
     f.set_attr_string("/", "generator", "zeropipe make-latents (synthetic demo data)");
     f.set_attr_int("/", "seed", int64_t(seed));
@@ -114,16 +118,14 @@ int make_latents(const std::string& path, const std::string& unet_config_json_or
       f.write_slice("latents", DType::F32, lat.data(), s * C * H * W, C * H * W);
       f.write_slice("encoder_hidden_states", DType::F32, ctx.data(), s * L * D, L * D);
       if (E > 0) {
-        const float ids[6] = {float(8 * H), float(8 * W), 0.f, 0.f, float(8 * H), float(8 * W)};
+        // original size, crop origin, target size: the image the latents (1/8 of its size) stand for
+        const float ids[K] = {float(8 * H), float(8 * W), 0.f, 0.f, float(8 * H), float(8 * W)};
         f.write_slice("text_embeds", DType::F32, pooled[size_t(k)].data(), s * E, E);
-        f.write_slice("time_ids", DType::F32, ids, s * 6, 6);
+        f.write_slice("time_ids", DType::F32, ids, s * K, K);
       }
     }
     f.close();
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  ZP_REQUIRE(!ec, path, ": cannot rename ", tmp, " into place: ", ec.message());
+  });
   std::printf("wrote %lld samples to %s: latents [%lld, %lld, %lld, %lld], encoder_hidden_states [%lld, %lld, %lld]%s\n",
               (long long)n, path.c_str(), (long long)n, (long long)C, (long long)H, (long long)W, (long long)n,
               (long long)L, (long long)D, E > 0 ? ", text_embeds and time_ids" : "");

@@ -99,7 +99,7 @@ ParityReport run_parity(const ParityOptions& opt, bool print) {
 
   if (ref.contains("train.loss")) {
     // The reference's optimizer: lr 1e-3, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on everything.
-    parallel::ZeroEngine engine(model.blocks(), 0, nullptr, {1e-3, 0.9, 0.95, 1e-8, 0.1, true});
+    parallel::ZeroEngine engine(model.blocks(), parallel::ShardingPolicy::zero_stage(0), nullptr, {1e-3, 0.9, 0.95, 1e-8, 0.1, true});
     std::vector<double> losses;
     const int64_t steps = ref.entry("train.loss").shape.at(0);
     for (int64_t s = 0; s < steps; ++s) {

@@ -44,12 +44,6 @@ double relative_error(const std::vector<double>& got, const std::vector<double>&
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-namespace {
-
-bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
-
-}  // namespace
-
 ParityCriterion::ParityCriterion(DType compute)
     : tol_(compute == DType::BF16 || compute == DType::F16 ? 3e-2 : 1e-4),
       reduced_(compute == DType::BF16 || compute == DType::F16) {}
@@ -74,7 +68,7 @@ ParityCriterion ParityCriterion::for_dump(const std::string& dir, DType compute)
 }
 
 ParityCriterion::Bound ParityCriterion::bound(const std::string& name) const {
-  const bool final_param = starts_with(name, "train.final.");
+  const bool final_param = name.starts_with("train.final.");
   const auto it = ref_error_.find(name);
   const double ref = it == ref_error_.end() ? -1.0 : it->second;
   const double factor = final_param && !reduced_ ? 4.0 : 2.0;
@@ -83,7 +77,7 @@ ParityCriterion::Bound ParityCriterion::bound(const std::string& name) const {
 
 void ParityReport::expect(const std::vector<std::string>& dump_names) {
   for (const std::string& n : dump_names)
-    if (!starts_with(n, "input.") && !starts_with(n, "grad_output.")) expected_.insert(n);
+    if (!n.starts_with("input.") && !n.starts_with("grad_output.")) expected_.insert(n);
   for (const auto& [n, e] : criterion_.reference_errors()) expected_.insert(n);
 }
 

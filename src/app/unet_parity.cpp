@@ -58,9 +58,10 @@ ParityReport run_unet_parity(const std::string& dir, Device dev, DType dt, bool 
                 dir.c_str(), (long long)model.num_parameters(), dev.str().c_str(), std::string(dtype_name(dt)).c_str(),
                 shape_str(xs).c_str(), rep.tolerance());
 
-  Tensor out = model.forward(inputs);
+  models::UNetActivations acts = models::UNetActivations::training();
+  Tensor out = model.forward(inputs, acts);
   rep.check("output.sample", host_values(out), host_values(ref.read_as("output.sample", DType::F64)));
-  Tensor dsample = model.backward(ref.read_as("grad_output.sample", dt).to(dev));
+  Tensor dsample = model.backward(ref.read_as("grad_output.sample", dt).to(dev), acts);
   rep.check("grad_input.sample", host_values(dsample), host_values(ref.read_as("grad_input.sample", DType::F64)));
   for (nn::Parameter* p : model.parameters()) {
     const std::string g = "grad." + p->name;

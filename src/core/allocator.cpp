@@ -164,7 +164,7 @@ double host_peak_rss_bytes() {
   std::ifstream in("/proc/self/status");
   std::string line;
   while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) * 1024.0;  // kB
+    if (line.starts_with("VmHWM:")) return std::stod(line.substr(6)) * 1024.0;  // kB
   return 0;
 }
 

@@ -304,8 +304,7 @@ void CheckpointWriter::commit() {
         if (fd >= 0) ::close(fd);
       }
       fsync_path(tmp_path(), false);
-      ZP_REQUIRE(std::rename(tmp_path().c_str(), path_.c_str()) == 0, path_, ": cannot rename ", tmp_path(),
-                 " to it: ", std::strerror(errno));
+      rename_into_place(tmp_path(), path_);
       std::string dir = fs::path(path_).parent_path().string();
       try {
         fsync_path(dir.empty() ? "." : dir, true);
@@ -715,8 +714,8 @@ std::vector<CheckpointEntry> list_checkpoints(const std::string& dir, const std:
   if (!fs::is_directory(dir, ec)) return out;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     std::string name = e.path().filename().string();
-    if (!e.is_regular_file(ec) || name.size() <= prefix.size() + 3 || name.compare(0, prefix.size(), prefix) != 0 ||
-        name.compare(name.size() - 3, 3, ".h5") != 0)
+    if (!e.is_regular_file(ec) || name.size() <= prefix.size() + 3 || !name.starts_with(prefix) ||
+        !name.ends_with(".h5"))
       continue;
     std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - 3);
     if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "io/h5file.h"
 
 namespace zp::io {
@@ -59,7 +60,7 @@ class CheckpointWriter {
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
   const std::string& path() const { return path_; }
-  std::string tmp_path() const { return path_ + ".tmp"; }
+  std::string tmp_path() const { return temporary_path(path_); }
   // For attributes: collective, identical values on every rank.
   H5File& file() { return file_; }
 

@@ -57,7 +57,8 @@ LatentDataset::LatentDataset(const std::string& path, double from, double to) : 
   if (file_->exists("time_ids")) {
     const Shape ti = shape_of("time_ids", 2, "time_ids [N, 6]");
     same_n("time_ids", ti[0]);
-    ZP_REQUIRE(ti[1] == 6, path, ": dataset 'time_ids' has shape ", shape_str(ti), ", expected [N, 6]");
+    ZP_REQUIRE(ti[1] == kTimeIdsPerSample, path, ": dataset 'time_ids' has shape ", shape_str(ti), ", expected [N, ",
+               kTimeIdsPerSample, "]");
     has_time_ids_ = true;
   }
   // Clamped before converting: above 2^53 samples double(N) rounds up, possibly past int64's range.
@@ -98,7 +99,7 @@ void LatentDataset::read(int64_t i, float* latents, float* context, float* text_
   }
   if (time_ids) {
     ZP_CHECK(has_time_ids_, path_, ": no time_ids to read");
-    file_->read_slice("time_ids", DType::F32, time_ids, s * 6, 6);
+    file_->read_slice("time_ids", DType::F32, time_ids, s * kTimeIdsPerSample, kTimeIdsPerSample);
   }
 }
 

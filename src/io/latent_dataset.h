@@ -21,6 +21,10 @@ namespace zp::io {
 
 class H5File;
 
+// Width of time_ids: SDXL's micro-conditioning, models::kTimeIdsPerSample (which io cannot see;
+// app/make_latents.cpp, which writes these files for a model, checks that the two agree).
+inline constexpr int64_t kTimeIdsPerSample = 6;
+
 // What the model needs from the file (the UNet config's in_channels, cross_attention_dim, ...).
 struct LatentRequirements {
   int64_t channels = 4;          // in_channels
@@ -55,7 +59,7 @@ class LatentDataset {
   int64_t context_numel() const { return L_ * D_; }
 
   // Sample i (0 <= i < size()) of the range into fp32 buffers of latent_numel(), context_numel(),
-  // text_embeds_dim() and 6 floats; text_embeds and time_ids may be nullptr (then not read).
+  // text_embeds_dim() and kTimeIdsPerSample floats; text_embeds and time_ids may be nullptr (then not read).
   void read(int64_t i, float* latents, float* context, float* text_embeds = nullptr, float* time_ids = nullptr) const;
   // The sample at position `i` of epoch `epoch`'s shuffled order (shuffle=false: identity).
   int64_t epoch_order(uint64_t seed, int64_t epoch, int64_t i, bool shuffle = true) const;

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "io/atomic_file.h"
 #include "io/config.h"
 #include "kernels/elementwise.h"
 
@@ -257,24 +258,15 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   }
   std::string h = hdr.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // keep the data section 8-byte aligned
-  std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  ZP_REQUIRE(f, tmp, ": cannot create: ", std::strerror(errno));
-  uint64_t hlen = h.size();
-  bool ok = std::fwrite(&hlen, 8, 1, f) == 1 && std::fwrite(h.data(), 1, h.size(), f) == h.size();
+  AtomicFile f(path, FileSync::BeforeRename);
+  const uint64_t hlen = h.size();
+  f.write(&hlen, 8);
+  f.write(h.data(), h.size());
   for (auto& [name, t] : tensors) {
-    if (!ok) break;
     Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
-    ok = std::fwrite(host.data(), 1, host.nbytes(), f) == host.nbytes();
+    f.write(host.data(), host.nbytes());
   }
-  ok = (std::fflush(f) == 0) && ok && (fsync(fileno(f)) == 0);
-  int err = errno;
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    throw Error(path + ": write failed: " + std::strerror(err));
-  }
-  ZP_REQUIRE(std::rename(tmp.c_str(), path.c_str()) == 0, path, ": rename from ", tmp, " failed: ", std::strerror(errno));
+  f.commit();
 }
 
 }  // namespace zp::io

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 
 namespace zp::io {
 
@@ -143,22 +144,15 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
   h[3] = int32_t(uint32_t(uint64_t(tokens.size()) & 0xffffffffu));
   h[4] = int32_t(uint32_t(uint64_t(tokens.size()) >> 32));
   h[5] = vocab_size;
-  std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  ZP_REQUIRE(f, tmp, ": cannot create: ", std::strerror(errno));
-  bool ok = std::fwrite(h, sizeof(h), 1, f) == 1;
+  AtomicFile f(path, FileSync::None);
+  f.write(h, sizeof(h));
   if (small) {
     std::vector<uint16_t> v(tokens.begin(), tokens.end());
-    ok = ok && std::fwrite(v.data(), 2, v.size(), f) == v.size();
+    f.write(v.data(), v.size() * 2);
   } else {
-    ok = ok && std::fwrite(tokens.data(), 4, tokens.size(), f) == tokens.size();
+    f.write(tokens.data(), tokens.size() * 4);
   }
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    throw Error(path + ": write failed");
-  }
-  ZP_REQUIRE(std::rename(tmp.c_str(), path.c_str()) == 0, path, ": rename failed: ", std::strerror(errno));
+  f.commit();
 }
 
 TokenDataset::TokenDataset(const std::vector<std::string>& paths, int64_t seq_len, double from, double to)

@@ -118,10 +118,8 @@ TransformerConfig TransformerConfig::from_hub_json(const json& j, const std::str
 
 bool TransformerConfig::hub_transposed(const std::string& name) const {
   if (model_type != "gpt2") return false;
-  for (const char* suffix : {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"}) {
-    const std::string t = suffix;
-    if (name.size() >= t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0) return true;
-  }
+  for (const char* suffix : {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"})
+    if (name.ends_with(suffix)) return true;
   return false;
 }
 
@@ -229,17 +227,15 @@ void Transformer::init_random(uint64_t seed, double std) {
 
 void Transformer::init_block_random(ParamBlock& b, uint64_t seed, double std) {
   const double proj_std = std / std::sqrt(2.0 * double(cfg_.layers));
-  auto ends_with = [](const std::string& s, const std::string& t) {
-    return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
-  };
   for (auto& owned : b.params()) {
     Parameter* p = owned.get();
     if (p->shape.size() == 1) {
-      const bool norm_weight = ends_with(p->name, ".weight");  // every 1-d weight is a norm's
+      const bool norm_weight = p->name.ends_with(".weight");  // every 1-d weight is a norm's
       init_constant(*p, norm_weight ? 1.f : 0.f, ctx_.s);
     } else {
-      const bool residual_proj = ends_with(p->name, "attn.c_proj.weight") || ends_with(p->name, "mlp.c_proj.weight") ||
-                                 ends_with(p->name, "o_proj.weight") || ends_with(p->name, "down_proj.weight");
+      const std::string& n = p->name;
+      const bool residual_proj = n.ends_with("attn.c_proj.weight") || n.ends_with("mlp.c_proj.weight") ||
+                                 n.ends_with("o_proj.weight") || n.ends_with("down_proj.weight");
       init_normal(*p, seed, residual_proj ? proj_std : std, ctx_.s);
     }
   }
@@ -302,9 +298,9 @@ void Transformer::forward(const int32_t* ids, int64_t B, int64_t T, TransformerA
   a = TransformerActivations();  // frees what an earlier forward left in it
   const bool train = mode != ForwardMode::Inference;
   // kept: memory that outlives the forward, for the backward (tagged apart); transient: the rest.
-  Ctx kept = ctx_;
-  kept.saved_tag = kSavedActivationsTag;
-  const Ctx& transient = ctx_;
+  Ctx kept = ctx_, transient = ctx_;
+  kept.saves = true;
+  transient.saves = false;
   const Ctx& streams = train ? kept : transient;                         // residual streams, final norm
   const Ctx& layer_ctx = mode == ForwardMode::Train ? kept : transient;  // inside a layer
   a.mode_ = mode;
@@ -381,8 +377,10 @@ void Transformer::backward(TransformerActivations& a, Tensor dlogits) {
     LayerSaved rerun;
     LayerSaved& sv = a.mode_ == ForwardMode::Train ? a.layers_[i] : rerun;
     if (a.mode_ == ForwardMode::TrainCheckpointed) {
+      Ctx working = c;  // the re-run's activations are working memory of this backward
+      working.saves = false;
       Tensor out = c.act({N, C});
-      layer_forward(c, layers_[i], a.residual_[i], out, sv, B, T);
+      layer_forward(working, layers_[i], a.residual_[i], out, sv, B, T);
     }
     layer_backward(layers_[i], a.residual_[i], dres, sv, B, T);
     sv = LayerSaved();

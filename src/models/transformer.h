@@ -15,7 +15,7 @@
 // checkpointing) keeps only each layer's input and re-runs the layer's forward inside its backward;
 // Inference keeps nothing for a backward: between layers only the current residual stream is alive,
 // and the object ends up holding the logits alone. What the object keeps for the backward is
-// allocated under the tag kSavedActivationsTag; transient memory (inside a layer, the backward's
+// allocated under the tag nn::kSavedTag; transient memory (inside a layer, the backward's
 // gradients, the logits) under "activations", so the allocator's per-tag statistics tell them apart.
 //
 // Sharding units (ParamBlocks): "embed" (token and, for GPT-2, position embeddings), one per layer,
@@ -55,9 +55,6 @@ struct TransformerConfig {
   // mlp.c_fc, mlp.c_proj) while the engine, its checkpoints and weights files keep [out, in].
   bool hub_transposed(const std::string& name) const;
 };
-
-// The allocator tag of the memory a TransformerActivations keeps from a forward for its backward.
-inline constexpr const char* kSavedActivationsTag = "saved_activations";
 
 // What a forward keeps for the backward.
 enum class ForwardMode {
@@ -159,7 +156,7 @@ class Transformer {
     nn::Mlp mlp;
   };
   using LayerSaved = TransformerActivations::Layer;
-  // c: the context whose saved_tag names what `sv` holds (kept for the backward, or transient).
+  // c.saves: whether what `sv` holds is kept for the backward (tagged apart) or transient.
   void layer_forward(const nn::Ctx& c, const Layer& l, const Tensor& x_in, Tensor& x_out, LayerSaved& sv, int64_t B,
                      int64_t T);
   void layer_backward(const Layer& l, const Tensor& x_in, Tensor& dres, LayerSaved& sv, int64_t B, int64_t T);

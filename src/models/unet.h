@@ -1,8 +1,9 @@
 // Diffusion UNet (diffusers' UNet2DConditionModel, SD 1.x/2.x and SDXL layouts) built from a
-// diffusers config.json, with explicit forward and backward.
+// diffusers config.json, with explicit forward and backward: the wiring of nn's ResBlock,
+// Transformer2D, Downsample2D and Upsample2D into diffusers' blocks, names and skip connections.
 //
 //   stem   conv_in; time_proj (sinusoids, on the host) -> time_embedding (linear, SiLU, linear);
-//          SDXL's text_time add_embedding (sinusoids of the 6 time_ids ++ text_embeds -> linear,
+//          SDXL's text_time add_embedding (text_embeds ++ sinusoids of the 6 time_ids -> linear,
 //          SiLU, linear) added to it
 //   down   per block: resnets (+ Transformer2D attentions), then a stride-2 conv downsampler
 //   mid    resnet, (Transformer2D, resnet)
@@ -17,9 +18,9 @@
 // names are diffusers' own. The time embedding reaches every ResBlock through one shared SiLU(emb)
 // activation whose gradient accumulates over all of them before it flows back into the stem.
 //
-// Activation checkpointing (forward with checkpoint = true) keeps the input of every ResBlock and of
-// every transformer block inside a Transformer2D, plus the skip connections (the up path reads them;
-// most are such inputs anyway), and frees everything else; the backward re-runs each of those layers'
+// Activation checkpointing (a forward into UNetActivations::training(true)) keeps the input of every
+// ResBlock and of every transformer block inside a Transformer2D, plus the skip connections (the up
+// path reads them; most are such inputs anyway), and frees everything else; the backward re-runs each of those layers'
 // forward just before its backward. The re-runs happen inside the stage's backward, where the stage's
 // parameters are held (ZeRO-3: gathered) already. Why that granularity rather than whole stages: both
 // re-run each layer's forward once (about a third more compute per step, a little less since the
@@ -36,10 +37,8 @@
 
 #include "nn/block_access.h"
 #include "nn/conv2d.h"
-#include "nn/cross_attention.h"
 #include "nn/group_norm.h"
 #include "nn/linear.h"
-#include "nn/norm.h"
 #include "nn/parameter.h"
 
 namespace zp::io {
@@ -47,6 +46,10 @@ class WeightSource;
 }
 
 namespace zp::models {
+
+// SDXL's micro-conditioning: per sample, original (height, width), crop (top, left) and target
+// (height, width), each embedded by the same sinusoids as the timestep.
+inline constexpr int64_t kTimeIdsPerSample = 6;
 
 struct UNetConfig {
   int64_t in_channels = 4, out_channels = 4;
@@ -75,6 +78,9 @@ struct UNetConfig {
   // it), attention_head_dim gives the number of heads, and head_dim = channels / heads.
   static UNetConfig from_hub_json(const nlohmann::json& j, const std::string& source);
   int64_t num_blocks() const { return int64_t(block_out.size()); }
+  // SDXL's text_embeds width: what the added embedding's input keeps beside the time ids; 0 without
+  // text_time conditioning.
+  int64_t text_embeds_dim() const { return text_time ? add_in_dim - kTimeIdsPerSample * add_time_dim : 0; }
 };
 
 // What one forward call takes. Tensors are on the model's device in its compute dtype.
@@ -82,10 +88,40 @@ struct UNetInputs {
   Tensor sample;                  // [B, in_channels, H, W]; H and W divisible by 2^(blocks - 1)
   std::vector<float> timesteps;   // [B] (host)
   Tensor encoder_hidden_states;   // [B, L, cross_attention_dim]
-  Tensor text_embeds;             // SDXL: [B, E] with E + 6 * addition_time_embed_dim = the projection width
-  std::vector<float> time_ids;    // SDXL: [B * 6] (host)
+  Tensor text_embeds;             // SDXL: [B, text_embeds_dim()]
+  std::vector<float> time_ids;    // SDXL: [B * kTimeIdsPerSample] (host)
 };
 
+// What one forward keeps for its backward (DESIGN decision 11). The caller owns it: UNet::forward
+// fills it and UNet::backward consumes it, so one model can have several micro-batches in flight
+// (forward A, forward B, backward B, backward A), each in its own UNetActivations.
+class UNetActivations {
+ public:
+  // Everything the backward reads, or with `checkpoint` (activation checkpointing) only what the
+  // backward re-runs the forward from (see the top of this file).
+  static UNetActivations training(bool checkpoint = false) { return UNetActivations(true, checkpoint); }
+  // A forward for its output alone (inference, validation): keeps nothing, and frees each layer's
+  // activations as soon as the next layer has read them.
+  static UNetActivations inference() { return UNetActivations(false, false); }
+
+  UNetActivations(UNetActivations&&) noexcept;
+  UNetActivations& operator=(UNetActivations&&) noexcept;
+  ~UNetActivations();
+
+  bool saves() const { return saves_; }
+  bool checkpointed() const { return checkpoint_; }
+  // Holds no forward: not run yet, consumed by its backward, or an inference forward.
+  bool empty() const { return !state_; }
+
+ private:
+  friend class UNet;
+  struct State;  // the tensors of one forward (unet.cpp)
+  UNetActivations(bool saves, bool checkpoint);
+  bool saves_ = true, checkpoint_ = false;
+  std::unique_ptr<State> state_;
+};
+
+// The model holds weights only; every forward's activations live in the caller's UNetActivations.
 class UNet {
  public:
   // pad_multiple: every block's flat size is padded to a multiple of it (the ZeRO engine's world x
@@ -111,18 +147,17 @@ class UNet {
   void check_weights(const io::WeightSource& files);
   void load_block(const io::WeightSource& files, nn::ParamBlock& b);
 
-  // Returns the predicted sample [B, out_channels, H, W]; keeps what the backward needs, or with
-  // `checkpoint` (activation checkpointing) only what the backward re-runs the forward from (above).
-  Tensor forward(const UNetInputs& in, bool checkpoint = false);
-  // dout: gradient of the scalar with respect to the forward's output. Parameter gradients
-  // accumulate (fp32) into every block's buffer; returns the gradient of the input sample.
-  Tensor backward(const Tensor& dout);
+  // Returns the predicted sample [B, out_channels, H, W]. `acts` must be empty; a training one is
+  // filled with what the backward needs.
+  Tensor forward(const UNetInputs& in, UNetActivations& acts) const;
+  // dout: gradient of the scalar with respect to the output of the forward that filled `acts`.
+  // Parameter gradients accumulate (fp32) into every block's buffer; returns the gradient of the
+  // input sample. Leaves `acts` empty.
+  Tensor backward(const Tensor& dout, UNetActivations& acts) const;
 
   struct Stage;  // one down, mid or up block (defined in unet.cpp)
 
  private:
-  struct State;  // the activations of the last forward
-
   UNetConfig cfg_;
   nn::Ctx ctx_;
   nn::BlockAccess* access_ = nullptr;
@@ -132,7 +167,6 @@ class UNet {
   nn::GroupNorm norm_out_;
   std::vector<std::unique_ptr<Stage>> down_, up_;
   std::unique_ptr<Stage> mid_;
-  std::unique_ptr<State> st_;
 };
 
 // Timesteps(dim, flip_sin_to_cos, freq_shift) as diffusers computes it, in float32 (the reference

@@ -20,7 +20,7 @@ void SelfAttention::forward(const Ctx& c, void* y, const void* x, int64_t B, int
     ZP_KERNEL_CALL(c.dev, rope_forward, c.s, c.dt, base, base, B, T, Hq + Hkv, D, sh_.rope_theta, 0, W);
   ZP_KERNEL_CALL(c.dev, attention_forward, c.s, c.dt, saved.att.data(), saved.lse.data<float>(), base,
                  base + size_t(Hq * D) * esz, base + size_t((Hq + Hkv) * D) * esz, B, T, T, Hq, Hkv, D, W, W, W,
-                 Hq * D, attention_default_scale(D), true);
+                 Hq * D, attention_default_scale(D), sh_.causal);
   out_.forward(c, y, saved.att.data(), N, 0, residual);
 }
 
@@ -35,7 +35,7 @@ void SelfAttention::backward(const Ctx& c, void* dx, const void* dy, const void*
   const size_t esz = dtype_size(c.dt), ko = size_t(Hq * D) * esz, vo = size_t((Hq + Hkv) * D) * esz;
   ZP_KERNEL_CALL(c.dev, attention_backward, c.s, c.dt, dbase, dbase + ko, dbase + vo, datt.data(), base, base + ko,
                  base + vo, saved.att.data(), saved.lse.data<float>(), B, T, T, Hq, Hkv, D, W, W, W, Hq * D,
-                 attention_default_scale(D), true);
+                 attention_default_scale(D), sh_.causal);
   if (sh_.rope)
     ZP_KERNEL_CALL(c.dev, rope_backward, c.s, c.dt, dbase, dbase, B, T, Hq + Hkv, D, sh_.rope_theta, 0, W);
   qkv_.backward(c, dx, dqkv.data(), x, N, accumulate_dx);

@@ -1,7 +1,9 @@
-// Causal self-attention with grouped-query heads: one fused q/k/v projection whose output row is
+// Self-attention with grouped-query heads: one fused q/k/v projection whose output row is
 // [q heads | k heads | v heads], RoPE on the q and k heads in place (Llama, Qwen2), the attention
 // kernel reading q, k and v straight out of that packed row (strided, no transposes or copies), and
-// the output projection.
+// the output projection. Causal for the language models; bidirectional for the UNet's image tokens
+// (the attn1 of diffusers' BasicTransformerBlock, no RoPE, Hq = Hkv). Attention over another
+// sequence (the UNet's text conditioning) is nn::CrossAttention.
 #pragma once
 #include "nn/context.h"
 #include "nn/linear.h"
@@ -12,6 +14,7 @@ struct AttentionShape {
   int64_t Hq = 1, Hkv = 1, D = 1;
   bool rope = false;
   float rope_theta = 10000.f;
+  bool causal = true;  // false: every token sees every other (image tokens)
   int64_t qkv_width() const { return (Hq + 2 * Hkv) * D; }
 };
 

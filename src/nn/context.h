@@ -1,24 +1,32 @@
-// What every module's forward and backward run with: the device, the stream and the compute dtype.
+// What every module's forward and backward run with: the device, the stream and the compute dtype,
+// and whether a forward keeps anything for a backward.
 #pragma once
 #include "core/tensor.h"
 
 namespace zp::nn {
 
+// The allocator tag of what a forward keeps for its backward (Ctx::saved).
+inline constexpr const char* kSavedTag = "saved";
+
 struct Ctx {
   Device dev;
   StreamHandle s = nullptr;
   DType dt = DType::F32;
-  // The allocator tag of what a module's forward keeps in its Saved for the backward. By default it
-  // is activation memory like any other; a model whose forward keeps Saved past the call (for a later
-  // backward) names it apart (models/transformer.h: "saved_activations"), so the allocator's
-  // per-tag statistics show what a forward keeps separately from transient memory.
-  const char* saved_tag = "activations";
-  // Activation memory (tagged so the allocator's statistics show it apart from parameters).
+  // false for a forward that runs for its output alone (inference): what the modules would keep
+  // for the backward is then working memory like any other, gone when each module returns.
+  bool saves = true;
+
+  // Working memory of one forward or backward (tagged so the allocator's statistics show it apart
+  // from parameters).
   Tensor act(const Shape& shape) const { return Tensor::empty(shape, dt, dev, "activations", s); }
   Tensor act(const Shape& shape, DType t) const { return Tensor::empty(shape, t, dev, "activations", s); }
-  // Memory of a module's Saved (tagged saved_tag).
-  Tensor saved(const Shape& shape) const { return Tensor::empty(shape, dt, dev, saved_tag, s); }
-  Tensor saved(const Shape& shape, DType t) const { return Tensor::empty(shape, t, dev, saved_tag, s); }
+  // What a forward keeps for its backward (a module's Saved, a model's activation state), tagged
+  // apart from working memory: the allocator's statistics then show what a micro-batch in flight
+  // holds, and that an inference forward holds nothing.
+  Tensor saved(const Shape& shape) const { return saved(shape, dt); }
+  Tensor saved(const Shape& shape, DType t) const {
+    return Tensor::empty(shape, t, dev, saves ? kSavedTag : "activations", s);
+  }
 };
 
 }  // namespace zp::nn

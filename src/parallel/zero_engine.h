@@ -14,7 +14,10 @@
 //            the model releases it. The next block's gather is issued as soon as the current one is
 //            acquired (the order is the previous step's), so it overlaps the current block's
 //            compute; a prefetch is dropped when the weights change.
-// The model reports block use through nn::BlockAccess; this engine implements it.
+// The model reports block use through nn::BlockAccess; this engine implements it by composing a
+// ParameterGatherer (stage 3's gathers and prefetches, usable alone), a GradientReducer (all-reduce or
+// reduce-scatter, and the hand-off to the optimizer stepping in the backward) and a ShardedAdamW
+// whose state sits in an OptimizerStateStore on the tier the ShardingPolicy names.
 // On GPUs every collective of the engine runs on one communication stream (overlap_comm, the
 // default), ordered against the compute stream by events: the compute stream never waits for a
 // gradient reduction until the optimizer needs it, and NCCL sees one stream per communicator. A
@@ -31,7 +34,12 @@
 
 #include "comm/communicator.h"
 #include "nn/block_access.h"
+#include "parallel/collective_stream.h"
+#include "parallel/engine_state.h"
+#include "parallel/gradient_reducer.h"
+#include "parallel/parameter_gatherer.h"
 #include "parallel/sharded_adamw.h"
+#include "parallel/sharding_policy.h"
 
 namespace zp::parallel {
 
@@ -47,20 +55,23 @@ struct MemoryPlan {
 class ZeroEngine : public nn::BlockAccess {
  public:
   // `dp` may be nullptr for a single rank. The blocks must be allocated (full values bound and
-  // initialised or loaded) with a pad multiple of shard_pad_multiple(world). Stage 3 keeps only the
-  // owned slice of the values after this constructor.
-  ZeroEngine(std::vector<nn::ParamBlock*> blocks, int stage, comm::Communicator* dp, const AdamWHyper& h,
-             StreamHandle s = nullptr);
-  // Blocks that are only laid out (ParamBlock::layout): the engine allocates what the stage keeps and,
+  // initialised or loaded) with a pad multiple of shard_pad_multiple(world). With sharded parameters
+  // only the owned slice of the values is kept after this constructor. A policy asking for a tier
+  // that is not implemented is refused (zp::Error naming the configuration key) before anything is
+  // allocated. Tests and benchmarks pass ShardingPolicy::zero_stage(n).
+  ZeroEngine(std::vector<nn::ParamBlock*> blocks, const ShardingPolicy& policy, comm::Communicator* dp,
+             const AdamWHyper& h, StreamHandle s = nullptr);
+  // Blocks that are only laid out (ParamBlock::layout): the engine allocates what the policy keeps and,
   // one block at a time, binds a full zeroed value buffer, lets `fill` initialise or load it, and
   // keeps its slice. Peak memory during start-up is the rank's shard plus one block (stage 3), or the
   // replicated values and (stages 0/1) gradients the stage needs anyway.
   using BlockFill = std::function<void(nn::ParamBlock&)>;
-  ZeroEngine(std::vector<nn::ParamBlock*> blocks, int stage, comm::Communicator* dp, const AdamWHyper& h,
-             StreamHandle s, const BlockFill& fill);
+  ZeroEngine(std::vector<nn::ParamBlock*> blocks, const ShardingPolicy& policy, comm::Communicator* dp,
+             const AdamWHyper& h, StreamHandle s, const BlockFill& fill);
   ~ZeroEngine() override;
 
-  int stage() const { return stage_; }
+  const ShardingPolicy& policy() const { return policy_; }
+  int stage() const { return policy_.stage(); }
   int world() const { return world_; }
   int rank() const { return rank_; }
 
@@ -85,24 +96,26 @@ class ZeroEngine : public nn::BlockAccess {
   // step_in_backward (the backward has updated every block).
   void step(float grad_scale, double lr);
   int64_t optimizer_steps() const { return opt_->steps(); }
-  ShardedAdamW& optimizer() { return *opt_; }
+  // A loaded checkpoint's count (bias correction and the LR schedule follow it).
+  void set_optimizer_steps(int64_t n) { opt_->set_steps(n); }
   MemoryPlan memory_plan() const;
   // Every block's fp32 master weights (its parameters in order, without the padding, which depends
   // on the world size; blocks in order), gathered from the owners onto every rank: for tests and
   // small-model tools, not for large models.
   std::vector<float> gather_master();
-  // After the fp32 master weights of the owned ranges were overwritten (a checkpoint load): rewrites
-  // the compute weights from them (cast to the compute dtype, then all-gathered where they are
+  // Visits every block's optimizer state (runtime/checkpoint.h saves and loads through this); the
+  // visitor's copies are ordered on `s`. When the visitor wrote master weights, the compute weights
+  // are rewritten from them afterwards (cast to the compute dtype, then all-gathered where they are
   // replicated), so the next forward sees the loaded values.
-  void refresh_compute_weights();
+  void visit_state(const EngineStateVisitor& visit, StreamHandle s = nullptr);
 
   // overlap_comm = false runs every collective on the compute stream (for measuring the overlap).
   void set_overlap_comm(bool on);
   // Communication time: with timing on, every collective is bracketed by CUDA events on the stream
   // it runs on (or timed on the host for MPI); comm_ms() returns the total since its last call.
   // With overlap this is time the communication stream is busy, mostly hidden behind compute.
-  void set_timing(bool on) { timing_ = on; }
-  double comm_ms();
+  void set_timing(bool on) { comm_.set_timing(on); }
+  double comm_ms() { return comm_.take_ms(); }
 
   // nn::BlockAccess
   void acquire_params(nn::ParamBlock& b) override;
@@ -111,51 +124,25 @@ class ZeroEngine : public nn::BlockAccess {
   void release_grads(nn::ParamBlock& b) override;
 
  private:
-  struct Unit {
-    nn::ParamBlock* block;
-    int64_t shard;          // elements per rank
-    Tensor values_shard;    // stage 3: the owned slice of the compute weights
-    Tensor grad_shard;      // stages 2/3: fp32 accumulator of the owned slice (step_in_backward:
-                            // only when micro-steps accumulate)
-    int params_refs = 0, grads_refs = 0;
-    bool reduced = false;   // stages 0/1: this block's gradients were all-reduced since it last
-                            // accumulated (the all-reduce may still be in flight)
-    bool updated = false;   // step_in_backward: this step's update has been applied
-    Tensor prefetched;                   // stage 3: a full buffer being gathered on the comm stream
-    std::shared_ptr<Event> prefetch_done;  // recorded on the comm stream after that gather
-  };
-  void prefetch(Unit& u);
-  void drop_prefetches();
-  // Where collectives run, and the two orderings between it and the compute stream.
-  StreamHandle comm_stream() const { return comm_stream_ ? comm_stream_->handle() : s_; }
-  void comm_after_compute();
-  void compute_after_comm();
-  void all_reduce_grads(Unit& u);
-  void reduce_scatter_grads(Unit& u);
-  void update_in_backward(Unit& u, const Tensor& grad, StreamHandle cs);
-  Unit& unit(nn::ParamBlock& b);
-  std::vector<Unit> units_;
-  int stage_, world_ = 1, rank_ = 0;
+  // Where block i's updated weights go: its ZeRO-3 shard, or its owned range of the full values.
+  void* weights_out(size_t i) const;
+  void update_in_backward(size_t i, const Tensor& grad, StreamHandle cs);
+  void refresh_compute_weights();
+
+  ShardingPolicy policy_;
+  int world_ = 1, rank_ = 0;
   comm::Communicator* dp_;
   StreamHandle s_;
-  std::unique_ptr<ShardedAdamW> opt_;
-  Tensor norm_sq_;
-  template <class F> void timed(StreamHandle s, F&& collective);
-  bool timing_ = false;
   AdamWHyper hyper_;
-  bool sync_grads_ = true;                 // stages 0/1: reduce blocks in this backward
-  bool update_armed_ = false;              // step_in_backward: this backward updates the blocks
-  float update_scale_ = 1.f;
+  std::vector<nn::ParamBlock*> blocks_;
+  CollectiveStream comm_;  // declared before what frees buffers on its stream
+  std::unique_ptr<ParameterGatherer> gatherer_;  // with sharded parameters
+  std::unique_ptr<GradientReducer> reducer_;
+  std::unique_ptr<ShardedAdamW> opt_;
+  std::vector<RangeUpdate> updates_;       // reused: step()'s argument list
+  float update_scale_ = 1.f;               // step_in_backward: this step's update
   double update_lr_ = -1.0;
-  bool accumulated_ = false;               // step_in_backward: an earlier micro-step of this step ran
   Tensor update_norms_;                    // step_in_backward: squared norm of each block's gradient
-  std::unique_ptr<Stream> comm_stream_;    // a device communicator with overlap_comm
-  std::unique_ptr<Event> compute_ready_, comm_done_;  // with comm_stream_
-  std::vector<Unit*> gather_order_, this_step_order_;
-  size_t order_pos_ = 0;
-  std::vector<std::unique_ptr<Event>> events_;
-  size_t events_used_ = 0;
-  double host_ms_ = 0;
 };
 
 }  // namespace zp::parallel

@@ -58,15 +58,15 @@ std::string config_difference(const io::json& in_file, const io::json& now) {
   return "";
 }
 
-// The three datasets of a parameter and the engine tensor of range i that holds each.
-struct StateTensor {
+// The three datasets of a parameter and the optimizer state each holds.
+struct StateDataset {
   const char* what;
-  Tensor& (*of)(parallel::ShardedAdamW&, size_t);
+  parallel::OptimizerState state;
 };
-const StateTensor kStates[3] = {
-    {"weights", [](parallel::ShardedAdamW& o, size_t i) -> Tensor& { return o.master(i); }},
-    {"exp_avg", [](parallel::ShardedAdamW& o, size_t i) -> Tensor& { return o.exp_avg(i); }},
-    {"exp_avg_sq", [](parallel::ShardedAdamW& o, size_t i) -> Tensor& { return o.exp_avg_sq(i); }},
+const StateDataset kStates[3] = {
+    {"weights", parallel::OptimizerState::Master},
+    {"exp_avg", parallel::OptimizerState::ExpAvg},
+    {"exp_avg_sq", parallel::OptimizerState::ExpAvgSq},
 };
 std::string dataset_of(int k, const std::string& name) {
   return k == 0 ? model_ds(name) : moment_ds(name, kStates[k].what);
@@ -76,18 +76,17 @@ std::string dataset_of(int k, const std::string& name) {
 
 int64_t checkpoint_bytes(parallel::ZeroEngine& engine) {
   int64_t bytes = int64_t(1) << 20;  // attributes, checksums, HDF5's own metadata
-  for (const parallel::OwnedRange& r : engine.optimizer().ranges())
-    for (const auto& p : r.block->params()) bytes += 3 * int64_t(sizeof(float)) * p->numel();
+  engine.visit_state([&](parallel::BlockState& st) {
+    for (const auto& p : st.block().params()) bytes += 3 * int64_t(sizeof(float)) * p->numel();
+  });
   return bytes;
 }
 
 void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngine& engine, const CheckpointModel& model,
                      TrainState state, StreamHandle s) {
-  parallel::ShardedAdamW& opt = engine.optimizer();
-  const int world = engine.world(), rank = engine.rank();
-  state.world_size = world;
+  state.world_size = engine.world();
   state.zero_stage = engine.stage();
-  state.optimizer_steps = opt.steps();
+  state.optimizer_steps = engine.optimizer_steps();
 
   io::CheckpointWriter w(path, comm);
   w.reserve(checkpoint_bytes(engine));
@@ -109,15 +108,15 @@ void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngin
   f.set_attr_int("/", "loss_scale_overflows_left", state.scaler.overflows_left);
   f.set_attr_int("/", "skipped_steps", state.scaler.skipped);
 
-  for (size_t i = 0; i < opt.ranges().size(); ++i) {
-    const parallel::OwnedRange& r = opt.ranges()[i];
-    const int64_t share = r.block->padded() / world, begin = rank * share, end = begin + share;
-    ZP_CHECK(begin >= r.begin && end <= r.end, "block ", r.block->name(), ": rank ", rank, " writes [", begin, ", ",
-             end, ") but owns [", r.begin, ", ", r.end, ")");
-    // One download per tensor of the range: the part this rank writes.
+  engine.visit_state([&](parallel::BlockState& st) {
+    const int64_t begin = st.shard_begin(), end = st.shard_end(), share = end - begin;
+    // One download per state of the block: the part this rank writes.
     Tensor host[3];
-    for (int k = 0; k < 3; ++k) host[k] = kStates[k].of(opt, i).flat(begin - r.begin, share).to(Device::cpu(), s);
-    for (const auto& p : r.block->params()) {
+    for (int k = 0; k < 3; ++k) {
+      host[k] = Tensor::empty({share}, DType::F32, Device::cpu(), "checkpoint");
+      st.read(kStates[k].state, begin, share, host[k].data<float>());
+    }
+    for (const auto& p : st.block().params()) {
       ZP_CHECK(p->name.find('/') == std::string::npos, "parameter name '", p->name, "' holds a '/'");
       const int64_t lo = std::max(begin, p->offset), hi = std::min(end, p->offset + p->numel());
       const int64_t count = std::max<int64_t>(0, hi - lo);
@@ -126,7 +125,7 @@ void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngin
                 host[k].data<float>() + (count ? lo - begin : 0), count ? lo - p->offset : 0, count);
       if (p->file_transposed) f.set_attr_int(model_ds(p->name), "hub_transposed", 1);
     }
-  }
+  }, s);
   w.commit();
 }
 
@@ -153,22 +152,24 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm comm, parallel::Zer
 
   // Everything is checked before anything is read, identically on every rank (metadata queries are
   // local), so a mismatch makes every rank throw at the same point.
-  parallel::ShardedAdamW& opt = engine.optimizer();
+  std::vector<const nn::Parameter*> params;
+  engine.visit_state([&](parallel::BlockState& st) {
+    for (const auto& p : st.block().params()) params.push_back(p.get());
+  });
   std::set<std::string> names;
-  for (const parallel::OwnedRange& r : opt.ranges())
-    for (const auto& p : r.block->params()) {
-      names.insert(p->name);
-      for (int k = 0; k < 3; ++k) {
-        const std::string ds = dataset_of(k, p->name);
-        ZP_REQUIRE(f.is_dataset(ds), path, ": dataset '", ds, "' is missing (this model has parameter ", p->name,
-                   shape_str(p->shape), ")", hint);
-        const io::DatasetInfo info = f.dataset_info(ds);
-        ZP_REQUIRE(info.shape == p->shape, path, ": dataset '", ds, "': shape ", shape_str(info.shape),
-                   " in the checkpoint, this model's parameter is ", shape_str(p->shape), hint);
-        ZP_REQUIRE(info.dtype == DType::F32, path, ": dataset '", ds, "' is ", dtype_name(info.dtype),
-                   ", a checkpoint keeps f32");
-      }
+  for (const nn::Parameter* p : params) {
+    names.insert(p->name);
+    for (int k = 0; k < 3; ++k) {
+      const std::string ds = dataset_of(k, p->name);
+      ZP_REQUIRE(f.is_dataset(ds), path, ": dataset '", ds, "' is missing (this model has parameter ", p->name,
+                 shape_str(p->shape), ")", hint);
+      const io::DatasetInfo info = f.dataset_info(ds);
+      ZP_REQUIRE(info.shape == p->shape, path, ": dataset '", ds, "': shape ", shape_str(info.shape),
+                 " in the checkpoint, this model's parameter is ", shape_str(p->shape), hint);
+      ZP_REQUIRE(info.dtype == DType::F32, path, ": dataset '", ds, "' is ", dtype_name(info.dtype),
+                 ", a checkpoint keeps f32");
     }
+  }
   if (f.is_group("/model"))
     for (const std::string& c : f.children("/model"))
       ZP_REQUIRE(names.count(c), path, ": dataset '", model_ds(c), "' is not a parameter of this model", hint);
@@ -191,23 +192,22 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm comm, parallel::Zer
              ": inconsistent step attributes (step ", st.step, ", optimizer_steps ", st.optimizer_steps,
              ", data_position ", st.data_position, ")");
 
-  for (size_t i = 0; i < opt.ranges().size(); ++i) {
-    const parallel::OwnedRange& r = opt.ranges()[i];
+  // The compute weights are rewritten from the loaded master weights when the visit ends.
+  engine.visit_state([&](parallel::BlockState& bs) {
+    const int64_t begin = bs.owned_begin(), size = bs.owned_end() - begin;
     for (int k = 0; k < 3; ++k) {
-      Tensor& t = kStates[k].of(opt, i);
-      Tensor host = t.to(Device::cpu(), s);  // alignment gaps keep their values
-      for (const auto& p : r.block->params()) {
-        const int64_t lo = std::max(r.begin, p->offset), hi = std::min(r.end, p->offset + p->numel());
+      Tensor host = Tensor::empty({size}, DType::F32, Device::cpu(), "checkpoint");
+      bs.read(kStates[k].state, begin, size, host.data<float>());  // alignment gaps keep their values
+      for (const auto& p : bs.block().params()) {
+        const int64_t lo = std::max(begin, p->offset), hi = std::min(begin + size, p->offset + p->numel());
         const int64_t count = std::max<int64_t>(0, hi - lo);
-        reader.read(dataset_of(k, p->name), p->shape, DType::F32, host.data<float>() + (count ? lo - r.begin : 0),
+        reader.read(dataset_of(k, p->name), p->shape, DType::F32, host.data<float>() + (count ? lo - begin : 0),
                     count ? lo - p->offset : 0, count);
       }
-      t.copy_from(host, s);
-      if (s) stream_synchronize(s);  // `host` dies here
+      bs.write(kStates[k].state, begin, size, host.data<float>());
     }
-  }
-  engine.refresh_compute_weights();
-  opt.set_steps(st.optimizer_steps);
+  }, s);
+  engine.set_optimizer_steps(st.optimizer_steps);
   return st;
 }
 

@@ -5,7 +5,7 @@
 // File layout (on top of io::CheckpointWriter's zeropipe_format and per-slice checksums):
 //   root attributes
 //     kind               "checkpoint" (a weights file from `zeropipe convert` says "weights")
-//     model_family       "transformer" (runtime/trainer.h) or "unet" (runtime/diffusion.h)
+//     model_family       "transformer" (runtime/lm_training.h) or "unet" (runtime/diffusion_training.h)
 //     config             the training configuration JSON, as given (after --set)
 //     model_config       the model's config.json object (transformers' or diffusers')
 //     step               training steps done (steps skipped for an fp16 overflow included)
@@ -21,10 +21,12 @@
 //   /optimizer/<name>/exp_avg, exp_avg_sq   fp32 Adam moments, same shape
 //
 // Sharded I/O. Parameter p of a block occupies elements [p.offset, p.offset + numel) of the block's
-// padded flat buffer, and a rank owns a range of that buffer (ShardedAdamW::ranges()). Saving, rank
-// r writes the intersection of every parameter with [r, r+1) * padded / N of its block (inside its
-// owned range at every stage; at stage 0, where every rank owns everything, this splits the writes
-// so each element is written once). Loading, every rank reads the intersection of every parameter
+// padded flat buffer, and a rank owns a range of that buffer; the engine's state visitor
+// (ZeroEngine::visit_state, parallel/engine_state.h) yields it block by block and copies state to
+// and from host memory, whatever tier the state lives on. Saving, rank r writes the intersection of
+// every parameter with its shard [r, r+1) * padded / N of the block (inside its owned range at every
+// stage; at stage 0, where every rank owns everything, this splits the writes so each element is
+// written once). Loading, every rank reads the intersection of every parameter
 // with the range it owns now. Datasets hold whole logical tensors, so the intersections are just
 // flat ranges of them and the reading world size and stage need not be the writing ones. Nothing is
 // gathered on one rank; host memory is one block's range (times three) at a time.

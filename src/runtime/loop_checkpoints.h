@@ -1,12 +1,12 @@
-// The checkpoints of a training loop, the same for every model (the LM loop, runtime/trainer.h, and
-// the diffusion loop, runtime/diffusion.h): before the first step, `--resume` ("latest" or a file)
-// restores the engine's weights and moments, the optimizer step (bias correction, LR schedule), the
-// fp16 loss scaler and the data position; after every checkpoint.save_every steps, after the last
-// one (whenever checkpoint.dir is set) and when a signal stops the run, the ranks save
-// <checkpoint.dir>/step-<step>.h5 together (runtime/checkpoint.h) and keep the newest
-// checkpoint.keep_last. An fp32 run resumed at the same world size and ZeRO stage reproduces the
-// uninterrupted run bit for bit; another world size or stage continues to rounding (the reduction
-// order changes). The data position moves by one global batch per step from the saved one.
+// The checkpoints of a training run, the same for every model family (runtime/training_driver.h):
+// before the first step, `--resume` ("latest" or a file) restores the engine's weights and moments,
+// the optimizer step (bias correction, LR schedule), the fp16 loss scaler and the data position;
+// after every checkpoint.save_every steps, after the last one (whenever checkpoint.dir is set) and
+// when a signal stops the run, the ranks save <checkpoint.dir>/step-<step>.h5 together
+// (runtime/checkpoint.h) and keep the newest checkpoint.keep_last. An fp32 run resumed at the same
+// world size and ZeRO stage reproduces the uninterrupted run bit for bit; another world size or
+// stage continues to rounding (the reduction order changes). The data position moves by one global
+// batch per step from the saved one.
 //
 // Nothing lost: checkpoint.dir is checked before the first step (creatable, a directory, writable,
 // room for keep_last + 1 checkpoints of this model); a checkpoint is only written from a healthy
@@ -23,7 +23,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/loss_scaler.h"
 #include "runtime/train_config.h"
-#include "runtime/trainer.h"
+#include "runtime/train_result.h"
 
 namespace zp::runtime {
 

@@ -10,6 +10,10 @@ parallel::AdamWHyper adamw_hyper(const TrainConfig& cfg) {
   return h;
 }
 
+parallel::ShardingPolicy sharding_policy(const TrainConfig& cfg) {
+  return parallel::ShardingPolicy::from_config(cfg.zero_stage, cfg.offload_optimizer, cfg.offload_param);
+}
+
 void begin_micro_step(parallel::ZeroEngine& engine, const LrSchedule& schedule, int64_t micro, int64_t grad_accum,
                       float loss_scale) {
   const bool last = micro + 1 == grad_accum;

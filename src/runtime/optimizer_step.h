@@ -13,6 +13,8 @@ namespace zp::runtime {
 
 // The optimizer's hyperparameters from the configuration.
 parallel::AdamWHyper adamw_hyper(const TrainConfig& cfg);
+// What the ZeRO engine shards and where it keeps each state, from the configuration.
+parallel::ShardingPolicy sharding_policy(const TrainConfig& cfg);
 
 struct StepUpdate {
   double grad_norm = 0;  // of the unscaled gradients, before clipping

@@ -3,37 +3,12 @@
 #include <chrono>
 #include <cmath>
 
-#include "comm/topology.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "runtime/stop_signals.h"
 #include "runtime/optimizer_step.h"
 
 namespace zp::runtime {
-
-LoopPlace place_loop(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm& group) {
-  if (group == MPI_COMM_NULL) group = rt.world();
-  LoopPlace at;
-  ZP_MPI_CHECK(MPI_Comm_size(group, &at.world));
-  ZP_MPI_CHECK(MPI_Comm_rank(group, &at.rank));
-  at.dev = rt.device();
-  if (cfg.device == "cpu") at.dev = Device::cpu();
-  if (cfg.device == "cuda") ZP_REQUIRE(at.dev.is_cuda(), "training.device = \"cuda\": ", cuda_unavailable_reason());
-  at.global_batch = cfg.micro_batch * cfg.grad_accum * at.world;
-  ZP_REQUIRE(cfg.train_batch_size == 0 || cfg.train_batch_size == at.global_batch, "train_batch_size ",
-             cfg.train_batch_size, " != train_micro_batch_size_per_gpu ", cfg.micro_batch,
-             " x gradient_accumulation_steps ", cfg.grad_accum, " x world size ", at.world);
-  return at;
-}
-
-LoopComms make_loop_comms(const LoopPlace& at, MPI_Comm group) {
-  LoopComms c;
-  if (at.world > 1) {
-    c.dp = comm::make_communicator(at.dev.is_cuda() ? comm::Backend::Nccl : comm::Backend::Mpi, group);
-    c.ctrl = std::make_unique<comm::MpiComm>(group);
-  }
-  return c;
-}
 
 namespace {
 
@@ -50,7 +25,7 @@ int agreed_signal(const StopSignals& signals, comm::Communicator* ctrl) {
 void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t, float)>& train,
                const std::function<double(int64_t)>& validate, TrainResult& result) {
   const TrainConfig& cfg = loop.cfg;
-  const int64_t micro = cfg.micro_batch, world = loop.world, rank = loop.rank;
+  const int64_t micro = cfg.micro_batch, world = loop.data_size, rank = loop.data_rank;
   auto dp_mean = [&](double v) {
     if (!loop.ctrl) return v;
     double out = 0;

@@ -118,8 +118,8 @@ TrainConfig TrainConfig::read(io::ConfigReader& r, const std::string& model_type
               "known, so gradient_clipping must be 0, got " + io::json(t.grad_clip).dump());
     r.require(!t.fp16, "optimizer.step_in_backward cannot skip an fp16 overflow step: use bf16.enabled or fp32");
   }
-  r.one_of("zero_optimization.offload_optimizer.device", {"none"}, "offload is not implemented yet");
-  r.one_of("zero_optimization.offload_param.device", {"none"}, "offload is not implemented yet");
+  t.offload_optimizer = r.one_of("zero_optimization.offload_optimizer.device", {"none"}, "offload is not implemented yet");
+  t.offload_param = r.one_of("zero_optimization.offload_param.device", {"none"}, "offload is not implemented yet");
 
   t.model_type = r.one_of("model.type", {model_type},
                           model_type == "unet" ? "diffusion training" : "or \"unet\" for diffusion training");

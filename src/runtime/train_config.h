@@ -32,6 +32,7 @@ struct TrainConfig {
   int64_t scale_window = 1000, hysteresis = 2;
   // ZeRO
   int zero_stage = 0;
+  std::string offload_optimizer = "none", offload_param = "none";  // zero_optimization.offload_*.device
   bool overlap_comm = true;  // collectives on a communication stream (GPUs)
   // model
   std::string model_type = "transformer";

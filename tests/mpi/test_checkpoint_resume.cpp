@@ -28,9 +28,9 @@
 #include "io/config.h"
 #include "io/token_dataset.h"
 #include "models/transformer.h"
-#include "runtime/diffusion.h"
+#include "runtime/diffusion_training.h"
+#include "runtime/lm_training.h"
 #include "runtime/train_config.h"
-#include "runtime/trainer.h"
 
 namespace zp::test {
 using namespace zp::runtime;

@@ -12,7 +12,7 @@
 #include "comm/bootstrap.h"
 #include "core/device.h"
 #include "io/config.h"
-#include "runtime/diffusion.h"
+#include "runtime/diffusion_training.h"
 #include "tiny_unet_config.h"
 
 namespace zp::test {

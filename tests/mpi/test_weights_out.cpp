@@ -20,7 +20,7 @@
 #include "models/transformer.h"
 #include "mpi_test_util.h"
 #include "runtime/train_config.h"
-#include "runtime/trainer.h"
+#include "runtime/lm_training.h"
 
 namespace zp::test {
 using namespace zp::runtime;

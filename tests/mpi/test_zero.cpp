@@ -20,7 +20,7 @@
 #include "io/config.h"
 #include "io/token_dataset.h"
 #include "runtime/train_config.h"
-#include "runtime/trainer.h"
+#include "runtime/lm_training.h"
 
 namespace zp::test {
 using namespace zp::runtime;
@@ -168,7 +168,7 @@ TEST(ZeroStartup, Stage3HoldsShardPlusOneBlock) {
   Allocator& host = host_allocator();
   host.reset_peak();
   const size_t params0 = host.stats().current_by_tag["params"], grads0 = host.stats().current_by_tag["grads"];
-  parallel::ZeroEngine engine(lazy.blocks(), 3, dp.get(), {}, nullptr,
+  parallel::ZeroEngine engine(lazy.blocks(), parallel::ShardingPolicy::zero_stage(3), dp.get(), {}, nullptr,
                               [&](nn::ParamBlock& b) { lazy.init_block_random(b, 5, 0.02); });
   MemoryStats st = host.stats();
   EXPECT_LE(st.peak_by_tag["params"] - params0, size_t(shards + largest) * 4) << "shard + one block";
@@ -176,7 +176,7 @@ TEST(ZeroStartup, Stage3HoldsShardPlusOneBlock) {
   // Same values as the eager path.
   models::Transformer eager(cfg, Device::cpu(), DType::F32, nullptr, pad);
   eager.init_random(5, 0.02);
-  parallel::ZeroEngine reference(eager.blocks(), 3, dp.get(), {});
+  parallel::ZeroEngine reference(eager.blocks(), parallel::ShardingPolicy::zero_stage(3), dp.get(), {});
   EXPECT_EQ(engine.gather_master(), reference.gather_master());
 }
 
@@ -197,7 +197,7 @@ TEST(ZeroStepInBackward, MatchesStepIncludingAnUnusedBlock) {
     parallel::AdamWHyper h{1e-2, 0.9, 0.95, 1e-8, 0.1, true};
     h.step_in_backward = in_backward;
     for (int stage : {2, 3}) {
-      parallel::ZeroEngine engine(model.blocks(), stage, dp.get(), h);
+      parallel::ZeroEngine engine(model.blocks(), parallel::ShardingPolicy::zero_stage(stage), dp.get(), h);
       engine.begin_step();
       engine.begin_micro_step(true);
       if (in_backward) engine.set_update_in_backward(1.f, 1e-2);

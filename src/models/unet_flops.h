@@ -1,0 +1,14 @@
+// The UNet's training FLOPs, for the progress line's MFU and the benchmarks.
+#pragma once
+#include <cstdint>
+
+#include "models/unet.h"
+
+namespace zp::models {
+
+// FLOPs of one training step (forward + backward = 3 x forward) per sample of H x W latents with L
+// text tokens: every conv and linear weight times the positions it slides over (twice: multiply and
+// add), plus attention's scores and weighted values. Norms and elementwise ops are not counted.
+double unet_train_flops_per_sample(UNet& m, int64_t H, int64_t W, int64_t L);
+
+}  // namespace zp::models

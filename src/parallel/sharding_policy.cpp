@@ -1,0 +1,78 @@
+#include "parallel/sharding_policy.h"
+
+#include "core/error.h"
+
+namespace zp::parallel {
+
+namespace {
+
+constexpr const char* kOptimizerKey = "zero_optimization.offload_optimizer.device";
+constexpr const char* kParamKey = "zero_optimization.offload_param.device";
+
+StateTier tier_of(const std::string& device, const char* key) {
+  if (device == "none") return StateTier::Device;
+  if (device == "cpu") return StateTier::PinnedHost;
+  if (device == "nvme") return StateTier::Nvme;
+  throw Error(detail::cat(key, " = \"", device, "\": expected \"none\", \"cpu\" or \"nvme\""));
+}
+
+// The configuration value that asks for `t` (the inverse of tier_of).
+const char* device_of(StateTier t) {
+  switch (t) {
+    case StateTier::Device: return "none";
+    case StateTier::PinnedHost: return "cpu";
+    case StateTier::Nvme: return "nvme";
+  }
+  return "?";
+}
+
+}  // namespace
+
+const char* tier_name(StateTier t) {
+  switch (t) {
+    case StateTier::Device: return "device";
+    case StateTier::PinnedHost: return "pinned host memory";
+    case StateTier::Nvme: return "NVMe";
+  }
+  return "?";
+}
+
+ShardingPolicy ShardingPolicy::zero_stage(int stage) {
+  ZP_REQUIRE(stage >= 0 && stage <= 3, "zero_optimization.stage must be 0, 1, 2 or 3, got ", stage);
+  ShardingPolicy p;
+  p.stage_ = stage;
+  return p;
+}
+
+ShardingPolicy ShardingPolicy::from_config(int stage, const std::string& offload_optimizer_device,
+                                           const std::string& offload_param_device) {
+  ShardingPolicy p = zero_stage(stage);
+  p.optimizer_tier_ = tier_of(offload_optimizer_device, kOptimizerKey);
+  p.parameter_tier_ = tier_of(offload_param_device, kParamKey);
+  ZP_REQUIRE(p.optimizer_tier_ == StateTier::Device || p.shards_optimizer_state(), kOptimizerKey, " = \"",
+             offload_optimizer_device, "\" needs zero_optimization.stage 1, 2 or 3 (stage 0 keeps no optimizer shard)");
+  ZP_REQUIRE(p.parameter_tier_ == StateTier::Device || p.shards_parameters(), kParamKey, " = \"",
+             offload_param_device, "\" needs zero_optimization.stage 3 (only stage 3 shards the parameters), got stage ",
+             stage);
+  return p;
+}
+
+void ShardingPolicy::require_implemented() const {
+  ZP_REQUIRE(optimizer_tier_ == StateTier::Device, kOptimizerKey, " = \"", device_of(optimizer_tier_),
+             "\": optimizer state in ", tier_name(optimizer_tier_),
+             " is not implemented yet (only \"none\", the device, is)");
+  ZP_REQUIRE(parameter_tier_ == StateTier::Device, kParamKey, " = \"", device_of(parameter_tier_),
+             "\": parameters in ", tier_name(parameter_tier_), " are not implemented yet (only \"none\", the device, is)");
+}
+
+std::string ShardingPolicy::str() const {
+  static const char* const sharded[4] = {"nothing sharded", "optimizer state sharded",
+                                         "optimizer state and gradients sharded",
+                                         "optimizer state, gradients and parameters sharded"};
+  std::string s = "ZeRO stage " + std::to_string(stage_) + " (" + sharded[stage_] + "; optimizer state on " +
+                  tier_name(optimizer_tier_);
+  if (shards_parameters()) s += std::string(", parameters on ") + tier_name(parameter_tier_);
+  return s + ")";
+}
+
+}  // namespace zp::parallel

@@ -1,0 +1,60 @@
+// What a data-parallel group shards and where each kind of state lives (DESIGN decisions 2, 4 and
+// 12): the one place that says "ZeRO stage N", so the engine asks questions (shards_gradients()?)
+// rather than comparing stage numbers. The stages nest as in the ZeRO paper: sharding parameters
+// implies sharding gradients, which implies sharding the optimizer state.
+//
+// Tiers: optimizer state (fp32 master weights and AdamW moments) and, with sharded parameters, the
+// owned parameter slices each live on one tier. Only the device tier is implemented; the others are
+// representable so that configs and plans can name them, and the engine rejects them by key name
+// until the offload tiers exist.
+#pragma once
+#include <string>
+
+namespace zp::parallel {
+
+enum class StateTier { Device, PinnedHost, Nvme };
+
+// "device", "pinned host memory", "NVMe": for messages.
+const char* tier_name(StateTier t);
+
+class ShardingPolicy {
+ public:
+  // Stage 0 on the device: every rank holds everything.
+  ShardingPolicy() = default;
+  // ZeRO stage 0-3, every state on the device.
+  static ShardingPolicy zero_stage(int stage);
+  // From the configuration: zero_optimization.stage and the DeepSpeed offload devices
+  // (zero_optimization.offload_optimizer.device / offload_param.device: "none" | "cpu" | "nvme").
+  // Impossible combinations (offloading parameters below stage 3, the optimizer at stage 0, an
+  // unknown device) are errors naming the keys. Tiers that are not implemented are accepted here
+  // and refused by require_implemented().
+  static ShardingPolicy from_config(int stage, const std::string& offload_optimizer_device,
+                                    const std::string& offload_param_device);
+
+  int stage() const { return stage_; }
+  // Each rank keeps fp32 master weights and moments only for its slice of every block (stage >= 1).
+  bool shards_optimizer_state() const { return stage_ >= 1; }
+  // A block's full gradient buffer exists only while its backward runs; it is reduce-scattered into
+  // the owner's slice (stage >= 2). Otherwise gradients are replicated and all-reduced.
+  bool shards_gradients() const { return stage_ >= 2; }
+  // Each rank keeps only its slice of the compute weights; blocks are gathered for use (stage 3).
+  bool shards_parameters() const { return stage_ >= 3; }
+  // Every rank holds the full compute weights but updates only its slice of them, so the updated
+  // slices are all-gathered after each update (stages 1 and 2).
+  bool gathers_updated_weights() const { return shards_optimizer_state() && !shards_parameters(); }
+
+  StateTier optimizer_tier() const { return optimizer_tier_; }
+  StateTier parameter_tier() const { return parameter_tier_; }
+  // Throws a zp::Error naming the configuration key when a state lives on a tier this build cannot
+  // keep it on yet (every tier but the device one: the offload tiers are issue 11).
+  void require_implemented() const;
+
+  // "ZeRO stage 2 (optimizer state and gradients sharded; optimizer state on device)": for logs.
+  std::string str() const;
+
+ private:
+  int stage_ = 0;
+  StateTier optimizer_tier_ = StateTier::Device, parameter_tier_ = StateTier::Device;
+};
+
+}  // namespace zp::parallel

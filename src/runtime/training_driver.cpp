@@ -1,0 +1,57 @@
+#include "runtime/training_driver.h"
+
+#include <functional>
+
+#include "core/log.h"
+#include "parallel/zero_engine.h"
+#include "runtime/loop_checkpoints.h"
+#include "runtime/loss_scaler.h"
+#include "runtime/lr_schedule.h"
+#include "runtime/optimizer_step.h"
+#include "runtime/step_loop.h"
+#include "runtime/step_report.h"
+
+namespace zp::runtime {
+
+TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, bool return_params,
+                         const TrainingTaskFactory& make_task) {
+  const TrainingPlace at = place_training(cfg, rt, group);
+  // The task reads its data and model config first: a bad file is reported before any communicator
+  // or model memory exists.
+  const std::unique_ptr<TrainingTask> task = make_task(at);
+  const TrainingComms comms = make_training_comms(at);
+  const StreamHandle s = at.s();
+
+  // The ZeRO engine (optimizer state, gradient reduction, stage-3 gathering) allocates each block of
+  // the laid-out model and has the task fill it, one at a time.
+  std::vector<nn::ParamBlock*> blocks = task->lay_out_model(parallel::shard_pad_multiple(at.data_size()));
+  parallel::ZeroEngine engine(blocks, cfg.zero_stage, comms.data.get(), adamw_hyper(cfg), s,
+                              [&](nn::ParamBlock& b) { task->fill_block(b); });
+  task->set_block_access(&engine);
+  engine.set_overlap_comm(cfg.overlap_comm);
+
+  LrSchedule sched{cfg.scheduler, cfg.lr, cfg.min_lr_ratio, cfg.warmup_steps, cfg.total_steps};
+  LossScaler scaler(cfg.fp16, cfg.initial_scale, cfg.min_scale, cfg.scale_window, cfg.hysteresis);
+  TrainResult result;
+  LoopCheckpoints checkpoints(cfg, at.topology->mpi_comm(comm::Group::World), engine, task->checkpoint_model(),
+                              at.global_batch, s);
+  checkpoints.resume(scaler, result);
+
+  ZP_LOG_INFO(engine.memory_plan().str(cfg.zero_stage, at.data_size()));
+  const ProgressUnit unit = task->progress();
+  // A resumed run continues its metrics file.
+  StepReporter reporter(cfg.metrics_file, at.rank(), at.world(), at.dev, unit.unit,
+                        at.global_batch * unit.items_per_sample, unit.flops_per_item, cfg.max_steps, cfg.print_every,
+                        !result.resumed_from.empty());
+  ZP_LOG_INFO(task->describe());
+
+  std::function<double(int64_t)> validate;
+  if (task->has_validation()) validate = [&](int64_t first) { return task->validation_loss(first); };
+  run_steps({cfg, engine, scaler, sched, checkpoints, reporter, comms.control.get(), at.data_rank(), at.data_size(), s},
+            [&](int64_t step, int64_t first, float scale) { return task->micro_step(step, first, scale); }, validate,
+            result);
+  if (return_params) result.final_params = engine.gather_master();
+  return result;
+}
+
+}  // namespace zp::runtime

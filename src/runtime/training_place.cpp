@@ -1,0 +1,37 @@
+#include "runtime/training_place.h"
+
+#include "core/error.h"
+
+namespace zp::runtime {
+
+TrainingPlace place_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group) {
+  if (group == MPI_COMM_NULL) group = rt.world();
+  int ranks = 1;
+  ZP_MPI_CHECK(MPI_Comm_size(group, &ranks));
+  TrainingPlace at;
+  at.topology = std::make_unique<comm::Topology>(group, comm::ParallelSizes{.data = ranks});
+  at.dev = rt.device();
+  if (cfg.device == "cpu") at.dev = Device::cpu();
+  if (cfg.device == "cuda") ZP_REQUIRE(at.dev.is_cuda(), "training.device = \"cuda\": ", cuda_unavailable_reason());
+  at.global_batch = cfg.micro_batch * cfg.grad_accum * at.data_size();
+  ZP_REQUIRE(cfg.train_batch_size == 0 || cfg.train_batch_size == at.global_batch, "train_batch_size ",
+             cfg.train_batch_size, " != train_micro_batch_size_per_gpu ", cfg.micro_batch,
+             " x gradient_accumulation_steps ", cfg.grad_accum, " x world size ", at.data_size());
+  if (at.dev.is_cuda()) at.stream = Stream(at.dev);
+  return at;
+}
+
+TrainingComms make_training_comms(const TrainingPlace& at) {
+  const comm::Topology& topo = *at.topology;
+  const comm::Backend tensors = at.dev.is_cuda() ? comm::Backend::Nccl : comm::Backend::Mpi;
+  TrainingComms c;
+  if (topo.group_size(comm::Group::Data) > 1) {
+    c.data = topo.make_communicator(comm::Group::Data, tensors);
+    c.control = std::make_unique<comm::MpiComm>(topo.mpi_comm(comm::Group::Data));
+  }
+  if (topo.group_size(comm::Group::Tensor) > 1) c.tensor = topo.make_communicator(comm::Group::Tensor, tensors);
+  if (topo.group_size(comm::Group::Pipeline) > 1) c.pipeline = topo.make_communicator(comm::Group::Pipeline, tensors);
+  return c;
+}
+
+}  // namespace zp::runtime

@@ -1,0 +1,51 @@
+// Where a training run runs (DESIGN decisions 5 and 13): its ranks laid out by comm::Topology
+// (tensor innermost, then data, pipeline outermost: comm/topology.h), the device training.device
+// picks with its stream, the global batch, and the communicators over the topology's groups.
+//
+// Today every run is data-parallel only: the data group is all of the run's ranks, the tensor and
+// pipeline groups one rank each, so no configuration key sets them yet. The global batch is what the
+// data group processes per step.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "comm/bootstrap.h"
+#include "comm/communicator.h"
+#include "comm/mpi_comm.h"
+#include "comm/topology.h"
+#include "core/device.h"
+#include "runtime/train_config.h"
+
+namespace zp::runtime {
+
+struct TrainingPlace {
+  std::unique_ptr<comm::Topology> topology;
+  Device dev;
+  Stream stream;  // none on the CPU
+  int64_t global_batch = 0;
+
+  StreamHandle s() const { return stream.handle(); }
+  // This rank in the run (rank 0 reports), and this rank's index and size of its data group (which
+  // samples it reads).
+  int rank() const { return topology->rank(); }
+  int world() const { return topology->layout().world_size(); }
+  int data_rank() const { return topology->group_rank(comm::Group::Data); }
+  int data_size() const { return topology->group_size(comm::Group::Data); }
+};
+
+// Lays out the ranks of `group` (MPI_COMM_NULL: the whole world; collective over it), picks the
+// device and checks the global batch against train_batch_size. Throws zp::Error naming the key.
+TrainingPlace place_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group);
+
+// The run's communicators, one per group of the topology that has more than one rank (none for a
+// single rank): tensors on the device's backend (NCCL on GPUs, MPI on CPUs), and host scalars
+// (losses, stop signals) over MPI in the data group.
+struct TrainingComms {
+  std::unique_ptr<comm::Communicator> data, tensor, pipeline;
+  std::unique_ptr<comm::MpiComm> control;
+};
+TrainingComms make_training_comms(const TrainingPlace& at);
+
+}  // namespace zp::runtime

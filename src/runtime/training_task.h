@@ -1,0 +1,60 @@
+// What a model family brings to the training driver (runtime/training_driver.h): its data, its model
+// and its objective. Everything else (topology, devices, communicators, ZeRO engine, optimizer,
+// schedule, loss scaling, checkpoints, progress and metrics) is the driver's, the same for every
+// family. The LM (runtime/lm_training.h) and the diffusion UNet (runtime/diffusion_training.h) are
+// the two families today.
+//
+// The driver makes the task once the run is placed; the task's constructor reads the model's config
+// and opens and checks its data, so a bad file is reported before any communicator or model memory
+// exists. Then, in order: lay_out_model, fill_block for every block (inside the engine's
+// constructor), set_block_access, checkpoint_model, progress, describe, and micro_step /
+// validation_loss for the rest of the run.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nn/block_access.h"
+#include "nn/parameter.h"
+#include "runtime/checkpoint.h"
+
+namespace zp::runtime {
+
+// What a step processes, for the progress line, the metrics and MFU.
+struct ProgressUnit {
+  std::string unit;             // "tok" | "samples"
+  int64_t items_per_sample = 1;  // one sample's items: its tokens, or 1
+  double flops_per_item = 0;    // one item's training FLOPs (forward and backward)
+};
+
+class TrainingTask {
+ public:
+  virtual ~TrainingTask() = default;
+
+  // The model laid out but not allocated (the ZeRO engine allocates and fills one block at a time,
+  // so no rank ever holds the whole model), every block's flat size padded to a multiple of
+  // `pad_multiple`; with model.init "hub", the hub's weights opened (and checked against the model).
+  virtual std::vector<nn::ParamBlock*> lay_out_model(int64_t pad_multiple) = 0;
+  // Gives freshly allocated block `b` its initial values: the hub's, or random ones.
+  virtual void fill_block(nn::ParamBlock& b) = 0;
+  // From now on the model reports every use of a block to `access` (the engine).
+  virtual void set_block_access(nn::BlockAccess* access) = 0;
+
+  // Names the model in every checkpoint written; a resumed checkpoint must match it.
+  virtual CheckpointModel checkpoint_model() const = 0;
+  virtual ProgressUnit progress() = 0;
+  // The start-up line: the model, where it runs, precision, batch and data.
+  virtual std::string describe() = 0;
+
+  // One training micro-batch: the samples at global positions [first, first + micro) of the seeded
+  // sample order (`step` keys any per-step draws), forward, objective, backward of the loss scaled by
+  // `loss_scale`. Returns the micro-batch's mean loss, read after the backward is queued so the
+  // device never waits for the host.
+  virtual double micro_step(int64_t step, int64_t first, float loss_scale) = 0;
+  // Whether there is validation data; validation_loss(first) is the mean loss of the validation
+  // micro-batch at `first` (forward and objective only).
+  virtual bool has_validation() const = 0;
+  virtual double validation_loss(int64_t first) = 0;
+};
+
+}  // namespace zp::runtime

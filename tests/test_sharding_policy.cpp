@@ -1,0 +1,94 @@
+// The sharding policy (parallel/sharding_policy.h): what each ZeRO stage shards, the configuration's
+// offload devices as tiers, and the refusal, naming the key, of tiers that do not exist yet.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "models/transformer.h"
+#include "parallel/zero_engine.h"
+#include "tiny_llama_config.h"
+
+namespace zp::test {
+using parallel::ShardingPolicy;
+using parallel::StateTier;
+
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(ShardingPolicy, EachStageShardsWhatZeroSays) {
+  struct Want {
+    bool optimizer, gradients, parameters, gathers_updated;
+  };
+  const Want want[4] = {{false, false, false, false},
+                        {true, false, false, true},
+                        {true, true, false, true},
+                        {true, true, true, false}};
+  for (int stage = 0; stage <= 3; ++stage) {
+    const ShardingPolicy p = ShardingPolicy::zero_stage(stage);
+    EXPECT_EQ(p.stage(), stage);
+    EXPECT_EQ(p.shards_optimizer_state(), want[stage].optimizer) << "stage " << stage;
+    EXPECT_EQ(p.shards_gradients(), want[stage].gradients) << "stage " << stage;
+    EXPECT_EQ(p.shards_parameters(), want[stage].parameters) << "stage " << stage;
+    EXPECT_EQ(p.gathers_updated_weights(), want[stage].gathers_updated) << "stage " << stage;
+    EXPECT_EQ(p.optimizer_tier(), StateTier::Device);
+    EXPECT_EQ(p.parameter_tier(), StateTier::Device);
+    EXPECT_NO_THROW(p.require_implemented());
+  }
+  EXPECT_EQ(ShardingPolicy().stage(), 0);
+  EXPECT_THROW(ShardingPolicy::zero_stage(4), Error);
+}
+
+TEST(ShardingPolicy, OffloadDevicesAreTiers) {
+  EXPECT_EQ(ShardingPolicy::from_config(2, "none", "none").optimizer_tier(), StateTier::Device);
+  EXPECT_EQ(ShardingPolicy::from_config(2, "cpu", "none").optimizer_tier(), StateTier::PinnedHost);
+  EXPECT_EQ(ShardingPolicy::from_config(1, "nvme", "none").optimizer_tier(), StateTier::Nvme);
+  EXPECT_EQ(ShardingPolicy::from_config(3, "cpu", "nvme").parameter_tier(), StateTier::Nvme);
+  EXPECT_EQ(ShardingPolicy::from_config(3, "none", "cpu").parameter_tier(), StateTier::PinnedHost);
+  EXPECT_EQ(ShardingPolicy::from_config(3, "cpu", "nvme").str(),
+            "ZeRO stage 3 (optimizer state, gradients and parameters sharded; optimizer state on pinned host memory, "
+            "parameters on NVMe)");
+  EXPECT_EQ(ShardingPolicy::zero_stage(1).str(), "ZeRO stage 1 (optimizer state sharded; optimizer state on device)");
+}
+
+TEST(ShardingPolicy, ImpossibleCombinationsNameTheKeys) {
+  std::string m = error_of([] { ShardingPolicy::from_config(2, "none", "cpu"); });
+  EXPECT_NE(m.find("zero_optimization.offload_param.device"), std::string::npos) << m;
+  EXPECT_NE(m.find("stage 3"), std::string::npos) << m;
+  m = error_of([] { ShardingPolicy::from_config(0, "cpu", "none"); });
+  EXPECT_NE(m.find("zero_optimization.offload_optimizer.device"), std::string::npos) << m;
+  m = error_of([] { ShardingPolicy::from_config(1, "disk", "none"); });
+  EXPECT_NE(m.find("zero_optimization.offload_optimizer.device = \"disk\""), std::string::npos) << m;
+}
+
+TEST(ShardingPolicy, TiersNotImplementedYetAreRefusedByKey) {
+  std::string m = error_of([] { ShardingPolicy::from_config(2, "cpu", "none").require_implemented(); });
+  EXPECT_NE(m.find("zero_optimization.offload_optimizer.device = \"cpu\""), std::string::npos) << m;
+  EXPECT_NE(m.find("pinned host memory"), std::string::npos) << m;
+  m = error_of([] { ShardingPolicy::from_config(3, "none", "nvme").require_implemented(); });
+  EXPECT_NE(m.find("zero_optimization.offload_param.device = \"nvme\""), std::string::npos) << m;
+  EXPECT_NE(m.find("NVMe"), std::string::npos) << m;
+
+  // The engine refuses such a policy before it allocates or fills anything.
+  auto cfg = models::TransformerConfig::from_hub_json(tiny_llama(), "policy-test");
+  models::Transformer lazy(cfg, Device::cpu(), DType::F32, nullptr, parallel::shard_pad_multiple(1),
+                           /*allocate=*/false);
+  int filled = 0;
+  m = error_of([&] {
+    parallel::ZeroEngine engine(lazy.blocks(), ShardingPolicy::from_config(3, "cpu", "none"), nullptr, {}, nullptr,
+                                [&](nn::ParamBlock&) { ++filled; });
+  });
+  EXPECT_NE(m.find("zero_optimization.offload_optimizer.device"), std::string::npos) << m;
+  EXPECT_EQ(filled, 0);
+  for (nn::ParamBlock* b : lazy.blocks()) EXPECT_FALSE(b->values().defined()) << b->name();
+}
+
+}  // namespace zp::test
