@@ -24,7 +24,7 @@ io::LatentRequirements requirements(const models::UNetConfig& m, const std::stri
   io::LatentRequirements r;
   r.channels = m.in_channels;
   r.spatial_multiple = int64_t(1) << (m.num_blocks() - 1);
-  r.text_embeds_dim = m.text_time ? m.add_in_dim - 6 * m.add_time_dim : 0;
+  r.text_embeds_dim = m.text_embeds_dim();
   // One encoder_hidden_states feeds every attention block: their cross_attention_dim must agree.
   r.context_dim = 0;
   for (int64_t i = 0; i < m.num_blocks(); ++i) {
@@ -92,7 +92,7 @@ class DiffusionTask final : public TrainingTask {
     target_.resize(size_t(B_ * n_));
     context_.resize(size_t(B_ * L_ * D_));
     text_embeds_.resize(size_t(B_ * E_));
-    time_ids_.resize(size_t(E_ > 0 ? B_ * 6 : 0));
+    time_ids_.resize(size_t(E_ > 0 ? B_ * models::kTimeIdsPerSample : 0));
     weights_.resize(size_t(B_));
   }
 
@@ -147,7 +147,7 @@ class DiffusionTask final : public TrainingTask {
       const int64_t p = first + i;
       const int64_t w = train_step ? ds.epoch_order(cfg_.seed, p / N, p % N, cfg_.shuffle) : p % N;
       ds.read(w, &x0_[size_t(i * n)], &context_[size_t(i * L * D)], E > 0 ? &text_embeds_[size_t(i * E)] : nullptr,
-              E > 0 ? &time_ids_[size_t(i * 6)] : nullptr);
+              E > 0 ? &time_ids_[size_t(i * models::kTimeIdsPerSample)] : nullptr);
       const int64_t t = draw_timestep(cfg_.seed, key_step, p, noise_.num_timesteps());
       draw_noise(cfg_.seed, key_step, p, n, eps_.data());
       noise_.noisy_and_target(t, &x0_[size_t(i * n)], eps_.data(), n, &xt_[size_t(i * n)], &target_[size_t(i * n)]);
@@ -174,8 +174,10 @@ class DiffusionTask final : public TrainingTask {
     const Device dev = at_.dev;
     const StreamHandle s = at_.s();
     Tensor losses = Tensor::empty({B}, DType::F32, dev, "metrics", s);
-    // Validation too: a plain forward keeps every activation, the peak checkpointing is there to avoid.
-    Tensor pred = model_->forward(b.in, cfg_.activation_checkpointing);
+    // Validation runs for the loss alone: an inference forward, which keeps nothing.
+    auto acts = train_step ? models::UNetActivations::training(cfg_.activation_checkpointing)
+                           : models::UNetActivations::inference();
+    Tensor pred = model_->forward(b.in, acts);
     ZP_KERNEL_CALL(dev, mse_forward, s, cfg_.dtype, losses.data<float>(), pred.data(), b.target.data<float>(),
                    b.weights.data<float>(), B, n);
     if (train_step) {
@@ -183,7 +185,7 @@ class DiffusionTask final : public TrainingTask {
       ZP_KERNEL_CALL(dev, mse_backward, s, cfg_.dtype, dpred.data(), pred.data(), b.target.data<float>(),
                      b.weights.data<float>(), loss_scale, B, n);
       pred = Tensor();
-      model_->backward(dpred);
+      model_->backward(dpred, acts);
     }
     Tensor h = losses.to(Device::cpu(), s);
     double sum = 0;

@@ -25,7 +25,7 @@ TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm gro
   // The ZeRO engine (optimizer state, gradient reduction, stage-3 gathering) allocates each block of
   // the laid-out model and has the task fill it, one at a time.
   std::vector<nn::ParamBlock*> blocks = task->lay_out_model(parallel::shard_pad_multiple(at.data_size()));
-  parallel::ZeroEngine engine(blocks, cfg.zero_stage, comms.data.get(), adamw_hyper(cfg), s,
+  parallel::ZeroEngine engine(blocks, sharding_policy(cfg), comms.data.get(), adamw_hyper(cfg), s,
                               [&](nn::ParamBlock& b) { task->fill_block(b); });
   task->set_block_access(&engine);
   engine.set_overlap_comm(cfg.overlap_comm);
