@@ -2,7 +2,7 @@
 // runtime/causal_lm_loss.h): micro-batches in flight at once (forward A, forward B, backward B,
 // backward A) give the gradients of running them one after the other, with and without activation
 // checkpointing; an inference forward keeps nothing for a backward (the allocator's
-// "saved_activations" tag never rises) and gives the training forward's logits; the objective is
+// "saved" tag, nn::kSavedTag, never rises) and gives the training forward's logits; the objective is
 // the mean next-token cross-entropy and writes its gradient over the logits.
 #include <cmath>
 #include <optional>

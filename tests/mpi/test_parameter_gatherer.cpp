@@ -15,6 +15,7 @@
 #include "parallel/collective_stream.h"
 #include "parallel/parameter_gatherer.h"
 #include "parallel/zero_engine.h"
+#include "runtime/causal_lm_loss.h"
 
 namespace zp::test {
 
@@ -36,9 +37,10 @@ TEST(ParameterGatherer, ServesAForwardAlone) {
 
   models::Transformer full(cfg, Device::cpu(), DType::F32, nullptr, pad);
   full.init_random(11, 0.02);
-  Tensor want;
-  full.forward(ids.data(), targets.data(), B * T, B, T, false, &want);
-  const double want_loss = full.loss();
+  // An inference forward: the gatherer serves forwards that no backward follows.
+  models::TransformerActivations want;
+  full.forward(ids.data(), B, T, want, models::ForwardMode::Inference);
+  const double want_loss = runtime::CausalLmLoss(want.logits, cfg.vocab, targets.data(), B * T).mean();
 
   models::Transformer sharded(cfg, Device::cpu(), DType::F32, nullptr, pad);
   sharded.init_random(11, 0.02);
@@ -53,13 +55,14 @@ TEST(ParameterGatherer, ServesAForwardAlone) {
   sharded.set_block_access(&gatherer);
   for (int pass = 0; pass < 2; ++pass) {  // the second pass follows the order the first one learned
     gatherer.begin_step();
-    Tensor got;
-    sharded.forward(ids.data(), targets.data(), B * T, B, T, false, &got);
-    ASSERT_EQ(got.numel(), want.numel());
-    EXPECT_EQ(std::vector<float>(got.data<float>(), got.data<float>() + got.numel()),
-              std::vector<float>(want.data<float>(), want.data<float>() + want.numel()))
+    models::TransformerActivations got;
+    sharded.forward(ids.data(), B, T, got, models::ForwardMode::Inference);
+    const Tensor &g = got.logits, &w = want.logits;
+    ASSERT_EQ(g.numel(), w.numel());
+    EXPECT_EQ(std::vector<float>(g.data<float>(), g.data<float>() + g.numel()),
+              std::vector<float>(w.data<float>(), w.data<float>() + w.numel()))
         << "pass " << pass;
-    EXPECT_EQ(sharded.loss(), want_loss) << "pass " << pass;
+    EXPECT_EQ(runtime::CausalLmLoss(got.logits, cfg.vocab, targets.data(), B * T).mean(), want_loss) << "pass " << pass;
     for (nn::ParamBlock* b : sharded.blocks()) EXPECT_FALSE(b->values().defined()) << b->name() << " released";
   }
 }
