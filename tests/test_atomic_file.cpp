@@ -3,7 +3,6 @@
 #include "io/atomic_file.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,18 +10,16 @@
 #include <stdexcept>
 
 #include "core/error.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
-using namespace zp;
 
+namespace zp::test {
 namespace {
 
 struct ScratchFile {
-  std::string path = (fs::temp_directory_path() / ("zp_atomic_" + std::to_string(::getpid()) + ".bin")).string();
-  ~ScratchFile() {
-    fs::remove(path);
-    fs::remove(io::temporary_path(path));
-  }
+  ScratchFolder dir{"atomic_file"};
+  std::string path = dir / "out.bin";
 };
 
 std::string read_all(const std::string& p) {
@@ -70,11 +67,8 @@ TEST(AtomicFile, AWriterThatFailsLeavesTheOldFileAndNoTemporary) {
 }
 
 TEST(AtomicFile, UnwritableFolderIsAnErrorNamingTheFile) {
-  try {
-    io::AtomicFile f("/nonexistent-zp-dir/out.bin", io::FileSync::None);
-    FAIL() << "created a file in a folder that does not exist";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent-zp-dir/out.bin.tmp: cannot create"), std::string::npos)
-        << e.what();
-  }
+  expect_error([] { io::AtomicFile f("/nonexistent-zp-dir/out.bin", io::FileSync::None); },
+               {"/nonexistent-zp-dir/out.bin.tmp: cannot create"});
 }
+
+}  // namespace zp::test

@@ -56,14 +56,6 @@ TrainResult train_with_runtime(const io::Config& c) {
   return r;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // A tiny SD-layout UNet (golden unet-sd-tiny's shape) on 8x8 latents.
 json tiny_unet(bool sdxl = false) { return tiny_unet_config(sdxl); }
@@ -265,7 +257,7 @@ TEST(LatentDataset, ReadsSamplesLazilyAndChecksTheModel) {
   EXPECT_EQ(ca, cb);
   EXPECT_EQ(ti[0], 64.f);
   all.require({4, 16, 2, 8});
-  auto msg = [&](io::LatentRequirements r) { return error_of([&] { all.require(r); }); };
+  auto msg = [&](io::LatentRequirements r) { return error_message([&] { all.require(r); }); };
   EXPECT_NE(msg({3, 16, 2, 8}).find("in_channels"), std::string::npos);
   EXPECT_EQ(msg({4, 16, 2, 8}), "");
   EXPECT_NE(msg({4, 768, 2, 8}).find("cross_attention_dim"), std::string::npos);
@@ -289,15 +281,15 @@ TEST(LatentDataset, ErrorsNameFileAndDataset) {
     f.close();
   };
   write(false, {4, 4, 8, 8}, {});
-  std::string e = error_of([&] { io::LatentDataset d(p); });
+  std::string e = error_message([&] { io::LatentDataset d(p); });
   EXPECT_NE(e.find(p), std::string::npos) << e;
   EXPECT_NE(e.find("'encoder_hidden_states'"), std::string::npos) << e;
   write(true, {4, 8, 8}, {4, 2, 16});
-  e = error_of([&] { io::LatentDataset d(p); });
+  e = error_message([&] { io::LatentDataset d(p); });
   EXPECT_NE(e.find("'latents'"), std::string::npos) << e;
   EXPECT_NE(e.find("[N, C, H, W]"), std::string::npos) << e;
   write(true, {4, 4, 8, 8}, {5, 2, 16});
-  e = error_of([&] { io::LatentDataset d(p); });
+  e = error_message([&] { io::LatentDataset d(p); });
   EXPECT_NE(e.find("'encoder_hidden_states' holds 5 samples"), std::string::npos) << e;
   // bf16 latents on disk are read as fp32.
   write(true, {4, 4, 8, 8}, {4, 2, 16}, DType::BF16);
@@ -311,7 +303,7 @@ TEST(LatentDataset, ErrorsNameFileAndDataset) {
   std::vector<float> lat(size_t(d.latent_numel())), ctx(size_t(d.context_numel()));
   d.read(1, lat.data(), ctx.data());
   EXPECT_EQ(lat[0], 1.5f);
-  EXPECT_NE(error_of([] { io::LatentDataset d("/nonexistent/zp.h5"); }).find("/nonexistent/zp.h5"), std::string::npos);
+  EXPECT_NE(error_message([] { io::LatentDataset d("/nonexistent/zp.h5"); }).find("/nonexistent/zp.h5"), std::string::npos);
 }
 
 TEST(MakeLatents, ResolvesConfigsAndRejectsBadSizes) {
@@ -329,7 +321,7 @@ TEST(MakeLatents, ResolvesConfigsAndRejectsBadSizes) {
   EXPECT_EQ(app::resolve_unet_config(train.string(), source)["sample_size"], 8);
   json odd = tiny_unet();
   odd["sample_size"] = 7;
-  const std::string e = error_of([&] { app::make_latents((dir / "x.h5").string(), odd.dump(), 4, 1); });
+  const std::string e = error_message([&] { app::make_latents((dir / "x.h5").string(), odd.dump(), 4, 1); });
   EXPECT_NE(e.find("'sample_size'"), std::string::npos) << e;
   EXPECT_FALSE(fs::exists(dir / "x.h5"));
 }
@@ -391,7 +383,7 @@ TEST(DiffusionTraining, ActivationCheckpointingKeepsTheTrajectory) {
 TEST(DiffusionTraining, ConfigErrorsNameTheKey) {
   const std::string data = demo_file("zp_cfg_latents.h5", 8);
   auto error = [&](const std::string& set) {
-    return error_of([&] {
+    return error_message([&] {
       io::Config c = tiny_train_config(data);
       c.set(set);
       UNetTrainConfig::from(c);
@@ -415,7 +407,7 @@ TEST(DiffusionTraining, ConfigErrorsNameTheKey) {
   wide["cross_attention_dim"] = 24;
   c.set("model.config=" + wide.dump());
   c.set("training.max_steps=1");
-  const std::string e = error_of([&] { train_with_runtime(c); });
+  const std::string e = error_message([&] { train_with_runtime(c); });
   EXPECT_NE(e.find("encoder_hidden_states"), std::string::npos) << e;
   EXPECT_NE(e.find("cross_attention_dim"), std::string::npos) << e;
   // Every stage of the tiny model's FLOPs counter covers the convs and the attention.

@@ -5,24 +5,12 @@
 #include "core/error.h"
 #include "models/transformer.h"
 #include "parallel/zero_engine.h"
+#include "test_util.h"
 #include "tiny_llama_config.h"
 
 namespace zp::test {
 using parallel::ShardingPolicy;
 using parallel::StateTier;
-
-namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
 
 TEST(ShardingPolicy, EachStageShardsWhatZeroSays) {
   struct Want {
@@ -60,20 +48,20 @@ TEST(ShardingPolicy, OffloadDevicesAreTiers) {
 }
 
 TEST(ShardingPolicy, ImpossibleCombinationsNameTheKeys) {
-  std::string m = error_of([] { ShardingPolicy::from_config(2, "none", "cpu"); });
+  std::string m = error_message([] { ShardingPolicy::from_config(2, "none", "cpu"); });
   EXPECT_NE(m.find("zero_optimization.offload_param.device"), std::string::npos) << m;
   EXPECT_NE(m.find("stage 3"), std::string::npos) << m;
-  m = error_of([] { ShardingPolicy::from_config(0, "cpu", "none"); });
+  m = error_message([] { ShardingPolicy::from_config(0, "cpu", "none"); });
   EXPECT_NE(m.find("zero_optimization.offload_optimizer.device"), std::string::npos) << m;
-  m = error_of([] { ShardingPolicy::from_config(1, "disk", "none"); });
+  m = error_message([] { ShardingPolicy::from_config(1, "disk", "none"); });
   EXPECT_NE(m.find("zero_optimization.offload_optimizer.device = \"disk\""), std::string::npos) << m;
 }
 
 TEST(ShardingPolicy, TiersNotImplementedYetAreRefusedByKey) {
-  std::string m = error_of([] { ShardingPolicy::from_config(2, "cpu", "none").require_implemented(); });
+  std::string m = error_message([] { ShardingPolicy::from_config(2, "cpu", "none").require_implemented(); });
   EXPECT_NE(m.find("zero_optimization.offload_optimizer.device = \"cpu\""), std::string::npos) << m;
   EXPECT_NE(m.find("pinned host memory"), std::string::npos) << m;
-  m = error_of([] { ShardingPolicy::from_config(3, "none", "nvme").require_implemented(); });
+  m = error_message([] { ShardingPolicy::from_config(3, "none", "nvme").require_implemented(); });
   EXPECT_NE(m.find("zero_optimization.offload_param.device = \"nvme\""), std::string::npos) << m;
   EXPECT_NE(m.find("NVMe"), std::string::npos) << m;
 
@@ -82,7 +70,7 @@ TEST(ShardingPolicy, TiersNotImplementedYetAreRefusedByKey) {
   models::Transformer lazy(cfg, Device::cpu(), DType::F32, nullptr, parallel::shard_pad_multiple(1),
                            /*allocate=*/false);
   int filled = 0;
-  m = error_of([&] {
+  m = error_message([&] {
     parallel::ZeroEngine engine(lazy.blocks(), ShardingPolicy::from_config(3, "cpu", "none"), nullptr, {}, nullptr,
                                 [&](nn::ParamBlock&) { ++filled; });
   });
