@@ -338,3 +338,49 @@ TEST(ConfigRules, HubDirConfigWithAHugeNumberIsANamedError) {
 }
 
 }  // namespace zp::test
+
+namespace zp::test {
+namespace {
+
+runtime::TrainConfig with_sets(const std::vector<std::string>& assignments) {
+  io::Config c = keep_config(valid_user());
+  for (const std::string& a : assignments) c.set(a);
+  return runtime::TrainConfig::from(c);
+}
+
+}  // namespace
+
+// DeepSpeed's offload keys as they are: the devices, pin_memory and the NVMe keys are read; keys that
+// mean nothing for the chosen devices are accepted with one warning naming them; impossible
+// combinations are errors naming the keys.
+TEST(ConfigRules, OffloadKeysAreDeepSpeeds) {
+  const std::string opt = "zero_optimization.offload_optimizer.", par = "zero_optimization.offload_param.";
+  runtime::TrainConfig t = with_sets({"zero_optimization.stage=2", opt + "device=cpu", opt + "pin_memory=false"});
+  EXPECT_EQ(t.offload_optimizer, "cpu");
+  EXPECT_FALSE(t.offload_optimizer_pin_memory);
+  t = with_sets({"zero_optimization.stage=3", opt + "device=nvme", opt + "nvme_path=/tmp", par + "device=cpu",
+                 "aio.queue_depth=32"});
+  EXPECT_EQ(t.offload_optimizer_nvme_path, "/tmp");
+  EXPECT_EQ(t.offload_param, "cpu");
+  EXPECT_EQ(t.aio_queue_depth, 32);
+
+  expect_error([&] { with_sets({"zero_optimization.stage=2", par + "device=cpu"}); },
+               {par + "device = \"cpu\"", "zero_optimization.stage 3", "got stage 2"});
+  expect_error([&] { with_sets({opt + "device=cpu"}); }, {opt + "device = \"cpu\"", "stage 1, 2 or 3", "got stage 0"});
+  expect_error([&] { with_sets({"zero_optimization.stage=1", opt + "device=nvme"}); },
+               {opt + "device = \"nvme\" needs " + opt + "nvme_path"});
+  expect_error([&] { with_sets({"zero_optimization.stage=1", opt + "device=disk"}); }, {opt + "device", "disk"});
+  expect_error([&] { with_sets({"aio.queue_depth=0"}); }, {"aio.queue_depth", "in [1, 4096]"});
+  expect_error([&] { with_sets({opt + "ratio=2"}); }, {opt + "ratio", "in [0, 1]"});
+
+  testing::internal::CaptureStderr();
+  with_sets({"zero_optimization.stage=1", opt + "device=cpu", opt + "ratio=0.5", opt + "nvme_path=/x",
+             "aio.thread_count=4"});
+  const std::string log = testing::internal::GetCapturedStderr();
+  for (const std::string& key : {opt + "ratio", opt + "nvme_path", std::string("aio.thread_count")})
+    EXPECT_NE(log.find(key), std::string::npos) << key << " not named in: " << log;
+  EXPECT_EQ(log.find(opt + "pin_memory"), std::string::npos) << "pin_memory means something with device cpu: " << log;
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 1) << "one warning: " << log;
+}
+
+}  // namespace zp::test

@@ -1,5 +1,6 @@
 // The sharding policy (parallel/sharding_policy.h): what each ZeRO stage shards, the configuration's
-// offload devices as tiers, and the refusal, naming the key, of tiers that do not exist yet.
+// offload devices as tiers, and the refusal, naming the key, of tiers that do not exist yet (NVMe,
+// parameter offload).
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -45,6 +46,11 @@ TEST(ShardingPolicy, OffloadDevicesAreTiers) {
             "ZeRO stage 3 (optimizer state, gradients and parameters sharded; optimizer state on pinned host memory, "
             "parameters on NVMe)");
   EXPECT_EQ(ShardingPolicy::zero_stage(1).str(), "ZeRO stage 1 (optimizer state sharded; optimizer state on device)");
+  ShardingPolicy pageable = ShardingPolicy::from_config(2, "cpu", "none");
+  EXPECT_TRUE(pageable.pin_host_memory());
+  pageable.set_pin_host_memory(false);
+  EXPECT_EQ(pageable.str(),
+            "ZeRO stage 2 (optimizer state and gradients sharded; optimizer state on pageable host memory)");
 }
 
 TEST(ShardingPolicy, ImpossibleCombinationsNameTheKeys) {
@@ -58,9 +64,13 @@ TEST(ShardingPolicy, ImpossibleCombinationsNameTheKeys) {
 }
 
 TEST(ShardingPolicy, TiersNotImplementedYetAreRefusedByKey) {
-  std::string m = error_message([] { ShardingPolicy::from_config(2, "cpu", "none").require_implemented(); });
-  EXPECT_NE(m.find("zero_optimization.offload_optimizer.device = \"cpu\""), std::string::npos) << m;
-  EXPECT_NE(m.find("pinned host memory"), std::string::npos) << m;
+  EXPECT_EQ(error_message([] { ShardingPolicy::from_config(2, "cpu", "none").require_implemented(); }), "")
+      << "optimizer state in host memory is implemented";
+  std::string m = error_message([] { ShardingPolicy::from_config(2, "nvme", "none").require_implemented(); });
+  EXPECT_NE(m.find("zero_optimization.offload_optimizer.device = \"nvme\""), std::string::npos) << m;
+  EXPECT_NE(m.find("NVMe"), std::string::npos) << m;
+  m = error_message([] { ShardingPolicy::from_config(3, "none", "cpu").require_implemented(); });
+  EXPECT_NE(m.find("zero_optimization.offload_param.device = \"cpu\""), std::string::npos) << m;
   m = error_message([] { ShardingPolicy::from_config(3, "none", "nvme").require_implemented(); });
   EXPECT_NE(m.find("zero_optimization.offload_param.device = \"nvme\""), std::string::npos) << m;
   EXPECT_NE(m.find("NVMe"), std::string::npos) << m;
@@ -71,7 +81,7 @@ TEST(ShardingPolicy, TiersNotImplementedYetAreRefusedByKey) {
                            /*allocate=*/false);
   int filled = 0;
   m = error_message([&] {
-    parallel::ZeroEngine engine(lazy.blocks(), ShardingPolicy::from_config(3, "cpu", "none"), nullptr, {}, nullptr,
+    parallel::ZeroEngine engine(lazy.blocks(), ShardingPolicy::from_config(3, "nvme", "none"), nullptr, {}, nullptr,
                                 [&](nn::ParamBlock&) { ++filled; });
   });
   EXPECT_NE(m.find("zero_optimization.offload_optimizer.device"), std::string::npos) << m;

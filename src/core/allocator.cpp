@@ -75,7 +75,15 @@ class PinnedHostAllocator final : public Allocator {
         it->second.pop_back();
       }
     }
-    if (!p) ZP_CUDA_CHECK(cudaHostAlloc(&p, key, cudaHostAllocPortable));
+    if (!p) {
+      // Pinning can fail where allocating would not (RLIMIT_MEMLOCK, a cgroup, fragmentation): a
+      // zp::Error, so that a caller with a pageable fallback (the offload stores) can take it.
+      const cudaError_t e = cudaHostAlloc(&p, key, cudaHostAllocPortable);
+      if (e != cudaSuccess) {
+        cudaGetLastError();  // not sticky: clear it
+        throw Error(detail::cat("cannot pin ", key, " bytes of host memory for '", tag, "': ", cudaGetErrorString(e)));
+      }
+    }
     note_alloc(bytes, tag);
     return p;
   }

@@ -1,16 +1,22 @@
 #include "parallel/optimizer_state_store.h"
 
 #include "parallel/device_state_store.h"
+#include "parallel/host_state_store.h"
 
 namespace zp::parallel {
 
-std::unique_ptr<OptimizerStateStore> make_optimizer_state_store(StateTier tier, std::vector<OwnedRange> ranges,
+std::unique_ptr<OptimizerStateStore> make_optimizer_state_store(const ShardingPolicy& policy,
+                                                                std::vector<OwnedRange> ranges,
                                                                 const std::vector<const void*>& initial,
                                                                 StreamHandle s) {
-  // The offload tiers plug in here (issue 11).
-  ZP_REQUIRE(tier == StateTier::Device, "zero_optimization.offload_optimizer.device: optimizer state in ",
-             tier_name(tier), " is not implemented yet");
-  return std::make_unique<DeviceStateStore>(std::move(ranges), initial, s);
+  switch (policy.optimizer_tier()) {
+    case StateTier::Device: return std::make_unique<DeviceStateStore>(std::move(ranges), initial, s);
+    case StateTier::PinnedHost:
+      return std::make_unique<HostStateStore>(std::move(ranges), initial, s, policy.pin_host_memory());
+    case StateTier::Nvme: break;
+  }
+  throw Error(detail::cat("zero_optimization.offload_optimizer.device: optimizer state in ",
+                          tier_name(policy.optimizer_tier()), " is not implemented yet"));
 }
 
 }  // namespace zp::parallel

@@ -1,9 +1,9 @@
 // Where AdamW's per-range state lives (DESIGN decisions 4 and 12): the fp32 master weights and the two
 // moments of every owned range, behind one interface so that the tier is a choice of store, not a
 // property of the optimizer. The store also applies the update, because that is where the tiers
-// differ: the device store runs the fused multi-tensor kernel on the state in place, a host store
-// (issue 11) stages the gradients down, runs the update on the CPU and stages the new weights up,
-// an NVMe store additionally reads the state in and writes it back. Gradients and new weights are
+// differ: the device store runs the fused multi-tensor kernel on the state in place, the host store
+// (host_state_store.h) stages the gradients down, runs the update on the CPU and stages the new
+// weights up, an NVMe store will additionally read the state in and write it back. Gradients and new weights are
 // always in the block's device memory, where the engine keeps them; only the state moves.
 #pragma once
 #include <cstdint>
@@ -65,9 +65,11 @@ class OptimizerStateStore {
   std::vector<OwnedRange> ranges_;
 };
 
-// The store for `tier`. `initial[i]` points at range i's current compute values (the block's dtype,
-// size() elements, device memory): the master weights start from them, the moments at zero.
-std::unique_ptr<OptimizerStateStore> make_optimizer_state_store(StateTier tier, std::vector<OwnedRange> ranges,
+// The store for the policy's optimizer tier (pinned or pageable host memory as it says). `initial[i]`
+// points at range i's current compute values (the block's dtype, size() elements, device memory):
+// the master weights start from them, the moments at zero.
+std::unique_ptr<OptimizerStateStore> make_optimizer_state_store(const ShardingPolicy& policy,
+                                                                std::vector<OwnedRange> ranges,
                                                                 const std::vector<const void*>& initial,
                                                                 StreamHandle s);
 

@@ -27,6 +27,7 @@ class ShardedAdamW {
   void set_steps(int64_t n) { step_ = n; }
   const std::vector<OwnedRange>& ranges() const { return store_->ranges(); }
   OptimizerStateStore& state() { return *store_; }
+  const OptimizerStateStore& state() const { return *store_; }
   AdamWHyper& hyper() { return h_; }
 
  private:

@@ -58,9 +58,9 @@ ShardingPolicy ShardingPolicy::from_config(int stage, const std::string& offload
 }
 
 void ShardingPolicy::require_implemented() const {
-  ZP_REQUIRE(optimizer_tier_ == StateTier::Device, kOptimizerKey, " = \"", device_of(optimizer_tier_),
+  ZP_REQUIRE(optimizer_tier_ != StateTier::Nvme, kOptimizerKey, " = \"", device_of(optimizer_tier_),
              "\": optimizer state in ", tier_name(optimizer_tier_),
-             " is not implemented yet (only \"none\", the device, is)");
+             " is not implemented yet (\"none\", the device, and \"cpu\" are)");
   ZP_REQUIRE(parameter_tier_ == StateTier::Device, kParamKey, " = \"", device_of(parameter_tier_),
              "\": parameters in ", tier_name(parameter_tier_), " are not implemented yet (only \"none\", the device, is)");
 }
@@ -69,9 +69,12 @@ std::string ShardingPolicy::str() const {
   static const char* const sharded[4] = {"nothing sharded", "optimizer state sharded",
                                          "optimizer state and gradients sharded",
                                          "optimizer state, gradients and parameters sharded"};
+  auto where = [&](StateTier t) {
+    return t == StateTier::PinnedHost && !pin_host_memory_ ? std::string("pageable host memory") : tier_name(t);
+  };
   std::string s = "ZeRO stage " + std::to_string(stage_) + " (" + sharded[stage_] + "; optimizer state on " +
-                  tier_name(optimizer_tier_);
-  if (shards_parameters()) s += std::string(", parameters on ") + tier_name(parameter_tier_);
+                  where(optimizer_tier_);
+  if (shards_parameters()) s += ", parameters on " + where(parameter_tier_);
   return s + ")";
 }
 

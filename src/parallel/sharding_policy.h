@@ -4,9 +4,9 @@
 // implies sharding gradients, which implies sharding the optimizer state.
 //
 // Tiers: optimizer state (fp32 master weights and AdamW moments) and, with sharded parameters, the
-// owned parameter slices each live on one tier. Only the device tier is implemented; the others are
-// representable so that configs and plans can name them, and the engine rejects them by key name
-// until the offload tiers exist.
+// owned parameter slices each live on one tier. Optimizer state may live on the device or in host
+// memory (ZeRO-Offload); the NVMe tier and parameter offload are representable so that configs and
+// plans can name them, and the engine rejects them by key name until they exist.
 #pragma once
 #include <string>
 
@@ -44,9 +44,15 @@ class ShardingPolicy {
   bool gathers_updated_weights() const { return shards_optimizer_state() && !shards_parameters(); }
 
   StateTier optimizer_tier() const { return optimizer_tier_; }
+  // Whether host-tier state is page-locked (DeepSpeed's pin_memory): pinned memory makes the copies
+  // to and from the GPU asynchronous and full speed, but the kernel can never swap it out. When
+  // pinning fails the stores fall back to pageable memory with a warning.
+  bool pin_host_memory() const { return pin_host_memory_; }
+  void set_pin_host_memory(bool on) { pin_host_memory_ = on; }
   StateTier parameter_tier() const { return parameter_tier_; }
   // Throws a zp::Error naming the configuration key when a state lives on a tier this build cannot
-  // keep it on yet (every tier but the device one: the offload tiers are issue 11).
+  // keep it on yet: optimizer state lives on the device or in host memory; NVMe and parameter
+  // offload are not implemented yet.
   void require_implemented() const;
 
   // "ZeRO stage 2 (optimizer state and gradients sharded; optimizer state on device)": for logs.
@@ -55,6 +61,7 @@ class ShardingPolicy {
  private:
   int stage_ = 0;
   StateTier optimizer_tier_ = StateTier::Device, parameter_tier_ = StateTier::Device;
+  bool pin_host_memory_ = true;
 };
 
 }  // namespace zp::parallel

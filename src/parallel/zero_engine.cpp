@@ -5,6 +5,7 @@
 
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
+#include "parallel/host_state_store.h"
 
 namespace zp::parallel {
 using namespace zp::kernels;
@@ -48,7 +49,7 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, const ShardingPolicy
     initial.push_back(gatherer_ ? gatherer_->shard(ranges.size() - 1).data()
                                 : static_cast<const char*>(b->values().data()) + size_t(begin) * dtype_size(b->dtype()));
   }
-  opt_ = std::make_unique<ShardedAdamW>(make_optimizer_state_store(policy_.optimizer_tier(), std::move(ranges), initial, s),
+  opt_ = std::make_unique<ShardedAdamW>(make_optimizer_state_store(policy_, std::move(ranges), initial, s),
                                         h, s);
   reducer_->on_final_gradient([this](size_t i, const Tensor& grad, StreamHandle cs) { update_in_backward(i, grad, cs); });
   set_overlap_comm(true);
@@ -201,6 +202,12 @@ MemoryPlan ZeroEngine::memory_plan() const {
   const double grad_shards = hyper_.step_in_backward ? 0.0 : psi / n;
   p.grad_bytes = (policy_.shards_gradients() ? grad_shards + 2.0 * double(largest) : psi) * 4.0;
   p.optimizer_bytes = (policy_.shards_optimizer_state() ? psi / n : psi) * 12.0;
+  if (auto* host = dynamic_cast<const HostStateStore*>(&opt_->state())) {
+    p.optimizer_bytes = 0;
+    p.host_optimizer_bytes = double(host->state_bytes());
+    p.host_staging_bytes = double(host->staging_bytes());
+    p.host_pinned = host->pinned();
+  }
   return p;
 }
 
@@ -214,7 +221,14 @@ std::string MemoryPlan::str(int stage, int world) const {
                 stage, world, world == 1 ? "" : "s", param_bytes / mib, grad_bytes / mib, optimizer_bytes / mib,
                 (param_bytes + grad_bytes + optimizer_bytes) / mib, double(params) / 1e6,
                 (4.0 * double(params) + 12.0 * double(params) / world) / mib);
-  return buf;
+  std::string s = buf;
+  if (host_optimizer_bytes > 0) {
+    std::snprintf(buf, sizeof(buf), "; offloaded to %s host memory: optimizer %.1f MiB (fp32 master and moments) + "
+                  "staging %.1f MiB", host_pinned ? "pinned" : "pageable", host_optimizer_bytes / mib,
+                  host_staging_bytes / mib);
+    s += buf;
+  }
+  return s;
 }
 
 }  // namespace zp::parallel

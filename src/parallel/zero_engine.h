@@ -48,7 +48,9 @@ int64_t shard_pad_multiple(int world);
 
 struct MemoryPlan {
   int64_t params = 0;             // Ψ: parameters (all blocks, padded)
-  double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;  // per rank, resident
+  double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;  // per rank, resident on the device
+  double host_optimizer_bytes = 0, host_staging_bytes = 0;       // per rank, in host memory (offload)
+  bool host_pinned = false;
   std::string str(int stage, int world) const;
 };
 

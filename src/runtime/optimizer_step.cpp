@@ -11,7 +11,11 @@ parallel::AdamWHyper adamw_hyper(const TrainConfig& cfg) {
 }
 
 parallel::ShardingPolicy sharding_policy(const TrainConfig& cfg) {
-  return parallel::ShardingPolicy::from_config(cfg.zero_stage, cfg.offload_optimizer, cfg.offload_param);
+  auto p = parallel::ShardingPolicy::from_config(cfg.zero_stage, cfg.offload_optimizer, cfg.offload_param);
+  // One pin_memory for both kinds of host state: DeepSpeed has one per offload section, but a rank
+  // pinning one kind and not the other buys nothing.
+  p.set_pin_host_memory(cfg.offload_optimizer_pin_memory && cfg.offload_param_pin_memory);
+  return p;
 }
 
 void begin_micro_step(parallel::ZeroEngine& engine, const LrSchedule& schedule, int64_t micro, int64_t grad_accum,

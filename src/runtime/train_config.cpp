@@ -35,10 +35,14 @@ const io::json& train_config_schema() {
     "fp16": {"enabled": false, "loss_scale": 0.0, "initial_scale_power": 16, "loss_scale_window": 1000,
              "hysteresis": 2, "min_loss_scale": 1.0},
     "zero_optimization": {"stage": 0,
-                          "offload_optimizer": {"device": "none", "nvme_path": "", "pin_memory": true},
-                          "offload_param": {"device": "none", "nvme_path": "", "pin_memory": true},
+                          "offload_optimizer": {"device": "none", "nvme_path": "", "pin_memory": true,
+                                                "buffer_count": 4, "ratio": 1.0, "fast_init": false},
+                          "offload_param": {"device": "none", "nvme_path": "", "pin_memory": true,
+                                            "buffer_count": 5, "buffer_size": 1e8, "max_in_cpu": 1e9},
                           "overlap_comm": true, "contiguous_gradients": true, "reduce_bucket_size": 5e8,
                           "allgather_bucket_size": 5e8, "stage3_prefetch_bucket_size": 5e8},
+    "aio": {"block_size": 1048576, "queue_depth": 8, "thread_count": 1, "single_submit": false,
+            "overlap_events": true},
     "model": {"type": "transformer", "config": null, "hub_dir": "", "init": "random", "init_std": 0.02,
               "activation_checkpointing": false, "weight_decay_on_all": false},
     "data": {"train_files": [], "val_files": [], "val_fraction": 0.0, "seq_len": 1024, "shuffle": true},
@@ -64,6 +68,71 @@ TrainConfig TrainConfig::from(const io::Config& c) {
   r.throw_if_any();
   return t;
 }
+
+namespace {
+
+// DeepSpeed's offload keys as they are (zero_optimization.offload_optimizer / offload_param, aio).
+// What each tier honours is read; a key that means nothing for the chosen devices is accepted with
+// one warning naming it when it differs from its default, so a DeepSpeed config runs unchanged.
+void read_offload(io::ConfigReader& r, TrainConfig& t) {
+  const std::string opt = "zero_optimization.offload_optimizer.", par = "zero_optimization.offload_param.";
+  t.offload_optimizer = r.one_of(opt + "device", {"none", "cpu", "nvme"});
+  t.offload_param = r.one_of(par + "device", {"none", "cpu", "nvme"});
+  t.offload_optimizer_pin_memory = r.boolean(opt + "pin_memory");
+  t.offload_param_pin_memory = r.boolean(par + "pin_memory");
+  t.offload_optimizer_nvme_path = r.string(opt + "nvme_path");
+  t.offload_param_nvme_path = r.string(par + "nvme_path");
+  t.offload_optimizer_buffer_count = r.integer(opt + "buffer_count", 1, 64);
+  t.offload_param_buffer_count = r.integer(par + "buffer_count", 1, 64);
+  if (t.offload_optimizer != "none")
+    r.require(t.zero_stage >= 1, opt + "device = \"" + t.offload_optimizer + "\" needs zero_optimization.stage 1, 2 "
+              "or 3 (stage 0 keeps no optimizer shard), got stage " + std::to_string(t.zero_stage));
+  if (t.offload_param != "none")
+    r.require(t.zero_stage == 3, par + "device = \"" + t.offload_param + "\" needs zero_optimization.stage 3 (only "
+              "stage 3 shards the parameters), got stage " + std::to_string(t.zero_stage));
+  if (t.offload_optimizer == "nvme")
+    r.require(!t.offload_optimizer_nvme_path.empty(), opt + "device = \"nvme\" needs " + opt + "nvme_path");
+  if (t.offload_param == "nvme")
+    r.require(!t.offload_param_nvme_path.empty(), par + "device = \"nvme\" needs " + par + "nvme_path");
+
+  // Read for their types and ranges even where they mean nothing, so a typo is still an error.
+  r.number(opt + "ratio", io::Range::closed(0, 1));
+  r.boolean(opt + "fast_init");
+  r.number(par + "buffer_size", io::Range::above(0));
+  r.number(par + "max_in_cpu", io::Range::at_least(0));
+  r.boolean("aio.single_submit");
+  r.boolean("aio.overlap_events");
+  t.aio_block_size = r.integer("aio.block_size", 4096, int64_t(1) << 30);
+  t.aio_queue_depth = r.integer("aio.queue_depth", 1, 4096);
+  t.aio_thread_count = r.integer("aio.thread_count", 1, 256);
+
+  // Keys with no meaning here, or none for the devices chosen.
+  std::vector<std::string> unused;
+  auto unless = [&](bool meaningful, const std::string& key) {
+    if (!meaningful && r.value(key) != r.config().default_at(key)) unused.push_back(key);
+  };
+  const bool opt_nvme = t.offload_optimizer == "nvme", par_nvme = t.offload_param == "nvme";
+  unless(opt_nvme, opt + "nvme_path");
+  unless(opt_nvme, opt + "buffer_count");
+  unless(t.offload_optimizer != "none", opt + "pin_memory");
+  unless(false, opt + "ratio");      // partial offload (DeepSpeed's twin-flow): all of a rank's state moves
+  unless(false, opt + "fast_init");  // state is created shard by shard on its tier anyway
+  unless(par_nvme, par + "nvme_path");
+  unless(par_nvme, par + "buffer_count");
+  unless(par_nvme, par + "buffer_size");
+  unless(t.offload_param == "cpu", par + "max_in_cpu");
+  unless(t.offload_param != "none", par + "pin_memory");
+  for (const char* k : {"block_size", "queue_depth", "thread_count", "single_submit", "overlap_events"})
+    unless(opt_nvme || par_nvme, std::string("aio.") + k);
+  if (!unused.empty()) {
+    std::string list;
+    for (const std::string& k : unused) list += (list.empty() ? "" : ", ") + k;
+    ZP_LOG_WARN("ignored: ", list, " (no meaning with offload_optimizer.device = \"", t.offload_optimizer,
+                "\" and offload_param.device = \"", t.offload_param, "\")");
+  }
+}
+
+}  // namespace
 
 TrainConfig TrainConfig::read(io::ConfigReader& r, const std::string& model_type) {
   using io::Range;
@@ -118,8 +187,7 @@ TrainConfig TrainConfig::read(io::ConfigReader& r, const std::string& model_type
               "known, so gradient_clipping must be 0, got " + io::json(t.grad_clip).dump());
     r.require(!t.fp16, "optimizer.step_in_backward cannot skip an fp16 overflow step: use bf16.enabled or fp32");
   }
-  t.offload_optimizer = r.one_of("zero_optimization.offload_optimizer.device", {"none"}, "offload is not implemented yet");
-  t.offload_param = r.one_of("zero_optimization.offload_param.device", {"none"}, "offload is not implemented yet");
+  read_offload(r, t);
 
   t.model_type = r.one_of("model.type", {model_type},
                           model_type == "unet" ? "diffusion training" : "or \"unet\" for diffusion training");

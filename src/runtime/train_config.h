@@ -32,7 +32,13 @@ struct TrainConfig {
   int64_t scale_window = 1000, hysteresis = 2;
   // ZeRO
   int zero_stage = 0;
-  std::string offload_optimizer = "none", offload_param = "none";  // zero_optimization.offload_*.device
+  // zero_optimization.offload_optimizer / offload_param (DeepSpeed's keys): "none" | "cpu" | "nvme",
+  // and what the tiers honour; aio.* for the NVMe tier.
+  std::string offload_optimizer = "none", offload_param = "none";
+  bool offload_optimizer_pin_memory = true, offload_param_pin_memory = true;
+  std::string offload_optimizer_nvme_path, offload_param_nvme_path;
+  int64_t offload_optimizer_buffer_count = 4, offload_param_buffer_count = 5;
+  int64_t aio_block_size = 1 << 20, aio_queue_depth = 8, aio_thread_count = 1;
   bool overlap_comm = true;  // collectives on a communication stream (GPUs)
   // model
   std::string model_type = "transformer";

@@ -21,6 +21,7 @@
 #include <random>
 
 #include "mpi_test_util.h"
+#include "training_runs.h"
 #include "app/make_latents.h"
 #include "comm/bootstrap.h"
 #include "core/device.h"
@@ -38,99 +39,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int kGlobalBatch = 30;  // divisible by 1, 2, 3 and 5
-constexpr int kSteps = 6, kSaveAt = 3;
-
-const std::string kUNetDemo =
-    (fs::path(__FILE__).parent_path().parent_path().parent_path() / "configs" / "unet-demo-tiny.json").string();
-
-// The training data of `model`: tokens for an LM, latents for "unet" (make-latents for the demo
-// config's UNet, at 8x8 rather than its 16x16 to keep the test short; two global batches' worth, so
-// the order wraps into a second epoch).
-std::string data_file(const SharedDir& dir, const std::string& model) {
-  const std::string p = dir / (model == "unet" ? "latents.h5" : "tokens.bin");
-  if (world_rank() == 0) {
-    if (model == "unet") {
-      std::ifstream in(kUNetDemo);
-      io::json unet = io::json::parse(in)["model"]["config"];
-      unet["sample_size"] = 8;
-      app::make_latents(p, unet.dump(), 2 * kGlobalBatch, 5);
-    } else {
-      std::mt19937_64 g(11);
-      std::vector<int32_t> t(kGlobalBatch * kSteps * 16 + 1);
-      for (auto& x : t) x = int32_t(g() % 64);
-      io::write_token_file(p, t, 64);
-    }
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return p;
-}
-
-io::json model_json(const std::string& type) {
-  return type == "gpt2" ? io::json{{"model_type", "gpt2"}, {"vocab_size", 64}, {"n_positions", 32}, {"n_embd", 32},
-                                   {"n_layer", 2}, {"n_head", 2}}
-                        : io::json{{"model_type", "llama"}, {"vocab_size", 64}, {"hidden_size", 32},
-                                   {"intermediate_size", 48}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
-                                   {"num_key_value_heads", 2}, {"max_position_embeddings", 32}};
-}
-
-struct Run {
-  std::string model = "llama";  // llama | gpt2 | unet
-  int stage = 0, world = 1;
-  int64_t max_steps = kSteps, save_every = 0;
-  std::string dir, resume;
-  std::string device = "cpu";
-  bool activation_checkpointing = false;
-};
-
-// The LMs' config is written here; the UNet's is the demo config with the same overrides.
-io::Config user_config(const std::string& data, const Run& r) {
-  io::json user = {{"train_micro_batch_size_per_gpu", kGlobalBatch / r.world},
-                   {"steps_per_print", 1000},
-                   {"gradient_clipping", 0.5},
-                   {"optimizer", {{"params", {{"lr", 3e-3}, {"weight_decay", 0.1}}}}},
-                   // The schedule's length is fixed: a 3-step run that saves is the start of the 6-step one.
-                   {"scheduler", {{"params", {{"warmup_num_steps", 2}, {"total_num_steps", kSteps}}}}},
-                   {"zero_optimization", {{"stage", r.stage}}},
-                   {"model", {{"activation_checkpointing", r.activation_checkpointing}}},
-                   {"data", {{"train_files", {data}}, {"val_fraction", 0.0}}},
-                   {"checkpoint", {{"dir", r.dir}, {"save_every", r.save_every}, {"keep_last", 0}}},
-                   {"training", {{"max_steps", r.max_steps}, {"device", r.device}, {"eval_every", 0}}}};
-  if (r.model == "unet") {
-    std::ifstream in(kUNetDemo);
-    io::json demo = io::json::parse(in);
-    demo.merge_patch(user);
-    return io::Config(train_schema_with_diffusion(), demo, kUNetDemo);
-  }
-  user["model"]["config"] = model_json(r.model);
-  user["data"]["seq_len"] = 16;
-  return io::Config(train_config_schema(), user, "resume-test");
-}
-
-TrainResult run(const std::string& data, const Run& r, comm::Runtime& rt, MPI_Comm group,
-                bool return_params = false) {
-  const io::Config c = user_config(data, r);
-  if (r.model == "unet") {
-    UNetTrainConfig u = UNetTrainConfig::from(c);
-    u.common.resume = r.resume;
-    return train_unet(u, rt, group, return_params);
-  }
-  TrainConfig t = TrainConfig::from(c);
-  t.resume = r.resume;
-  return train(t, rt, group, return_params);
-}
-
-// The first `n` ranks of the world, or MPI_COMM_NULL on the others.
-MPI_Comm first_ranks(int n) {
-  MPI_Comm c = MPI_COMM_NULL;
-  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < n ? 0 : MPI_UNDEFINED, world_rank(), &c);
-  return c;
-}
-
-std::vector<double> tail(const std::vector<double>& v, size_t from) {
-  return from <= v.size() ? std::vector<double>(v.begin() + long(from), v.end()) : std::vector<double>{};
-}
-
 // On GPUs the embedding's backward adds rows with fp32 atomics, whose order (and so the last bits)
 // varies from run to run: there the resumed run must agree to 1e-5 instead of bit for bit.
 void check_same_world(const std::string& model, int stage, const std::string& device = "cpu",
@@ -144,7 +52,7 @@ void check_same_world(const std::string& model, int stage, const std::string& de
   const std::string what = model + " stage " + std::to_string(stage) + " world " + std::to_string(world) +
                            (activation_checkpointing ? " with activation checkpointing" : "");
   auto with = [&](int64_t steps, int64_t save_every, const std::string& dir, const std::string& resume) {
-    return Run{model, stage, world, steps, save_every, dir, resume, device, activation_checkpointing};
+    return TrainingRun{model, stage, world, steps, save_every, dir, resume, device, activation_checkpointing};
   };
 
   const TrainResult straight = run(data, with(kSteps, 0, "", ""), rt, MPI_COMM_WORLD, true);

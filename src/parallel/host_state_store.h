@@ -1,0 +1,68 @@
+// Optimizer state in host memory (ZeRO-Offload's CPU tier, DESIGN decision 4): a rank's fp32 master
+// weights and AdamW moments live in (pinned) host memory, and the update runs on the CPU.
+//
+// The trick is the staging ring. A step walks the owned ranges in chunks of at most kChunk elements
+// (split at parameter boundaries, since weight decay is per parameter) through `buffer_count` pinned
+// slots, each holding one chunk's fp32 gradients and its new compute-dtype weights. A copy stream
+// brings chunk j+K's gradients down while the CPU updates chunk j and chunk j-1's weights go back up,
+// so the PCIe traffic both ways hides behind the CPU update, and host memory for staging stays at
+// K chunks however large the model. The compute stream waits for the last upload and nothing else:
+// the host thread is busy for the CPU update only. On a CPU device the gradients and weights already
+// are host memory and the update runs on them directly, with no staging.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "core/device.h"
+#include "parallel/optimizer_state_store.h"
+
+namespace zp::parallel {
+
+class HostStateStore final : public OptimizerStateStore {
+ public:
+  static constexpr int64_t kChunk = int64_t(1) << 22;  // elements per staging slot (16 MiB of fp32 gradients)
+
+  // pinned: page-locked state (falls back to pageable memory, with one warning, when pinning fails);
+  // buffer_count: staging slots (>= 1; 2 already overlaps the copies with the update).
+  HostStateStore(std::vector<OwnedRange> ranges, const std::vector<const void*>& initial, StreamHandle s,
+                 bool pinned, int buffer_count = 4);
+  ~HostStateStore() override;
+
+  StateTier tier() const override { return StateTier::PinnedHost; }
+  bool pinned() const { return pinned_; }
+  // Host bytes of state (fp32 master weights and moments) and of staging.
+  size_t state_bytes() const;
+  size_t staging_bytes() const;
+
+  void update(std::span<const RangeUpdate> updates, const AdamWHyper& h, const kernels::AdamWConfig& cfg,
+              StreamHandle s) override;
+  void read(size_t i, OptimizerState which, int64_t offset, int64_t count, float* host, StreamHandle s) override;
+  void write(size_t i, OptimizerState which, int64_t offset, int64_t count, const float* host,
+             StreamHandle s) override;
+  void write_weights(size_t i, void* weights_out, StreamHandle s) override;
+
+ private:
+  struct Slot;
+  // One piece of a step: elements [begin, end) of range `range`, offsets relative to the range.
+  struct Chunk {
+    size_t update = 0;  // index into the step's updates
+    int64_t begin = 0, end = 0;
+  };
+  float* state(size_t i, OptimizerState which);
+  // The AdamW table of elements [begin, end) of range u.range: grads from `grad` and new weights to
+  // `weights_out`, both indexed from `begin`.
+  void add_params(const RangeUpdate& u, int64_t begin, int64_t end, const float* grad, void* weights_out,
+                  const AdamWHyper& h, std::vector<kernels::AdamWTensor>& table);
+  void update_on_device(std::span<const RangeUpdate> updates, const AdamWHyper& h, const kernels::AdamWConfig& cfg,
+                        StreamHandle s);
+
+  Device dev_;
+  DType dt_;
+  bool pinned_ = true;
+  std::vector<Tensor> master_, m_, v_;  // host memory, one per range
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::unique_ptr<Stream> copy_;  // device-to-host and host-to-device copies (CUDA blocks only)
+  std::vector<kernels::AdamWTensor> table_;
+};
+
+}  // namespace zp::parallel
