@@ -4,7 +4,9 @@
 // Vectorisation: a loop calling sqrtf does not vectorise while errno is live (-fmath-errno, the
 // default), so each block of kBlock elements runs three loops: the moments (vectorised), the
 // denominators (scalar sqrt, in L1), the parameter update (vectorised). target_clones compiles the
-// block for AVX-512, AVX2 and the baseline and picks one at load time.
+// block for AVX-512, AVX2 and the baseline and picks one at load time. The file builds with
+// -ffp-contract=off (CMakeLists.txt): GCC would fuse multiply-adds in the AVX-512 clone, so results
+// would depend on the CPU, and the offload tier's kernels/host AdamW is tested against these bits.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
