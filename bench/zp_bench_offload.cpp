@@ -11,8 +11,8 @@
 //                                 per parameter), and pct_of_triad: the best step's GB/s over the best
 //                                 of an nt:1 triad pass run on the same pool after every step.
 // The target is pct_of_triad >= 80. `zp_bench_offload [--params N] [benchmark flags]`.
-// GPU benchmarks of the offload engine belong in this file too, inside #ifdef ZP_WITH_CUDA (they use
-// bench_common.h, which needs the CUDA runtime), so the CPU part keeps building without CUDA.
+// GPU part (CUDA builds, inside #ifdef ZP_WITH_CUDA so the CPU part builds without CUDA): the offload
+// engine on the 1.42B GPT, BM_OffloadStep below.
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
@@ -27,6 +27,17 @@
 #include <vector>
 
 #include "kernels/host/host_adamw.h"
+#ifdef ZP_WITH_CUDA
+#include <cmath>
+#include <random>
+
+#include "bench_common.h"
+#include "comm/bootstrap.h"
+#include "core/allocator.h"
+#include "models/transformer.h"
+#include "parallel/zero_engine.h"
+#include "runtime/causal_lm_loss.h"
+#endif
 
 namespace zp::bench {
 using kernels::host::HostAdamW;
@@ -186,6 +197,81 @@ void BM_HostAdamW(benchmark::State& st, Isa isa, int threads) {
   st.counters["pct_of_triad"] = 100.0 * bytes / best / 1e9 / triad;
 }
 
+#ifdef ZP_WITH_CUDA
+// GPU part: the 1.42B GPT of zp_bench_zero (d=2048, 24 layers, B=8, T=1024 per GPU, bf16 compute) at
+// ZeRO stage 3, with the optimizer state on the device (offload:0) or in pinned host memory with
+// AdamW on the CPU (offload:1), one optimizer step per `accum` micro-batches.
+//   BM_OffloadStep/stage/offload/accum   tokens/s over all ranks, GPU peak (engine allocator), host
+//                                        peak RSS; the fraction of the non-offloaded step is the
+//                                        ratio of two rows. Run under `mpirun -np 1` (and -np 2).
+comm::Runtime* g_rt = nullptr;
+
+void BM_OffloadStep(benchmark::State& st) {
+  if (!g_rt || !g_rt->device().is_cuda()) {
+    st.SkipWithError("needs a GPU");
+    return;
+  }
+  const int stage = int(st.range(0));
+  const bool offload = st.range(1) != 0;
+  const int64_t accum = st.range(2), B = 8, T = 1024;
+  comm::Runtime& rt = *g_rt;
+  const int world = rt.world_size();
+  std::unique_ptr<comm::Communicator> dp;
+  if (world > 1) dp = comm::make_communicator(comm::Backend::Nccl, rt.world());
+  nlohmann::json hub = {{"model_type", "gpt2"}, {"vocab_size", 50304}, {"n_positions", 1024}, {"n_embd", 2048},
+                        {"n_layer", 24}, {"n_head", 16}};
+  auto cfg = models::TransformerConfig::from_hub_json(hub, "gpt-1.42b");
+  Stream stream(rt.device());
+  const StreamHandle s = stream.handle();
+  cudaDeviceSynchronize();
+  Allocator& dev_alloc = device_allocator(rt.device().index);
+  dev_alloc.reset_peak();
+  const size_t before = dev_alloc.stats().current;
+  double tok_s = 0;
+  {
+    models::Transformer model(cfg, rt.device(), DType::BF16, s, parallel::shard_pad_multiple(world));
+    fill_blocks_random(model.blocks(), rt.device(), s);
+    parallel::AdamWHyper hyper{3e-4, 0.9, 0.95, 1e-8, 0.1, false};
+    parallel::ZeroEngine engine(model.blocks(),
+                                parallel::ShardingPolicy::from_config(stage, offload ? "cpu" : "none", "none"),
+                                dp.get(), hyper, s);
+    model.set_block_access(&engine);
+    std::mt19937 g(uint32_t(rt.rank() + 1));
+    Tensor ids_h = Tensor::empty({B * T}, DType::I32, Device::cpu());
+    for (int64_t i = 0; i < B * T; ++i) ids_h.data<int32_t>()[i] = int32_t(g() % 50257);
+    Tensor ids = ids_h.to(rt.device(), s);
+    auto step = [&] {
+      engine.begin_step();
+      for (int64_t m = 0; m < accum; ++m) {
+        engine.begin_micro_step(m + 1 == accum);
+        models::TransformerActivations acts;
+        model.forward(ids.data<int32_t>(), B, T, acts);
+        runtime::CausalLmLoss loss(acts.logits, cfg.vocab, ids.data<int32_t>(), B * T, s);
+        model.backward(acts, loss.backward(acts.logits, 1.f / float(accum)));
+      }
+      engine.finish_gradients();
+      const double norm = std::sqrt(engine.grad_norm_squared());
+      engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);
+    };
+    const double secs = timed_iterations(st, s, step);
+    tok_s = double(world * accum * B * T) / secs;
+  }
+  st.counters["world"] = world;
+  st.counters["tokens_per_s"] = tok_s;
+  st.counters["tokens_per_s_per_gpu"] = tok_s / world;
+  st.counters["peak_engine_GiB_rank0"] = double(dev_alloc.stats().peak - before) / double(1ull << 30);
+  st.counters["host_peak_rss_GiB_rank0"] = host_peak_rss_bytes() / double(1ull << 30);
+}
+BENCHMARK(BM_OffloadStep)->ArgNames({"stage", "offload", "accum"})->ArgsProduct({{3}, {0, 1}, {1, 8}})
+    ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+
+class Quiet : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+#endif  // ZP_WITH_CUDA
+
 std::string cpu_model() {
   std::ifstream f("/proc/cpuinfo");
   for (std::string line; std::getline(f, line);)
@@ -228,6 +314,20 @@ int main(int argc, char** argv) {
                                    BM_HostAdamW, isa, t)
           ->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(3.0);
   benchmark::Initialize(&nargs, args.data());
+#ifdef ZP_WITH_CUDA
+  // The engine benchmark's ranks (mpirun -np 1|2); rank 0 reports.
+  char** argv_left = args.data();
+  zp::comm::Runtime rt(&nargs, &argv_left);
+  g_rt = &rt;
+  if (rt.device().is_cuda()) benchmark::AddCustomContext("device", zp::cuda_device_name(rt.device().index));
+  benchmark::AddCustomContext("ranks", std::to_string(rt.world_size()));
+  if (rt.rank() != 0) {
+    Quiet quiet;
+    benchmark::RunSpecifiedBenchmarks(&quiet);
+    benchmark::Shutdown();
+    return 0;
+  }
+#endif
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

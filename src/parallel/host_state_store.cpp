@@ -39,8 +39,8 @@ Tensor host_floats(int64_t n, bool& pinned, const char* tag) {
 }  // namespace
 
 HostStateStore::HostStateStore(std::vector<OwnedRange> ranges, const std::vector<const void*>& initial, StreamHandle s,
-                               bool pinned, int buffer_count)
-    : OptimizerStateStore(std::move(ranges)), pinned_(pinned) {
+                               bool pinned, int threads, int buffer_count)
+    : OptimizerStateStore(std::move(ranges)), pinned_(pinned), adamw_(threads) {
   ZP_CHECK(initial.size() == ranges_.size(), "HostStateStore: ", initial.size(), " initial values for ",
            ranges_.size(), " ranges");
   ZP_CHECK(buffer_count >= 1, "HostStateStore: ", buffer_count, " staging buffers");
@@ -139,7 +139,7 @@ void HostStateStore::update(std::span<const RangeUpdate> updates, const AdamWHyp
   if (dev_.is_cpu()) {
     table_.clear();
     for (const RangeUpdate& u : updates) add_params(u, 0, ranges_[u.range].size(), u.grad, u.weights_out, h, table_);
-    if (!table_.empty()) cpu::adamw_step(nullptr, table_.data(), int(table_.size()), cfg, dt_);
+    if (!table_.empty()) adamw_.step(table_.data(), int(table_.size()), cfg, dt_);
     return;
   }
   update_on_device(updates, h, cfg, s);
@@ -176,7 +176,7 @@ void HostStateStore::update_on_device(std::span<const RangeUpdate> updates, cons
     slot.downloaded.synchronize();
     table_.clear();
     add_params(u, c.begin, c.end, slot.grad.data<float>(), slot.weights.data(), h, table_);
-    if (!table_.empty()) cpu::adamw_step(nullptr, table_.data(), int(table_.size()), cfg, dt_);
+    if (!table_.empty()) adamw_.step(table_.data(), int(table_.size()), cfg, dt_);
     copy_bytes(static_cast<char*>(u.weights_out) + size_t(c.begin) * esz, dev_, slot.weights.data(), Device::cpu(),
                size_t(c.end - c.begin) * esz, cs);
     slot.uploaded.record(cs);

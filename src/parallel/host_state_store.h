@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "kernels/host/host_adamw.h"
 #include "parallel/optimizer_state_store.h"
 
 namespace zp::parallel {
@@ -23,9 +24,10 @@ class HostStateStore final : public OptimizerStateStore {
   static constexpr int64_t kChunk = int64_t(1) << 22;  // elements per staging slot (16 MiB of fp32 gradients)
 
   // pinned: page-locked state (falls back to pageable memory, with one warning, when pinning fails);
-  // buffer_count: staging slots (>= 1; 2 already overlaps the copies with the update).
+  // threads: the CPU AdamW's (0: every hardware thread); buffer_count: staging slots (>= 1; 2 already
+  // overlaps the copies with the update).
   HostStateStore(std::vector<OwnedRange> ranges, const std::vector<const void*>& initial, StreamHandle s,
-                 bool pinned, int buffer_count = 4);
+                 bool pinned, int threads = 0, int buffer_count = 4);
   ~HostStateStore() override;
 
   StateTier tier() const override { return StateTier::PinnedHost; }
@@ -63,6 +65,7 @@ class HostStateStore final : public OptimizerStateStore {
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<Stream> copy_;  // device-to-host and host-to-device copies (CUDA blocks only)
   std::vector<kernels::AdamWTensor> table_;
+  kernels::host::HostAdamW adamw_;  // vectorised, its threads kept for the store's life
 };
 
 }  // namespace zp::parallel

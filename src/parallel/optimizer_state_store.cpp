@@ -12,7 +12,8 @@ std::unique_ptr<OptimizerStateStore> make_optimizer_state_store(const ShardingPo
   switch (policy.optimizer_tier()) {
     case StateTier::Device: return std::make_unique<DeviceStateStore>(std::move(ranges), initial, s);
     case StateTier::PinnedHost:
-      return std::make_unique<HostStateStore>(std::move(ranges), initial, s, policy.pin_host_memory());
+      return std::make_unique<HostStateStore>(std::move(ranges), initial, s, policy.pin_host_memory(),
+                                              policy.host_threads());
     case StateTier::Nvme: break;
   }
   throw Error(detail::cat("zero_optimization.offload_optimizer.device: optimizer state in ",

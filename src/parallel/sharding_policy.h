@@ -49,6 +49,10 @@ class ShardingPolicy {
   // pinning fails the stores fall back to pageable memory with a warning.
   bool pin_host_memory() const { return pin_host_memory_; }
   void set_pin_host_memory(bool on) { pin_host_memory_ = on; }
+  // CPU threads a rank's host-tier work (the CPU AdamW) may use; 0: every hardware thread. A node's
+  // ranks share its cores, so the runtime gives each its share.
+  int host_threads() const { return host_threads_; }
+  void set_host_threads(int n) { host_threads_ = n; }
   StateTier parameter_tier() const { return parameter_tier_; }
   // Throws a zp::Error naming the configuration key when a state lives on a tier this build cannot
   // keep it on yet: optimizer state lives on the device or in host memory; NVMe and parameter
@@ -62,6 +66,7 @@ class ShardingPolicy {
   int stage_ = 0;
   StateTier optimizer_tier_ = StateTier::Device, parameter_tier_ = StateTier::Device;
   bool pin_host_memory_ = true;
+  int host_threads_ = 0;
 };
 
 }  // namespace zp::parallel

@@ -1,6 +1,13 @@
 #include "runtime/training_driver.h"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <functional>
+#include <algorithm>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "core/log.h"
 #include "parallel/zero_engine.h"
@@ -12,6 +19,30 @@
 #include "runtime/step_report.h"
 
 namespace zp::runtime {
+
+namespace {
+
+// "0:cuda:0@node1 1:cuda:1@node1 ...": where every rank of `comm` runs (collective; the string is
+// rank 0's to print), so a user sees at start that ranks and GPUs pair as intended.
+std::string rank_device_map(MPI_Comm comm, Device dev) {
+  constexpr int kLen = 96;
+  char mine[kLen] = {0}, host[64] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  std::snprintf(mine, kLen, "%s@%s", dev.str().c_str(), host);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  std::vector<char> all(size_t(size) * kLen);
+  MPI_Gather(mine, kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, 0, comm);
+  std::string out;
+  for (int r = 0; rank == 0 && r < size; ++r) {
+    if (r) out += ' ';
+    out.append(std::to_string(r)).append(":").append(&all[size_t(r) * kLen]);
+  }
+  return out;
+}
+
+}  // namespace
 
 TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, bool return_params,
                          const TrainingTaskFactory& make_task) {
@@ -25,7 +56,11 @@ TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm gro
   // The ZeRO engine (optimizer state, gradient reduction, stage-3 gathering) allocates each block of
   // the laid-out model and has the task fill it, one at a time.
   std::vector<nn::ParamBlock*> blocks = task->lay_out_model(parallel::shard_pad_multiple(at.data_size()));
-  parallel::ZeroEngine engine(blocks, sharding_policy(cfg), comms.data.get(), adamw_hyper(cfg), s,
+  parallel::ShardingPolicy policy = sharding_policy(cfg);
+  if (at.dev.is_cpu()) policy.set_pin_host_memory(false);  // pinning serves copies to and from a GPU
+  // The node's ranks share its cores for their CPU optimizers.
+  policy.set_host_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, rt.local_size())));
+  parallel::ZeroEngine engine(blocks, policy, comms.data.get(), adamw_hyper(cfg), s,
                               [&](nn::ParamBlock& b) { task->fill_block(b); });
   task->set_block_access(&engine);
   engine.set_overlap_comm(cfg.overlap_comm);
@@ -37,6 +72,10 @@ TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm gro
                               at.global_batch, s);
   checkpoints.resume(scaler, result);
 
+  // The verification banner: what is sharded and where each kind of state lives, the ranks and their
+  // devices, and the bytes per tier.
+  const std::string ranks = rank_device_map(at.topology->mpi_comm(comm::Group::World), at.dev);
+  ZP_LOG_INFO(engine.policy().str(), " | ", at.world(), " rank(s): ", ranks);
   ZP_LOG_INFO(engine.memory_plan().str(cfg.zero_stage, at.data_size()));
   const ProgressUnit unit = task->progress();
   // A resumed run continues its metrics file.
