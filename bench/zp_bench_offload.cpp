@@ -33,6 +33,7 @@
 
 #include "bench_common.h"
 #include "comm/bootstrap.h"
+#include "comm/topology.h"
 #include "core/allocator.h"
 #include "models/transformer.h"
 #include "parallel/zero_engine.h"
