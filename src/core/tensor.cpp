@@ -125,6 +125,19 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size
 #endif
 }
 
+void copy_bytes_async(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes, StreamHandle s) {
+  if (bytes == 0) return;
+  if (dst_dev.is_cpu() && src_dev.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#ifdef ZP_WITH_CUDA
+  ZP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+#else
+  ZP_FATAL("device copy in a CPU-only build");
+#endif
+}
+
 void Tensor::copy_from(const Tensor& src, StreamHandle s) {
   ZP_CHECK(src.numel() == numel() && src.dtype() == dtype_, "copy_from: ", src.str(), " into ", str());
   copy_bytes(data(), device(), src.data(), src.device(), nbytes(), s);

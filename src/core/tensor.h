@@ -85,5 +85,9 @@ class Tensor {
 
 // Copies bytes between any two devices (host, pinned or device memory), ordered on `s`.
 void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes, StreamHandle s);
+// The same copy without the wait: a copy into host memory is complete only when `s` gets there (the
+// caller orders its reads with an event). Host memory on the other side should be pinned, or CUDA
+// copies it synchronously anyway.
+void copy_bytes_async(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes, StreamHandle s);
 
 }  // namespace zp

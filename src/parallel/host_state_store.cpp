@@ -1,6 +1,7 @@
 #include "parallel/host_state_store.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/allocator.h"
 #include "core/log.h"
@@ -112,13 +113,21 @@ float* HostStateStore::state(size_t i, OptimizerState which) {
 }
 
 void HostStateStore::add_params(const RangeUpdate& u, int64_t begin, int64_t end, const float* grad,
-                                void* weights_out, const AdamWHyper& h, std::vector<AdamWTensor>& table) {
+                                void* weights_out, const AdamWHyper& h, std::vector<AdamWTensor>& table,
+                                bool zero_gaps) {
   const OwnedRange& r = ranges_[u.range];
   const size_t esz = dtype_size(dt_);
+  int64_t covered = begin;  // parameters are laid out in order: what lies before one is a gap
+  auto gap_until = [&](int64_t to) {
+    if (zero_gaps && to > covered)
+      std::memset(static_cast<char*>(weights_out) + size_t(covered - begin) * esz, 0, size_t(to - covered) * esz);
+  };
   for (const auto& p : r.block->params()) {
     // The parameter's part of the range, as offsets relative to the range, clipped to [begin, end).
     const int64_t lo = std::max(begin, p->offset - r.begin), hi = std::min(end, p->offset + p->numel() - r.begin);
     if (lo >= hi) continue;
+    gap_until(lo);
+    covered = hi;
     AdamWTensor t;
     t.param = master_[u.range].data<float>() + lo;
     t.grad = grad + (lo - begin);
@@ -129,6 +138,7 @@ void HostStateStore::add_params(const RangeUpdate& u, int64_t begin, int64_t end
     t.weight_decay = (p->decay || h.decay_all) ? float(h.weight_decay) : 0.f;
     table.push_back(t);
   }
+  gap_until(end);
 }
 
 void HostStateStore::update(std::span<const RangeUpdate> updates, const AdamWHyper& h, const AdamWConfig& cfg,
@@ -138,7 +148,8 @@ void HostStateStore::update(std::span<const RangeUpdate> updates, const AdamWHyp
   if (updates.empty()) return;
   if (dev_.is_cpu()) {
     table_.clear();
-    for (const RangeUpdate& u : updates) add_params(u, 0, ranges_[u.range].size(), u.grad, u.weights_out, h, table_);
+    for (const RangeUpdate& u : updates)
+      add_params(u, 0, ranges_[u.range].size(), u.grad, u.weights_out, h, table_, /*zero_gaps=*/false);
     if (!table_.empty()) adamw_.step(table_.data(), int(table_.size()), cfg, dt_);
     return;
   }
@@ -162,8 +173,8 @@ void HostStateStore::update_on_device(std::span<const RangeUpdate> updates, cons
   auto download = [&](size_t j) {
     const Chunk& c = chunks[j];
     Slot& slot = *slots_[j % slots_.size()];
-    copy_bytes(slot.grad.data(), Device::cpu(), updates[c.update].grad + c.begin, dev_,
-               size_t(c.end - c.begin) * sizeof(float), cs);
+    copy_bytes_async(slot.grad.data(), Device::cpu(), updates[c.update].grad + c.begin, dev_,
+                     size_t(c.end - c.begin) * sizeof(float), cs);
     slot.downloaded.record(cs);
   };
   for (size_t j = 0; j < std::min(chunks.size(), slots_.size()); ++j) download(j);
@@ -175,10 +186,11 @@ void HostStateStore::update_on_device(std::span<const RangeUpdate> updates, cons
     // new weights into it.
     slot.downloaded.synchronize();
     table_.clear();
-    add_params(u, c.begin, c.end, slot.grad.data<float>(), slot.weights.data(), h, table_);
+    // The whole chunk goes up, alignment gaps included: they must arrive as the zeros they are.
+    add_params(u, c.begin, c.end, slot.grad.data<float>(), slot.weights.data(), h, table_, /*zero_gaps=*/true);
     if (!table_.empty()) adamw_.step(table_.data(), int(table_.size()), cfg, dt_);
-    copy_bytes(static_cast<char*>(u.weights_out) + size_t(c.begin) * esz, dev_, slot.weights.data(), Device::cpu(),
-               size_t(c.end - c.begin) * esz, cs);
+    copy_bytes_async(static_cast<char*>(u.weights_out) + size_t(c.begin) * esz, dev_, slot.weights.data(),
+                     Device::cpu(), size_t(c.end - c.begin) * esz, cs);
     slot.uploaded.record(cs);
     if (j + slots_.size() < chunks.size()) download(j + slots_.size());
   }

@@ -52,9 +52,10 @@ class HostStateStore final : public OptimizerStateStore {
   };
   float* state(size_t i, OptimizerState which);
   // The AdamW table of elements [begin, end) of range u.range: grads from `grad` and new weights to
-  // `weights_out`, both indexed from `begin`.
+  // `weights_out`, both indexed from `begin`. zero_gaps: also zero the elements of `weights_out` no
+  // parameter covers (a staging slot, uploaded whole).
   void add_params(const RangeUpdate& u, int64_t begin, int64_t end, const float* grad, void* weights_out,
-                  const AdamWHyper& h, std::vector<kernels::AdamWTensor>& table);
+                  const AdamWHyper& h, std::vector<kernels::AdamWTensor>& table, bool zero_gaps);
   void update_on_device(std::span<const RangeUpdate> updates, const AdamWHyper& h, const kernels::AdamWConfig& cfg,
                         StreamHandle s);
 
