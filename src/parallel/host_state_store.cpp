@@ -6,6 +6,7 @@
 #include "core/allocator.h"
 #include "core/log.h"
 #include "kernels/elementwise.h"
+#include "parallel/host_buffer.h"
 
 namespace zp::parallel {
 using namespace zp::kernels;
@@ -19,29 +20,9 @@ struct HostStateStore::Slot {
   Event downloaded, uploaded;
 };
 
-namespace {
-
-// fp32 host memory of `n` elements: pinned when asked and possible, else pageable (the caller warns).
-Tensor host_floats(int64_t n, bool& pinned, const char* tag) {
-  if (pinned) {
-    try {
-      Tensor t = Tensor::empty({n}, DType::F32, Device::cpu(), tag, nullptr, /*pinned=*/true);
-      std::fill_n(t.data<float>(), n, 0.f);
-      return t;
-    } catch (const Error& e) {
-      ZP_LOG_WARN("cannot pin ", double(n) * 4.0 / double(1 << 20), " MiB of host memory for the optimizer state (",
-                  e.what(), "): using pageable memory, whose copies to and from the GPU are slower");
-      pinned = false;
-    }
-  }
-  return Tensor::zeros({n}, DType::F32, Device::cpu(), tag);
-}
-
-}  // namespace
-
 HostStateStore::HostStateStore(std::vector<OwnedRange> ranges, const std::vector<const void*>& initial, StreamHandle s,
-                               bool pinned, int threads, int buffer_count)
-    : OptimizerStateStore(std::move(ranges)), pinned_(pinned), adamw_(threads) {
+                               bool pinned, int threads, int buffer_count, bool weights_on_host)
+    : OptimizerStateStore(std::move(ranges)), pinned_(pinned), weights_on_host_(weights_on_host), adamw_(threads) {
   ZP_CHECK(initial.size() == ranges_.size(), "HostStateStore: ", initial.size(), " initial values for ",
            ranges_.size(), " ranges");
   ZP_CHECK(buffer_count >= 1, "HostStateStore: ", buffer_count, " staging buffers");
@@ -57,9 +38,9 @@ HostStateStore::HostStateStore(std::vector<OwnedRange> ranges, const std::vector
   // refusal; later allocations then do not try again.
   if (dev_.is_cpu()) pinned_ = false;
   for (size_t i = 0; i < ranges_.size(); ++i) {
-    master_.push_back(host_floats(ranges_[i].size(), pinned_, "host_master"));
-    m_.push_back(host_floats(ranges_[i].size(), pinned_, "host_optimizer"));
-    v_.push_back(host_floats(ranges_[i].size(), pinned_, "host_optimizer"));
+    master_.push_back(host_buffer(ranges_[i].size(), DType::F32, pinned_, "host_master", "the optimizer state"));
+    m_.push_back(host_buffer(ranges_[i].size(), DType::F32, pinned_, "host_optimizer", "the optimizer state"));
+    v_.push_back(host_buffer(ranges_[i].size(), DType::F32, pinned_, "host_optimizer", "the optimizer state"));
   }
   if (dev_.is_cpu()) {
     for (size_t i = 0; i < ranges_.size(); ++i)
@@ -186,16 +167,22 @@ void HostStateStore::update_on_device(std::span<const RangeUpdate> updates, cons
     // new weights into it.
     slot.downloaded.synchronize();
     table_.clear();
-    // The whole chunk goes up, alignment gaps included: they must arrive as the zeros they are.
-    add_params(u, c.begin, c.end, slot.grad.data<float>(), slot.weights.data(), h, table_, /*zero_gaps=*/true);
-    if (!table_.empty()) adamw_.step(table_.data(), int(table_.size()), cfg, dt_);
-    copy_bytes_async(static_cast<char*>(u.weights_out) + size_t(c.begin) * esz, dev_, slot.weights.data(),
-                     Device::cpu(), size_t(c.end - c.begin) * esz, cs);
-    slot.uploaded.record(cs);
+    char* out = static_cast<char*>(u.weights_out) + size_t(c.begin) * esz;
+    if (weights_on_host_) {  // the parameter tier: the new weights go straight into their host shard
+      add_params(u, c.begin, c.end, slot.grad.data<float>(), out, h, table_, /*zero_gaps=*/false);
+      if (!table_.empty()) adamw_.step(table_.data(), int(table_.size()), cfg, dt_);
+    } else {
+      // The whole chunk goes up, alignment gaps included: they must arrive as the zeros they are.
+      add_params(u, c.begin, c.end, slot.grad.data<float>(), slot.weights.data(), h, table_, /*zero_gaps=*/true);
+      if (!table_.empty()) adamw_.step(table_.data(), int(table_.size()), cfg, dt_);
+      copy_bytes_async(out, dev_, slot.weights.data(), Device::cpu(), size_t(c.end - c.begin) * esz, cs);
+      slot.uploaded.record(cs);
+    }
     if (j + slots_.size() < chunks.size()) download(j + slots_.size());
   }
-  // The last upload is the last thing on the copy stream: the compute stream waits for it.
-  slots_[(chunks.size() - 1) % slots_.size()]->uploaded.wait_on(s);
+  // The last upload is the last thing on the copy stream: the compute stream waits for it. Weights
+  // written on the host are complete now, and every download was waited for.
+  if (!weights_on_host_) slots_[(chunks.size() - 1) % slots_.size()]->uploaded.wait_on(s);
 }
 
 void HostStateStore::read(size_t i, OptimizerState which, int64_t offset, int64_t count, float* host,

@@ -15,6 +15,7 @@
 #include "runtime/loss_scaler.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/optimizer_step.h"
+#include "runtime/run_plan.h"
 #include "runtime/step_loop.h"
 #include "runtime/step_report.h"
 
@@ -60,6 +61,10 @@ TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm gro
   if (at.dev.is_cpu()) policy.set_pin_host_memory(false);  // pinning serves copies to and from a GPU
   // The node's ranks share its cores for their CPU optimizers.
   policy.set_host_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, rt.local_size())));
+  // Before anything is allocated: the plan against what this node has free.
+  const RunPlan plan = plan_run(blocks, policy, cfg, at.data_size(), rt.local_size(), task->activation_bytes(),
+                                at.dev.is_cuda(), "");
+  const std::string fit = check_fit_at_start(plan, at.dev, at.topology->mpi_comm(comm::Group::World));
   parallel::ZeroEngine engine(blocks, policy, comms.data.get(), adamw_hyper(cfg), s,
                               [&](nn::ParamBlock& b) { task->fill_block(b); });
   task->set_block_access(&engine);
@@ -76,7 +81,8 @@ TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm gro
   // devices, and the bytes per tier.
   const std::string ranks = rank_device_map(at.topology->mpi_comm(comm::Group::World), at.dev);
   ZP_LOG_INFO(engine.policy().str(), " | ", at.world(), " rank(s): ", ranks);
-  ZP_LOG_INFO(engine.memory_plan().str(cfg.zero_stage, at.data_size()));
+  ZP_LOG_INFO(engine.memory_plan().str());
+  ZP_LOG_INFO(fit);
   const ProgressUnit unit = task->progress();
   // A resumed run continues its metrics file.
   StepReporter reporter(cfg.metrics_file, at.rank(), at.world(), at.dev, unit.unit,

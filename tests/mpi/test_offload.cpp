@@ -3,6 +3,9 @@
 //    and AdamW runs on the CPU; the trajectory (losses and final fp32 parameters) equals the one with
 //    the state on the device to 1e-5, at stages 1, 2 and 3, for Llama, the tied GPT-2 and the demo
 //    UNet, with and without gradient accumulation;
+//  - at stage 3 the same holds with the parameter shards in host memory (offload_param.device =
+//    "cpu"), with the optimizer in host memory or on the device; on a CPU device that memory is the
+//    device's, so the transfers themselves are tested on GPUs (OffloadParamsGpu);
 //  - a checkpoint saved with the state offloaded resumes without offload, and the reverse, on the
 //    same trajectory.
 // Every rank takes the same branches: no rank is ever left alone in a collective.
@@ -13,6 +16,8 @@
 
 #include "core/device.h"
 
+#include "runtime/run_plan.h"
+#include "test_util.h"
 #include "training_runs.h"
 
 namespace zp::test {
@@ -51,11 +56,17 @@ TEST(OffloadOptimizer, CpuTierFollowsTheDeviceTrajectory) {
         TrainingRun r{model, stage, world};
         r.grad_accum = accum;
         const runtime::TrainResult on_device = run(data, r, rt, MPI_COMM_WORLD, true);
+        const std::string what = model + " stage " + std::to_string(stage) + " world " + std::to_string(world) +
+                                 " accumulation " + std::to_string(accum);
         r.offload = "cpu";
-        const runtime::TrainResult offloaded = run(data, r, rt, MPI_COMM_WORLD, true);
-        expect_same_trajectory(offloaded, on_device,
-                               model + " stage " + std::to_string(stage) + " world " + std::to_string(world) +
-                                   " accumulation " + std::to_string(accum));
+        expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device, what);
+        if (stage == 3) {  // the parameter tier, with the optimizer in host memory and on the device
+          r.offload_param = "cpu";
+          expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device, what + " params offloaded");
+          r.offload = "none";
+          expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
+                                 what + " params offloaded, optimizer on the device");
+        }
       }
   }
 }
@@ -73,9 +84,12 @@ TEST(OffloadOptimizer, ResumesAcrossOffloadOnAndOff) {
       const std::string ckpt = dir / ("ckpt_" + saved_with);
       TrainingRun first{model, stage, world, kSaveAt, kSaveAt, ckpt};
       first.offload = saved_with;
+      // The UNet runs at stage 3: its parameter shards move with the optimizer state.
+      if (stage == 3) first.offload_param = saved_with;
       run(data, first, rt, MPI_COMM_WORLD);
       TrainingRun second{model, stage, world, kSteps, kSaveAt, ckpt, "latest"};
       second.offload = resumed_with;
+      if (stage == 3) second.offload_param = resumed_with;
       const runtime::TrainResult resumed = run(data, second, rt, MPI_COMM_WORLD, true);
       runtime::TrainResult want = straight;
       want.losses = tail(straight.losses, kSaveAt);
@@ -111,6 +125,56 @@ TEST(OffloadOptimizerGpu, CpuTierFollowsTheDeviceTrajectoryOnGpus) {
     const runtime::TrainResult offloaded = run(data, r, rt, MPI_COMM_WORLD, true);
     expect_same_trajectory(offloaded, on_device, model + " on GPUs, stage " + std::to_string(stage));
   }
+}
+
+// The parameter tier on GPUs: each rank's shards of the compute weights live in pinned host memory;
+// every gather copies the shard up and all-gathers in place (on a single rank, prefetched on the
+// upload stream). With the optimizer in host memory the CPU writes the new weights straight into the
+// shards; with the optimizer on the device its kernel writes them through the pinned mapping.
+TEST(OffloadParamsGpu, HostShardsFollowTheDeviceTrajectoryOnGpus) {
+  int all = 0;
+  {
+    comm::Runtime rt;
+    int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size();
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  }
+  if (!all) GTEST_SKIP() << "needs one GPU per rank";
+  comm::Runtime rt;
+  const int world = world_size();
+  for (const std::string model : {"llama", "gpt2", "unet"}) {
+    SharedDir dir("offload_params_gpu_" + model);
+    const std::string data = data_file(dir, model);
+    TrainingRun r{model, 3, world};
+    r.device = "cuda";
+    r.grad_accum = model == "gpt2" ? accumulation() : 1;
+    const runtime::TrainResult on_device = run(data, r, rt, MPI_COMM_WORLD, true);
+    r.offload_param = "cpu";
+    r.offload = "cpu";
+    expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device, model + " params and optimizer on the host");
+    r.offload = "none";
+    expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
+                           model + " params on the host, optimizer on the device");
+  }
+}
+
+}  // namespace zp::test
+
+namespace zp::test {
+
+// The start-up fit check: a plan whose exact part does not fit on one rank stops every rank with
+// one message naming that rank, the tier and the bytes; a plan that fits gives rank 0 its line.
+TEST(OffloadPlan, ARunThatCannotFitStopsEveryRankNamingTheTier) {
+  const int last = world_size() - 1;
+  runtime::RunPlan p;
+  p.gpu = false;
+  p.states.param_bytes = 1e6;
+  EXPECT_NE(runtime::check_fit_at_start(p, Device::cpu(), MPI_COMM_WORLD).find("fit check"), std::string::npos);
+  if (world_rank() == last) p.states.host_optimizer_bytes = 1e18;  // an exabyte of optimizer state
+  const std::string m = error_message([&] { runtime::check_fit_at_start(p, Device::cpu(), MPI_COMM_WORLD); });
+  EXPECT_NE(m.find("does not fit on rank " + std::to_string(last)), std::string::npos) << m;
+  EXPECT_NE(m.find("host memory per node"), std::string::npos) << m;
+  EXPECT_NE(m.find("available (MemAvailable"), std::string::npos) << m;
+  EXPECT_NE(m.find("zeropipe plan"), std::string::npos) << m;
 }
 
 }  // namespace zp::test
