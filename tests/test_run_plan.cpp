@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "app/plan_command.h"
+#include "core/cpu_share.h"
 #include "core/host_memory.h"
 #include "models/transformer.h"
 #include "parallel/host_state_store.h"
@@ -145,6 +146,27 @@ TEST(RunPlan, PlanCommandOnThePresets) {
   // No GPU or host sizes: the plan alone, status 0.
   EXPECT_EQ(plan("llama-8b.json", {}, 4, "", "", out), 0) << out;
   EXPECT_NE(out.find("give --gpu-memory"), std::string::npos) << out;
+}
+
+}  // namespace zp::test
+
+namespace zp::test {
+
+TEST(CpuShare, ListsAndShares) {
+  EXPECT_EQ(parse_cpu_list("0-3,8,10-11\n"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(parse_cpu_list("5"), (std::vector<int>{5}));
+  EXPECT_EQ(cpu_list_str({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+  const std::string m = error_message([] { parse_cpu_list("0-x"); });
+  EXPECT_NE(m.find("CPU list '0-x'"), std::string::npos) << m;
+  EXPECT_NE(error_message([] { parse_cpu_list("4-2"); }), "");
+  std::vector<int> sixteen(16);
+  for (int i = 0; i < 16; ++i) sixteen[size_t(i)] = i;
+  EXPECT_EQ(cpu_share(sixteen, 0, 1), sixteen);
+  EXPECT_EQ(cpu_share(sixteen, 1, 5), (std::vector<int>{3, 4, 5}));
+  EXPECT_EQ(cpu_share(sixteen, 4, 5), (std::vector<int>{12, 13, 14, 15}));
+  EXPECT_EQ(cpu_share({0, 1}, 4, 5), (std::vector<int>{0})) << "more ranks than CPUs: they share";
+  EXPECT_FALSE(node_cpus().empty());
+  EXPECT_FALSE(thread_cpus().empty());
 }
 
 }  // namespace zp::test

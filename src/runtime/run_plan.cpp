@@ -159,7 +159,8 @@ std::string check_fit_at_start(const RunPlan& plan, Device dev, MPI_Comm comm) {
                             ". Nothing was allocated; `zeropipe plan --config ... --world N --gpu-memory ... "
                             "--host-memory ...` shows the plan and the cheapest change that fits"));
   }
-  std::string line = "fit check: GPU " + format_bytes(plan.states.device_bytes()) + " of model states + ~" +
+  std::string line = std::string("fit check: ") + (plan.gpu ? "GPU " : "CPU training, in host memory: ") +
+                     format_bytes(plan.states.device_bytes()) + " of model states + ~" +
                      format_bytes(plan.activation_bytes) + " of activations (estimate)";
   if (have.gpu_bytes >= 0) line += " of " + format_bytes(have.gpu_bytes) + " free";
   line += "; host " + format_bytes(plan.host_bytes_per_node()) + " per node";

@@ -6,9 +6,9 @@
 #include <functional>
 #include <algorithm>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "core/cpu_share.h"
 #include "core/log.h"
 #include "parallel/zero_engine.h"
 #include "runtime/loop_checkpoints.h"
@@ -59,8 +59,13 @@ TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm gro
   std::vector<nn::ParamBlock*> blocks = task->lay_out_model(parallel::shard_pad_multiple(at.data_size()));
   parallel::ShardingPolicy policy = sharding_policy(cfg);
   if (at.dev.is_cpu()) policy.set_pin_host_memory(false);  // pinning serves copies to and from a GPU
-  // The node's ranks share its cores for their CPU optimizers.
-  policy.set_host_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, rt.local_size())));
+  // The node's ranks share its cores for their CPU optimizers, whatever core the launcher bound each to.
+  if (policy.optimizer_tier() != parallel::StateTier::Device) {
+    const CpuShare share = take_cpu_share(rt.local_rank(), rt.local_size());
+    if (share.refused) ZP_LOG_WARN(share.note);
+    else if (!share.note.empty()) ZP_LOG_INFO(share.note);
+    policy.set_host_threads(int(share.cpus.size()));
+  }
   // Before anything is allocated: the plan against what this node has free.
   const RunPlan plan = plan_run(blocks, policy, cfg, at.data_size(), rt.local_size(), task->activation_bytes(),
                                 at.dev.is_cuda(), "");

@@ -14,6 +14,7 @@
 
 #include <cmath>
 
+#include "core/cpu_share.h"
 #include "core/device.h"
 
 #include "runtime/run_plan.h"
@@ -175,6 +176,24 @@ TEST(OffloadPlan, ARunThatCannotFitStopsEveryRankNamingTheTier) {
   EXPECT_NE(m.find("host memory per node"), std::string::npos) << m;
   EXPECT_NE(m.find("available (MemAvailable"), std::string::npos) << m;
   EXPECT_NE(m.find("zeropipe plan"), std::string::npos) << m;
+}
+
+}  // namespace zp::test
+
+namespace zp::test {
+
+// Under mpirun each rank starts bound to one core (Open MPI's default); taking the rank's share of
+// the node gives its host work at least that share, or says why it cannot.
+TEST(OffloadCpuShare, EachRankTakesItsShareOfTheNode) {
+  comm::Runtime rt;
+  const CpuShare share = take_cpu_share(rt.local_rank(), rt.local_size());
+  const size_t want = cpu_share(node_cpus(), rt.local_rank(), rt.local_size()).size();
+  if (share.refused) {
+    EXPECT_NE(share.note.find("--bind-to none"), std::string::npos) << share.note;
+    GTEST_SKIP() << share.note;
+  }
+  EXPECT_GE(share.cpus.size(), want);
+  EXPECT_EQ(thread_cpus(), share.cpus) << "the calling thread runs on the share now";
 }
 
 }  // namespace zp::test
