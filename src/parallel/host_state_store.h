@@ -15,6 +15,7 @@
 
 #include "core/device.h"
 #include "kernels/host/host_adamw.h"
+#include "parallel/host_update.h"
 #include "parallel/optimizer_state_store.h"
 
 namespace zp::parallel {
@@ -28,7 +29,6 @@ class HostStateStore final : public OptimizerStateStore {
   // overlaps the copies with the update).
   HostStateStore(std::vector<OwnedRange> ranges, const std::vector<const void*>& initial, StreamHandle s,
                  bool pinned, int threads = 0, int buffer_count = 4);
-  ~HostStateStore() override;
 
   StateTier tier() const override { return StateTier::PinnedHost; }
   bool pinned() const { return pinned_; }
@@ -44,27 +44,14 @@ class HostStateStore final : public OptimizerStateStore {
   void write_weights(size_t i, void* weights_out, StreamHandle s) override;
 
  private:
-  struct Slot;
-  // One piece of a step: elements [begin, end) of range `range`, offsets relative to the range.
-  struct Chunk {
-    size_t update = 0;  // index into the step's updates
-    int64_t begin = 0, end = 0;
-  };
   float* state(size_t i, OptimizerState which);
-  // The AdamW table of elements [begin, end) of range u.range: grads from `grad` and new weights to
-  // `weights_out`, both indexed from `begin`. zero_gaps: also zero the elements of `weights_out` no
-  // parameter covers (a staging slot, uploaded whole).
-  void add_params(const RangeUpdate& u, int64_t begin, int64_t end, const float* grad, void* weights_out,
-                  const AdamWHyper& h, std::vector<kernels::AdamWTensor>& table, bool zero_gaps);
-  void update_on_device(std::span<const RangeUpdate> updates, const AdamWHyper& h, const kernels::AdamWConfig& cfg,
-                        StreamHandle s);
+  StateSpan span(size_t range, int64_t begin);
 
   Device dev_;
   DType dt_;
   bool pinned_ = true;
   std::vector<Tensor> master_, m_, v_;  // host memory, one per range
-  std::vector<std::unique_ptr<Slot>> slots_;
-  std::unique_ptr<Stream> copy_;  // device-to-host and host-to-device copies (CUDA blocks only)
+  std::unique_ptr<StagingRing> ring_;
   std::vector<kernels::AdamWTensor> table_;
   kernels::host::HostAdamW adamw_;  // vectorised, its threads kept for the store's life
 };
