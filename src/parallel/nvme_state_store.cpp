@@ -95,6 +95,12 @@ NvmeStateStore::NvmeStateStore(std::vector<OwnedRange> ranges, const std::vector
 
 NvmeStateStore::~NvmeStateStore() { drain(); }
 
+int64_t NvmeStateStore::file_bytes(const std::vector<int64_t>& range_sizes) {
+  int64_t total = 0;
+  for (int64_t n : range_sizes) total += 3 * round_up(n * int64_t(sizeof(float)), kAlign);
+  return total;
+}
+
 size_t NvmeStateStore::state_bytes() const { return file_ ? size_t(file_->size()) : 0; }
 
 size_t NvmeStateStore::buffer_bytes() const {

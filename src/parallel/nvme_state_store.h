@@ -33,6 +33,9 @@ class NvmeStateStore final : public OptimizerStateStore {
                  const NvmeSettings& nvme, bool pinned, int threads = 0, int64_t chunk = kChunk);
   ~NvmeStateStore() override;
 
+  // Bytes of the swap file for ranges of these sizes (elements): for start-up checks before any store exists.
+  static int64_t file_bytes(const std::vector<int64_t>& range_sizes);
+
   StateTier tier() const override { return StateTier::Nvme; }
   // Bytes of state in the swap file, and host bytes of its buffers and the staging ring.
   size_t state_bytes() const;

@@ -6,6 +6,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 #include "parallel/host_state_store.h"
+#include "parallel/nvme_state_store.h"
 
 namespace zp::parallel {
 using namespace zp::kernels;
@@ -207,6 +208,12 @@ MemoryPlan ZeroEngine::memory_plan() const {
     p.host_optimizer_bytes = double(host->state_bytes());
     p.host_staging_bytes = double(host->staging_bytes());
     p.host_pinned = host->pinned();
+  } else if (auto* nvme = dynamic_cast<const NvmeStateStore*>(&opt_->state())) {
+    p.optimizer_bytes = 0;
+    p.nvme_optimizer_bytes = double(nvme->state_bytes());
+    p.nvme_path = nvme->path();
+    p.host_staging_bytes = double(nvme->buffer_bytes());  // its state buffers and the staging ring
+    p.host_pinned = nvme->pinned();
   }
   return p;
 }
@@ -226,6 +233,12 @@ std::string MemoryPlan::str(int stage, int world) const {
     std::snprintf(buf, sizeof(buf), "; offloaded to %s host memory: optimizer %.1f MiB (fp32 master and moments) + "
                   "staging %.1f MiB", host_pinned ? "pinned" : "pageable", host_optimizer_bytes / mib,
                   host_staging_bytes / mib);
+    s += buf;
+  }
+  if (nvme_optimizer_bytes > 0) {
+    std::snprintf(buf, sizeof(buf), "; offloaded to NVMe under %s: optimizer %.1f MiB (fp32 master and moments, "
+                  "the rank's swap file) + %s host buffers %.1f MiB", nvme_path.c_str(), nvme_optimizer_bytes / mib,
+                  host_pinned ? "pinned" : "pageable", host_staging_bytes / mib);
     s += buf;
   }
   return s;

@@ -51,6 +51,8 @@ struct MemoryPlan {
   double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;  // per rank, resident on the device
   double host_optimizer_bytes = 0, host_staging_bytes = 0;       // per rank, in host memory (offload)
   bool host_pinned = false;
+  double nvme_optimizer_bytes = 0;  // per rank, in its swap file under nvme_path (NVMe tier)
+  std::string nvme_path;
   std::string str(int stage, int world) const;
 };
 

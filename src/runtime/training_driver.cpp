@@ -10,10 +10,12 @@
 #include <vector>
 
 #include "core/log.h"
+#include "parallel/nvme_state_store.h"
 #include "parallel/zero_engine.h"
 #include "runtime/loop_checkpoints.h"
 #include "runtime/loss_scaler.h"
 #include "runtime/lr_schedule.h"
+#include "runtime/offload_storage.h"
 #include "runtime/optimizer_step.h"
 #include "runtime/step_loop.h"
 #include "runtime/step_report.h"
@@ -60,6 +62,13 @@ TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm gro
   if (at.dev.is_cpu()) policy.set_pin_host_memory(false);  // pinning serves copies to and from a GPU
   // The node's ranks share its cores for their CPU optimizers.
   policy.set_host_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, rt.local_size())));
+  if (policy.optimizer_tier() == parallel::StateTier::Nvme) {
+    // Before the engine allocates anything: the swap files' directory, on every node, with room.
+    std::vector<int64_t> shards;
+    for (const nn::ParamBlock* b : blocks) shards.push_back(b->padded() / at.data_size());
+    check_nvme_storage("zero_optimization.offload_optimizer.nvme_path", policy.optimizer_nvme().path,
+                       parallel::NvmeStateStore::file_bytes(shards), at.topology->mpi_comm(comm::Group::World));
+  }
   parallel::ZeroEngine engine(blocks, policy, comms.data.get(), adamw_hyper(cfg), s,
                               [&](nn::ParamBlock& b) { task->fill_block(b); });
   task->set_block_access(&engine);

@@ -1,17 +1,22 @@
-// ZeRO-Offload's CPU tier in the training loop (issue 11), at any world size (mpirun -np 1, 2, 3, 5):
-//  - with zero_optimization.offload_optimizer.device = "cpu" the optimizer state lives in host memory
-//    and AdamW runs on the CPU; the trajectory (losses and final fp32 parameters) equals the one with
-//    the state on the device to 1e-5, at stages 1, 2 and 3, for Llama, the tied GPT-2 and the demo
-//    UNet, with and without gradient accumulation;
-//  - a checkpoint saved with the state offloaded resumes without offload, and the reverse, on the
-//    same trajectory.
+// ZeRO-Offload's CPU tier and ZeRO-Infinity's NVMe tier of the optimizer state in the training loop
+// (issue 11), at any world size (mpirun -np 1, 2, 3, 5):
+//  - with zero_optimization.offload_optimizer.device = "cpu" the optimizer state lives in host memory,
+//    with "nvme" in a swap file per rank under nvme_path, and AdamW runs on the CPU; the trajectory
+//    (losses and final fp32 parameters) equals the one with the state on the device to 1e-5, at
+//    stages 1, 2 and 3, for Llama, the tied GPT-2 and the demo UNet, with and without gradient
+//    accumulation;
+//  - a checkpoint saved with the state on any tier resumes on any other, on the same trajectory;
+//  - an nvme_path that cannot hold the swap files stops every rank at start, naming the key.
 // Every rank takes the same branches: no rank is ever left alone in a collective.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <sys/mount.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "core/device.h"
+#include "test_util.h"
 
 #include "training_runs.h"
 
@@ -36,9 +41,8 @@ void expect_same_trajectory(const runtime::TrainResult& got, const runtime::Trai
 // Accumulation steps that divide this world's share of the global batch.
 int accumulation() { return (kGlobalBatch / world_size()) % 2 == 0 ? 2 : 3; }
 
-}  // namespace
-
-TEST(OffloadOptimizer, CpuTierFollowsTheDeviceTrajectory) {
+// Every offloaded tier of `tiers` against the device, for each model, stage and accumulation.
+void expect_tiers_follow_the_device_trajectory(const std::vector<std::string>& tiers) {
   comm::Runtime rt;
   const int world = world_size();
   for (const std::string model : {"llama", "gpt2", "unet"}) {
@@ -51,16 +55,26 @@ TEST(OffloadOptimizer, CpuTierFollowsTheDeviceTrajectory) {
         TrainingRun r{model, stage, world};
         r.grad_accum = accum;
         const runtime::TrainResult on_device = run(data, r, rt, MPI_COMM_WORLD, true);
-        r.offload = "cpu";
-        const runtime::TrainResult offloaded = run(data, r, rt, MPI_COMM_WORLD, true);
-        expect_same_trajectory(offloaded, on_device,
-                               model + " stage " + std::to_string(stage) + " world " + std::to_string(world) +
-                                   " accumulation " + std::to_string(accum));
+        for (const std::string& tier : tiers) {
+          r.offload = tier;
+          const runtime::TrainResult offloaded = run(data, r, rt, MPI_COMM_WORLD, true);
+          expect_same_trajectory(offloaded, on_device,
+                                 model + " offloaded to " + tier + ", stage " + std::to_string(stage) + " world " +
+                                     std::to_string(world) + " accumulation " + std::to_string(accum));
+        }
       }
   }
 }
 
-TEST(OffloadOptimizer, ResumesAcrossOffloadOnAndOff) {
+}  // namespace
+
+// One test for both tiers: the device runs they follow are the expensive part, run once.
+TEST(OffloadOptimizer, CpuAndNvmeTiersFollowTheDeviceTrajectory) {
+  expect_tiers_follow_the_device_trajectory({"cpu", "nvme"});
+}
+
+// Every tier saves, and every other tier resumes from what it saved.
+TEST(OffloadOptimizer, ResumesAcrossTiers) {
   comm::Runtime rt;
   const int world = world_size();
   for (const std::string model : {"llama", "unet"}) {
@@ -68,9 +82,10 @@ TEST(OffloadOptimizer, ResumesAcrossOffloadOnAndOff) {
     const std::string data = data_file(dir, model);
     const int stage = model == "llama" ? 2 : 3;
     const runtime::TrainResult straight = run(data, TrainingRun{model, stage, world}, rt, MPI_COMM_WORLD, true);
-    for (const std::string saved_with : {"cpu", "none"}) {
-      const std::string resumed_with = saved_with == "cpu" ? "none" : "cpu";
-      const std::string ckpt = dir / ("ckpt_" + saved_with);
+    const std::pair<std::string, std::string> pairs[] = {{"cpu", "none"},  {"none", "cpu"}, {"nvme", "none"},
+                                                         {"none", "nvme"}, {"nvme", "cpu"}, {"cpu", "nvme"}};
+    for (const auto& [saved_with, resumed_with] : pairs) {
+      const std::string ckpt = dir / ("ckpt_" + saved_with + "_" + resumed_with);
       TrainingRun first{model, stage, world, kSaveAt, kSaveAt, ckpt};
       first.offload = saved_with;
       run(data, first, rt, MPI_COMM_WORLD);
@@ -84,6 +99,46 @@ TEST(OffloadOptimizer, ResumesAcrossOffloadOnAndOff) {
                                                 resumed_with + ", world " + std::to_string(world));
     }
   }
+}
+
+// An nvme_path under a regular file can be neither used nor created: every rank stops before the
+// first step with the same error, naming the key and the path.
+TEST(OffloadOptimizer, NvmeBadPathFailsAtStartNamingTheKey) {
+  comm::Runtime rt;
+  SharedDir dir("offload_bad_nvme");
+  const std::string data = data_file(dir, "llama");
+  TrainingRun r{"llama", 2, world_size()};
+  r.offload = "nvme";
+  r.nvme_path = "/etc/hostname/swap";
+  const std::string m = error_message([&] { run(data, r, rt, MPI_COMM_WORLD); });
+  EXPECT_NE(m.find("zero_optimization.offload_optimizer.nvme_path '/etc/hostname/swap'"), std::string::npos) << m;
+  EXPECT_NE(m.find("cannot be created"), std::string::npos) << m;
+}
+
+// A disk too small for this node's swap files (a 32 KiB tmpfs, where mounting is permitted) stops
+// every rank at start, naming the key, the bytes free and the bytes needed.
+TEST(OffloadOptimizer, NvmeDiskTooSmallFailsAtStartNamingTheBytes) {
+  comm::Runtime rt;
+  SharedDir dir("offload_small_nvme");
+  const std::string data = data_file(dir, "llama");
+  const std::string small = dir / "small";
+  int mounted = 0;
+  if (world_rank() == 0) {
+    std::filesystem::create_directories(small);
+    mounted = ::mount("none", small.c_str(), "tmpfs", 0, "size=32k") == 0;
+  }
+  MPI_Bcast(&mounted, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (!mounted) GTEST_SKIP() << "cannot mount a small tmpfs here (needs CAP_SYS_ADMIN)";
+  TrainingRun r{"llama", 2, world_size()};
+  r.offload = "nvme";
+  r.nvme_path = small;
+  const std::string m = error_message([&] { run(data, r, rt, MPI_COMM_WORLD); });
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) ::umount(small.c_str());
+  EXPECT_NE(m.find("zero_optimization.offload_optimizer.nvme_path '" + small + "': 32768 bytes free, but"),
+            std::string::npos) << m;
+  EXPECT_NE(m.find("swap files of this node's " + std::to_string(world_size()) + " rank(s) need"), std::string::npos)
+      << m;
 }
 
 // On GPUs: the device store runs the CUDA AdamW (fused multiply-adds) and the host store the CPU one,
@@ -110,6 +165,33 @@ TEST(OffloadOptimizerGpu, CpuTierFollowsTheDeviceTrajectoryOnGpus) {
     r.offload = "cpu";
     const runtime::TrainResult offloaded = run(data, r, rt, MPI_COMM_WORLD, true);
     expect_same_trajectory(offloaded, on_device, model + " on GPUs, stage " + std::to_string(stage));
+  }
+}
+
+// The same on GPUs with the state on NVMe: the gradients come down and the weights go up through
+// the staging ring (pinned buffers), the state through the swap file (O_DIRECT from pinned memory
+// where the temporary directory's file system takes it).
+TEST(OffloadOptimizerGpu, NvmeTierFollowsTheDeviceTrajectoryOnGpus) {
+  int all = 0;
+  {
+    comm::Runtime rt;
+    int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size();
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  }
+  if (!all) GTEST_SKIP() << "needs one GPU per rank";
+  comm::Runtime rt;
+  const int world = world_size();
+  for (const std::string model : {"llama", "gpt2", "unet"}) {
+    SharedDir dir("offload_nvme_gpu_" + model);
+    const std::string data = data_file(dir, model);
+    const int stage = model == "llama" ? 1 : model == "gpt2" ? 2 : 3;
+    TrainingRun r{model, stage, world};
+    r.device = "cuda";
+    r.grad_accum = model == "gpt2" ? accumulation() : 1;
+    const runtime::TrainResult on_device = run(data, r, rt, MPI_COMM_WORLD, true);
+    r.offload = "nvme";
+    const runtime::TrainResult offloaded = run(data, r, rt, MPI_COMM_WORLD, true);
+    expect_same_trajectory(offloaded, on_device, model + " on GPUs, state on NVMe, stage " + std::to_string(stage));
   }
 }
 
