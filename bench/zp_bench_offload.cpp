@@ -247,7 +247,8 @@ class RawDirectFile {
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t off = 0; off < bytes_; off += kCall) {
       const size_t n = size_t(std::min(kCall, bytes_ - off));
-      const ssize_t done = write ? ::pwrite(fd_, buf + off % kIoBuffer, n, off) : ::pread(fd_, buf + off % kIoBuffer, n, off);
+      char* at = buf + off % kIoBuffer;
+      const ssize_t done = write ? ::pwrite(fd_, at, n, off) : ::pread(fd_, at, n, off);
       if (done != ssize_t(n)) throw Error(std::string("raw O_DIRECT ") + (write ? "write" : "read") + " failed: " +
                                           std::strerror(errno));
     }

@@ -74,7 +74,8 @@ void expect_round_trips(const std::string& dir, int64_t block_size, int queue_de
   for (const auto& [off, bytes] : req) tickets.push_back(f.write(off, out.data + off, bytes));
   for (NvmeSwapFile::Ticket t : tickets) f.wait(t);
   tickets.clear();
-  for (auto it = req.rbegin(); it != req.rend(); ++it) tickets.push_back(f.read(it->first, in.data + it->first, it->second));
+  for (auto it = req.rbegin(); it != req.rend(); ++it)
+    tickets.push_back(f.read(it->first, in.data + it->first, it->second));
   f.wait_all();
   for (const auto& [off, bytes] : req)
     ASSERT_EQ(std::memcmp(out.data + off, in.data + off, size_t(bytes)), 0)

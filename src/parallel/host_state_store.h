@@ -1,14 +1,15 @@
 // Optimizer state in host memory (ZeRO-Offload's CPU tier, DESIGN decision 4): a rank's fp32 master
 // weights and AdamW moments live in (pinned) host memory, and the update runs on the CPU.
 //
-// The trick is the staging ring. A step walks the owned ranges in chunks of at most kChunk elements
-// (split at parameter boundaries, since weight decay is per parameter) through `buffer_count` pinned
-// slots, each holding one chunk's fp32 gradients and its new compute-dtype weights. A copy stream
-// brings chunk j+K's gradients down while the CPU updates chunk j and chunk j-1's weights go back up,
-// so the PCIe traffic both ways hides behind the CPU update, and host memory for staging stays at
-// K chunks however large the model. The compute stream waits for the last upload and nothing else:
-// the host thread is busy for the CPU update only. On a CPU device the gradients and weights already
-// are host memory and the update runs on them directly, with no staging.
+// The trick is the staging ring (parallel/host_update.h, shared with the NVMe tier). A step walks the
+// owned ranges in chunks of at most kChunk elements (the AdamW table splits them at parameter
+// boundaries: weight decay is per parameter) through `buffer_count` pinned slots, each holding one
+// chunk's fp32 gradients and its new compute-dtype weights. A copy stream brings chunk j+K's
+// gradients down while the CPU updates chunk j and chunk j-1's weights go back up, so the PCIe
+// traffic both ways hides behind the CPU update, and host memory for staging stays at K chunks
+// however large the model. The compute stream waits for the last upload and nothing else: the host
+// thread is busy for the CPU update only. On a CPU device the gradients and weights already are host
+// memory and the update runs on them directly, with no staging.
 #pragma once
 #include <memory>
 #include <vector>

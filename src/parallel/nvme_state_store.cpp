@@ -30,7 +30,8 @@ Tensor aligned_floats(int64_t n, bool& pinned, float*& aligned) {
       t = Tensor::empty({with_slack}, DType::F32, Device::cpu(), "nvme_buffers", nullptr, /*pinned=*/true);
     } catch (const Error& e) {
       ZP_LOG_WARN("cannot pin ", double(with_slack) * 4.0 / double(1 << 20), " MiB of host memory for the NVMe "
-                  "tier's buffers (", e.what(), "): using pageable memory, whose copies to and from the GPU are slower");
+                  "tier's buffers (", e.what(), "): using pageable memory, whose copies to and from the GPU are "
+                  "slower");
       pinned = false;
     }
   }
