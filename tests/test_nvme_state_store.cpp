@@ -61,12 +61,17 @@ TEST(NvmeStateStore, ReadsAndWritesReachExactlyTheElementsAskedFor) {
 
   // Unaligned pieces, one inside a page, one across several chunks (larger than the three-chunk
   // buffer), one ending at the range's end.
-  std::vector<float> want = state_of(store, 1, OptimizerState::ExpAvg);
+  std::vector<float> want = randn(size_t(n), 3);
+  store.write(1, OptimizerState::ExpAvg, 0, n, want.data(), nullptr);
+  EXPECT_EQ(state_of(store, 1, OptimizerState::ExpAvg), want);
   const std::vector<std::pair<int64_t, int64_t>> pieces = {{5, 7}, {1000, 3500}, {n - 1500, 1500}};
   float x = 1.f;
   for (const auto& [off, count] : pieces) {
     std::vector<float> v(static_cast<size_t>(count));
     for (float& e : v) e = x++;
+    // Another state through the buffer first: a write that kept the buffer's old contents around
+    // the piece, instead of reading the page it changes part of, would show.
+    state_of(store, 1, OptimizerState::Master);
     store.write(1, OptimizerState::ExpAvg, off, count, v.data(), nullptr);
     std::copy(v.begin(), v.end(), want.begin() + off);
   }
