@@ -50,6 +50,7 @@
 #include "comm/bootstrap.h"
 #include "comm/topology.h"
 #include "core/allocator.h"
+#include "core/cpu_share.h"
 #include "models/transformer.h"
 #include "parallel/zero_engine.h"
 #include "runtime/causal_lm_loss.h"
@@ -326,29 +327,29 @@ void BM_NvmeSwap(benchmark::State& st, bool write, int64_t block_size, int queue
 }
 
 #ifdef ZP_WITH_CUDA
-// GPU part: the 1.42B GPT of zp_bench_zero (d=2048, 24 layers, B=8, T=1024 per GPU, bf16 compute) at
-// ZeRO stage 3, with the optimizer state on the device (offload:0) or in pinned host memory with
-// AdamW on the CPU (offload:1), one optimizer step per `accum` micro-batches.
-//   BM_OffloadStep/stage/offload/accum   tokens/s over all ranks, GPU peak (engine allocator), host
-//                                        peak RSS; the fraction of the non-offloaded step is the
-//                                        ratio of two rows. Run under `mpirun -np 1` (and -np 2).
+// GPU part, run under `mpirun -np 1` (and -np 2): one training step per iteration at ZeRO stage 3
+// with the optimizer state on the device (offload:0), in pinned host memory with AdamW on the CPU
+// (offload:1), or that and the parameter shards in pinned host memory too (offload:2), one optimizer
+// step per `accum` micro-batches, clipping on. Counters: tokens/s over all ranks, GPU peak (engine
+// allocator), host peak RSS; the fraction of the non-offloaded step is the ratio of two rows.
+//   BM_OffloadStep/stage/offload/accum   the 1.42B GPT of zp_bench_zero (d=2048, 24 layers, B=8,
+//                                        T=1024 per GPU, bf16 compute)
+//   BM_OffloadLlama7B/offload            a Llama-shaped 7B (d=4096, 32 layers, ffn 11008), B=4,
+//                                        T=1024, activation checkpointing: it does not fit one 80 GB
+//                                        GPU without offload (18 bytes per parameter: 126 GB)
 comm::Runtime* g_rt = nullptr;
 
-void BM_OffloadStep(benchmark::State& st) {
+void run_offload_step(benchmark::State& st, const nlohmann::json& hub, int stage, int offload, int64_t accum,
+                      int64_t B, int64_t T, bool checkpoint) {
   if (!g_rt || !g_rt->device().is_cuda()) {
     st.SkipWithError("needs a GPU");
     return;
   }
-  const int stage = int(st.range(0));
-  const bool offload = st.range(1) != 0;
-  const int64_t accum = st.range(2), B = 8, T = 1024;
   comm::Runtime& rt = *g_rt;
   const int world = rt.world_size();
   std::unique_ptr<comm::Communicator> dp;
   if (world > 1) dp = comm::make_communicator(comm::Backend::Nccl, rt.world());
-  nlohmann::json hub = {{"model_type", "gpt2"}, {"vocab_size", 50304}, {"n_positions", 1024}, {"n_embd", 2048},
-                        {"n_layer", 24}, {"n_head", 16}};
-  auto cfg = models::TransformerConfig::from_hub_json(hub, "gpt-1.42b");
+  auto cfg = models::TransformerConfig::from_hub_json(hub, "bench");
   Stream stream(rt.device());
   const StreamHandle s = stream.handle();
   cudaDeviceSynchronize();
@@ -360,20 +361,25 @@ void BM_OffloadStep(benchmark::State& st) {
     models::Transformer model(cfg, rt.device(), DType::BF16, s, parallel::shard_pad_multiple(world));
     fill_blocks_random(model.blocks(), rt.device(), s);
     parallel::AdamWHyper hyper{3e-4, 0.9, 0.95, 1e-8, 0.1, false};
-    parallel::ZeroEngine engine(model.blocks(),
-                                parallel::ShardingPolicy::from_config(stage, offload ? "cpu" : "none", "none"),
-                                dp.get(), hyper, s);
+    parallel::ShardingPolicy policy =
+        parallel::ShardingPolicy::from_config(stage, offload >= 1 ? "cpu" : "none", offload >= 2 ? "cpu" : "none");
+    // As the training driver does: the rank's share of the node's CPUs, whatever mpirun bound it to.
+    const CpuShare share = take_cpu_share(rt.local_rank(), rt.local_size());
+    if (!share.note.empty() && rt.rank() == 0) std::fprintf(stderr, "%s\n", share.note.c_str());
+    policy.set_host_threads(int(share.cpus.size()));
+    parallel::ZeroEngine engine(model.blocks(), policy, dp.get(), hyper, s);
     model.set_block_access(&engine);
     std::mt19937 g(uint32_t(rt.rank() + 1));
     Tensor ids_h = Tensor::empty({B * T}, DType::I32, Device::cpu());
-    for (int64_t i = 0; i < B * T; ++i) ids_h.data<int32_t>()[i] = int32_t(g() % 50257);
+    for (int64_t i = 0; i < B * T; ++i) ids_h.data<int32_t>()[i] = int32_t(g() % uint32_t(cfg.vocab));
     Tensor ids = ids_h.to(rt.device(), s);
+    const models::ForwardMode mode = checkpoint ? models::ForwardMode::TrainCheckpointed : models::ForwardMode::Train;
     auto step = [&] {
       engine.begin_step();
       for (int64_t m = 0; m < accum; ++m) {
         engine.begin_micro_step(m + 1 == accum);
         models::TransformerActivations acts;
-        model.forward(ids.data<int32_t>(), B, T, acts);
+        model.forward(ids.data<int32_t>(), B, T, acts, mode);
         runtime::CausalLmLoss loss(acts.logits, cfg.vocab, ids.data<int32_t>(), B * T, s);
         model.backward(acts, loss.backward(acts.logits, 1.f / float(accum)));
       }
@@ -390,8 +396,23 @@ void BM_OffloadStep(benchmark::State& st) {
   st.counters["peak_engine_GiB_rank0"] = double(dev_alloc.stats().peak - before) / double(1ull << 30);
   st.counters["host_peak_rss_GiB_rank0"] = host_peak_rss_bytes() / double(1ull << 30);
 }
-BENCHMARK(BM_OffloadStep)->ArgNames({"stage", "offload", "accum"})->ArgsProduct({{3}, {0, 1}, {1, 8}})
+
+void BM_OffloadStep(benchmark::State& st) {
+  const nlohmann::json hub = {{"model_type", "gpt2"}, {"vocab_size", 50304}, {"n_positions", 1024}, {"n_embd", 2048},
+                              {"n_layer", 24}, {"n_head", 16}};
+  run_offload_step(st, hub, int(st.range(0)), int(st.range(1)), st.range(2), 8, 1024, false);
+}
+BENCHMARK(BM_OffloadStep)->ArgNames({"stage", "offload", "accum"})->ArgsProduct({{3}, {0, 1, 2}, {1, 8}})
     ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+
+void BM_OffloadLlama7B(benchmark::State& st) {
+  const nlohmann::json hub = {{"model_type", "llama"}, {"vocab_size", 32000}, {"hidden_size", 4096},
+                              {"intermediate_size", 11008}, {"num_hidden_layers", 32}, {"num_attention_heads", 32},
+                              {"num_key_value_heads", 32}, {"max_position_embeddings", 4096}};
+  run_offload_step(st, hub, 3, int(st.range(0)), 1, 4, 1024, true);
+}
+BENCHMARK(BM_OffloadLlama7B)->ArgNames({"offload"})->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond)
+    ->Iterations(2);
 
 class Quiet : public benchmark::BenchmarkReporter {
  public:

@@ -26,7 +26,8 @@ void expect_nvme_matches_device(Device dev, DType dt, int64_t rows, int64_t cols
   expect_store_matches_device(
       dev, dt, rows, cols,
       [&](const StoreBlocks& b) {
-        auto store = std::make_unique<NvmeStateStore>(b.ranges, b.initial(), nullptr, nvme, /*pinned=*/true, 0, chunk);
+        auto store = std::make_unique<NvmeStateStore>(b.ranges, b.initial(), nullptr, nvme, /*pinned=*/true, 0, false,
+                                                      chunk);
         EXPECT_EQ(store->tier(), StateTier::Nvme);
         return store;
       },
@@ -51,7 +52,7 @@ TEST(NvmeStateStore, MatchesTheDeviceStoreBitForBitCpu) {
 TEST(NvmeStateStore, ReadsAndWritesReachExactlyTheElementsAskedFor) {
   ScratchFolder dir("nvme_store_rw");
   StoreBlocks b(Device::cpu(), DType::F32, 100, 97);
-  NvmeStateStore store(b.ranges, b.initial(), nullptr, settings(dir.str(), 2), false, 0, kSmallChunk);
+  NvmeStateStore store(b.ranges, b.initial(), nullptr, settings(dir.str(), 2), false, 0, false, kSmallChunk);
   const int64_t n = b.ranges[1].size();
   // The master weights start at the compute values, the moments at zero.
   const std::vector<float> values = download(b.blocks[1]->values());
@@ -87,6 +88,11 @@ TEST(NvmeStateStore, ReadsAndWritesReachExactlyTheElementsAskedFor) {
   for (const OwnedRange& r : b.ranges) bytes += 3 * size_t((r.size() * 4 + 4095) / 4096 * 4096);
   EXPECT_EQ(store.state_bytes(), bytes);
   EXPECT_EQ(store.buffer_bytes(), 2 * size_t(3 * kSmallChunk + 1024) * 4) << "two buffers, no staging on a CPU";
+  // What the memory plan counts before any store exists.
+  EXPECT_EQ(NvmeStateStore::file_bytes({b.ranges[0].size(), b.ranges[1].size()}), int64_t(bytes));
+  EXPECT_EQ(NvmeStateStore::buffer_bytes_for(std::max(b.ranges[0].size(), b.ranges[1].size()), DType::F32, 2,
+                                             /*gpu=*/false, kSmallChunk),
+            store.buffer_bytes());
 }
 
 TEST(NvmeStateStore, BadPathFailsNamingTheKey) {

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "core/allocator.h"
+#include "models/activation_estimate.h"
 #include "models/transformer.h"
 #include "runtime/causal_lm_loss.h"
 #include "test_util.h"
@@ -264,6 +265,37 @@ TEST(CausalLmLoss, MeanNextTokenCrossEntropyAndItsGradientInPlace) {
       EXPECT_NEAR(d.data<float>()[n * ld + c], g, 1e-6) << "row " << n << " column " << c;
     }
   EXPECT_DEATH(lm.backward(logits, scale), "second backward");
+}
+
+}  // namespace zp::test
+
+namespace zp::test {
+
+// The plan's activation estimate against the memory one training micro-batch really takes at its
+// peak, forward, objective and backward (the checkpointed backward's re-run included), above what
+// was held before: within a factor of two either way.
+TEST(ActivationEstimate, TransformerIsWithinTwiceWhatAStepTakes) {
+  for (const std::string type : {"gpt2", "llama"})
+    for (ForwardMode mode : {ForwardMode::Train, ForwardMode::TrainCheckpointed}) {
+      const bool checkpoint = mode == ForwardMode::TrainCheckpointed;
+      const std::string what = type + (checkpoint ? " checkpointed" : "");
+      auto m = make_model(type, Device::cpu(), DType::F32);
+      const Batch b = make_batch(3, m->config().vocab, Device::cpu());
+      Allocator& alloc = allocator_for(Device::cpu());
+      const size_t held = alloc.stats().current;
+      alloc.reset_peak();
+      {
+        TransformerActivations acts;
+        m->forward(b.ids.data<int32_t>(), kB, kT, acts, mode);
+        runtime::CausalLmLoss loss(acts.logits, m->config().vocab, b.targets.data<int32_t>(), b.valid, m->ctx().s);
+        m->backward(acts, loss.backward(acts.logits));
+      }
+      const double measured = double(alloc.stats().peak - held);
+      const double estimate = models::transformer_activation_bytes(m->config(), kB, kT, DType::F32, checkpoint);
+      EXPECT_GE(estimate, measured / 2) << what << ": estimate " << estimate << ", measured " << measured;
+      EXPECT_LE(estimate, measured * 2) << what << ": estimate " << estimate << ", measured " << measured;
+      std::printf("%s: activations estimated %.0f bytes, kept %.0f\n", what.c_str(), estimate, measured);
+    }
 }
 
 }  // namespace zp::test

@@ -10,6 +10,7 @@
 #include "core/allocator.h"
 #include "io/safetensors.h"
 #include "io/weight_source.h"
+#include "models/activation_estimate.h"
 #include "models/unet.h"
 #include "nn/cross_attention.h"
 #include "nn/init.h"
@@ -447,6 +448,37 @@ TEST(UNet, CrossAttentionMatchesFiniteDifferences) {
     return loss();
   };
   expect_grad_matches_fd(kw, kg, loss_k, "to_k.weight");
+}
+
+}  // namespace zp::test
+
+namespace zp::test {
+
+// The plan's activation estimate (models/activation_estimate.h) against the memory one training
+// micro-batch really takes at its peak, forward and backward (the checkpointed re-runs included),
+// above what was held before: within a factor of two either way.
+TEST(ActivationEstimate, UNetIsWithinTwiceWhatAStepTakes) {
+  for (bool sdxl : {false, true})
+    for (bool checkpoint : {false, true}) {
+      const std::string what = std::string(sdxl ? "SDXL" : "SD") + (checkpoint ? " checkpointed" : "");
+      TinyUNetRun run(sdxl, Device::cpu(), DType::F32);
+      Allocator& alloc = allocator_for(Device::cpu());
+      const size_t held = alloc.stats().current;
+      alloc.reset_peak();
+      {
+        models::UNetActivations acts = models::UNetActivations::training(checkpoint);
+        Tensor out = run.model.forward(run.in[0], acts);
+        run.model.backward(run.dout[0], acts);
+      }
+      const double measured = double(alloc.stats().peak - held);
+      const models::UNetInputs& x = run.in[0];
+      const double estimate = models::unet_activation_bytes(run.model, x.sample.shape()[0], x.sample.shape()[2],
+                                                            x.sample.shape()[3], x.encoder_hidden_states.shape()[1],
+                                                            DType::F32, checkpoint);
+      EXPECT_GE(estimate, measured / 2) << what << ": estimate " << estimate << ", measured " << measured;
+      EXPECT_LE(estimate, measured * 2) << what << ": estimate " << estimate << ", measured " << measured;
+      std::printf("%s: activations estimated %.0f bytes, kept %.0f\n", what.c_str(), estimate, measured);
+    }
 }
 
 }  // namespace zp::test

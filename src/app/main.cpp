@@ -11,6 +11,7 @@
 #include "app/inspect_command.h"
 #include "app/make_latents.h"
 #include "app/parity.h"
+#include "app/plan_command.h"
 #include "comm/bootstrap.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -37,6 +38,8 @@ const char* kUsage =
     "           zeropipe convert --from X --to Y [--dtype bf16|fp32|keep]\n"
     "  make-latents  write a small latent dataset for a UNet (the UNet demo's data)\n"
     "  inspect  list and check a checkpoint or weights file: zeropipe inspect FILE [--verify]\n"
+    "  plan     memory per rank and node on each tier, whether it fits, and the cheapest change if not:\n"
+    "           zeropipe plan --config FILE [--world N] [--gpu-memory 24GiB] [--host-memory 64GiB]\n"
     "  parity   run a reference folder (hub config, weights, io.safetensors) and hold every tensor to\n"
     "           the parity criterion (its reference_error.json); exit 0 exactly when all gated pass\n"
     "run `zeropipe <command> --help` for the command's options\n";
@@ -109,6 +112,21 @@ int cmd_make_latents(int argc, char** argv) {
   return zp::app::make_latents(out, model, samples, seed);
 }
 
+int cmd_plan(int argc, char** argv) {
+  zp::app::PlanOptions o;
+  po::options_description desc("zeropipe plan options");
+  desc.add_options()("help,h", "show this help")("config", po::value<std::string>(&o.config)->required(),
+                                                 "training configuration (as for train)")(
+      "set", po::value<std::vector<std::string>>(&o.sets)->composing(), "override a key: --set key.path=value")(
+      "world", po::value<int>(&o.world)->default_value(1), "ranks (GPUs) in the run")(
+      "ranks-per-node", po::value<int>(&o.ranks_per_node)->default_value(0), "ranks sharing a node (default: all)")(
+      "gpu-memory", po::value<std::string>(&o.gpu_memory), "memory of each GPU, e.g. 24GiB")(
+      "host-memory", po::value<std::string>(&o.host_memory), "host memory of a node, e.g. 64GiB");
+  po::variables_map vm;
+  if (!parse_options(argc, argv, desc, vm)) return 0;
+  return zp::app::run_plan(o);
+}
+
 int cmd_train(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> sets;
@@ -175,6 +193,7 @@ int main(int argc, char** argv) {
     if (cmd == "train") return cmd_train(argc - 1, argv + 1);
     if (cmd == "convert") return cmd_convert(argc - 1, argv + 1);
     if (cmd == "inspect") return cmd_inspect(argc - 1, argv + 1);
+    if (cmd == "plan") return cmd_plan(argc - 1, argv + 1);
     if (cmd == "make-latents") return cmd_make_latents(argc - 1, argv + 1);
     std::fprintf(stderr, "zeropipe: unknown command '%s'\n%s", cmd.c_str(), kUsage);
     return 2;

@@ -83,8 +83,16 @@ std::string cuda_device_name(int index) {
   return p.name;
 }
 void stream_synchronize(StreamHandle s) { ZP_CUDA_CHECK(cudaStreamSynchronize(s)); }
+void cuda_memory_info(int index, size_t& free, size_t& total) {
+  int current = 0;
+  ZP_CUDA_CHECK(cudaGetDevice(&current));
+  ZP_CUDA_CHECK(cudaSetDevice(index));
+  ZP_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  ZP_CUDA_CHECK(cudaSetDevice(current));
+}
 #else
 int cuda_device_count() { return 0; }
+void cuda_memory_info(int, size_t& free, size_t& total) { free = total = 0; }
 std::string cuda_unavailable_reason() { return "built without CUDA (ZP_CUDA=OFF)"; }
 Stream::Stream(Device d, int) : dev_(d) {
   ZP_CHECK(!d.is_cuda(), "CUDA stream requested in a CPU-only build");

@@ -28,6 +28,8 @@ struct Device {
 int cuda_device_count();
 // Human-readable reason why there is no CUDA device (for test skips and errors).
 std::string cuda_unavailable_reason();
+// Free and total memory of CUDA device `index` in bytes, as the driver reports them now.
+void cuda_memory_info(int index, size_t& free, size_t& total);
 
 // An owned CUDA stream (non-blocking). On a CPU device it holds nothing.
 class Stream {

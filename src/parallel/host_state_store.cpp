@@ -6,33 +6,15 @@
 #include "core/allocator.h"
 #include "core/log.h"
 #include "kernels/elementwise.h"
+#include "parallel/host_buffer.h"
 
 namespace zp::parallel {
 using namespace zp::kernels;
 
-namespace {
-
-// fp32 host memory of `n` elements: pinned when asked and possible, else pageable (the caller warns).
-Tensor host_floats(int64_t n, bool& pinned, const char* tag) {
-  if (pinned) {
-    try {
-      Tensor t = Tensor::empty({n}, DType::F32, Device::cpu(), tag, nullptr, /*pinned=*/true);
-      std::fill_n(t.data<float>(), n, 0.f);
-      return t;
-    } catch (const Error& e) {
-      ZP_LOG_WARN("cannot pin ", double(n) * 4.0 / double(1 << 20), " MiB of host memory for the optimizer state (",
-                  e.what(), "): using pageable memory, whose copies to and from the GPU are slower");
-      pinned = false;
-    }
-  }
-  return Tensor::zeros({n}, DType::F32, Device::cpu(), tag);
-}
-
-}  // namespace
 
 HostStateStore::HostStateStore(std::vector<OwnedRange> ranges, const std::vector<const void*>& initial, StreamHandle s,
-                               bool pinned, int threads, int buffer_count)
-    : OptimizerStateStore(std::move(ranges)), pinned_(pinned), adamw_(threads) {
+                               bool pinned, int threads, int buffer_count, bool weights_on_host)
+    : OptimizerStateStore(std::move(ranges)), pinned_(pinned), weights_on_host_(weights_on_host), adamw_(threads) {
   ZP_CHECK(initial.size() == ranges_.size(), "HostStateStore: ", initial.size(), " initial values for ",
            ranges_.size(), " ranges");
   ZP_CHECK(buffer_count >= 1, "HostStateStore: ", buffer_count, " staging buffers");
@@ -48,12 +30,12 @@ HostStateStore::HostStateStore(std::vector<OwnedRange> ranges, const std::vector
   // refusal; later allocations then do not try again.
   if (dev_.is_cpu()) pinned_ = false;
   for (size_t i = 0; i < ranges_.size(); ++i) {
-    master_.push_back(host_floats(ranges_[i].size(), pinned_, "host_master"));
-    m_.push_back(host_floats(ranges_[i].size(), pinned_, "host_optimizer"));
-    v_.push_back(host_floats(ranges_[i].size(), pinned_, "host_optimizer"));
+    master_.push_back(host_buffer(ranges_[i].size(), DType::F32, pinned_, "host_master", "the optimizer state"));
+    m_.push_back(host_buffer(ranges_[i].size(), DType::F32, pinned_, "host_optimizer", "the optimizer state"));
+    v_.push_back(host_buffer(ranges_[i].size(), DType::F32, pinned_, "host_optimizer", "the optimizer state"));
   }
   ring_ = std::make_unique<StagingRing>(dev_, dt_, std::min(kChunk, std::max<int64_t>(1, largest)), buffer_count,
-                                        pinned_);
+                                        pinned_, weights_on_host_);
   // The initial master weights: the compute values, downloaded through the ring and widened to fp32.
   for (size_t i = 0; i < ranges_.size(); ++i)
     ring_->download(initial[i], ranges_[i].size(), s, [&](const void* piece, int64_t off, int64_t n) {

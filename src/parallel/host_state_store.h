@@ -11,6 +11,7 @@
 // thread is busy for the CPU update only. On a CPU device the gradients and weights already are host
 // memory and the update runs on them directly, with no staging.
 #pragma once
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -24,12 +25,19 @@ namespace zp::parallel {
 class HostStateStore final : public OptimizerStateStore {
  public:
   static constexpr int64_t kChunk = int64_t(1) << 22;  // elements per staging slot (16 MiB of fp32 gradients)
+  static constexpr int kBuffers = 4;                    // staging slots by default
+  // The staging ring's host bytes for ranges of at most `largest` elements of `dt`.
+  static size_t staging_bytes_for(int64_t largest, DType dt, int buffer_count = kBuffers) {
+    return size_t(buffer_count) * size_t(std::min(kChunk, largest)) * (sizeof(float) + dtype_size(dt));
+  }
 
   // pinned: page-locked state (falls back to pageable memory, with one warning, when pinning fails);
   // threads: the CPU AdamW's (0: every hardware thread); buffer_count: staging slots (>= 1; 2 already
-  // overlaps the copies with the update).
+  // overlaps the copies with the update); weights_on_host: the ranges' compute weights (RangeUpdate's
+  // weights_out) are host memory, the parameter tier's shards, so the update writes them in place
+  // and nothing goes up.
   HostStateStore(std::vector<OwnedRange> ranges, const std::vector<const void*>& initial, StreamHandle s,
-                 bool pinned, int threads = 0, int buffer_count = 4);
+                 bool pinned, int threads = 0, int buffer_count = kBuffers, bool weights_on_host = false);
 
   StateTier tier() const override { return StateTier::PinnedHost; }
   bool pinned() const { return pinned_; }
@@ -51,6 +59,7 @@ class HostStateStore final : public OptimizerStateStore {
   Device dev_;
   DType dt_;
   bool pinned_ = true;
+  bool weights_on_host_ = false;
   std::vector<Tensor> master_, m_, v_;  // host memory, one per range
   std::unique_ptr<StagingRing> ring_;
   std::vector<kernels::AdamWTensor> table_;

@@ -52,8 +52,8 @@ struct StagingRing::Slot {
   Event downloaded, uploaded;
 };
 
-StagingRing::StagingRing(Device dev, DType dt, int64_t chunk, int slots, bool pinned)
-    : dev_(dev), dt_(dt), chunk_(chunk) {
+StagingRing::StagingRing(Device dev, DType dt, int64_t chunk, int slots, bool pinned, bool weights_on_host)
+    : dev_(dev), dt_(dt), chunk_(chunk), weights_on_host_(weights_on_host) {
   ZP_CHECK(chunk > 0 && slots >= 1, "StagingRing: ", slots, " slots of ", chunk, " elements");
   if (dev_.is_cpu()) return;
   copy_ = std::make_unique<Stream>(dev_);
@@ -106,14 +106,19 @@ void StagingRing::walk(const std::vector<UpdateChunk>& chunks, std::span<const R
     // Also orders this slot's previous upload (queued before the download) before the CPU writes
     // new weights into it.
     slot.downloaded.synchronize();
-    body(j, slot.grad.data<float>(), slot.weights.data(), true);
-    copy_bytes_async(static_cast<char*>(updates[c.update].weights_out) + size_t(c.begin) * esz, dev_,
-                     slot.weights.data(), Device::cpu(), size_t(c.end - c.begin) * esz, cs);
-    slot.uploaded.record(cs);
+    char* out = static_cast<char*>(updates[c.update].weights_out) + size_t(c.begin) * esz;
+    if (weights_on_host_) {  // the parameter tier: the new weights go straight into their host shard
+      body(j, slot.grad.data<float>(), out, false);
+    } else {
+      body(j, slot.grad.data<float>(), slot.weights.data(), true);
+      copy_bytes_async(out, dev_, slot.weights.data(), Device::cpu(), size_t(c.end - c.begin) * esz, cs);
+      slot.uploaded.record(cs);
+    }
     if (j + slots_.size() < chunks.size()) download_chunk(j + slots_.size());
   }
-  // The last upload is the last thing on the copy stream: the compute stream waits for it.
-  slots_[(chunks.size() - 1) % slots_.size()]->uploaded.wait_on(s);
+  // The last upload is the last thing on the copy stream: the compute stream waits for it. Weights
+  // written on the host are complete now, and every download was waited for.
+  if (!weights_on_host_) slots_[(chunks.size() - 1) % slots_.size()]->uploaded.wait_on(s);
 }
 
 void StagingRing::download(const void* src, int64_t n, StreamHandle s,

@@ -45,17 +45,20 @@ std::vector<UpdateChunk> split_into_chunks(std::span<const RangeUpdate> updates,
 // the CPU works on chunk j and chunk j-1's weights go up, so the copies both ways hide behind the
 // CPU, and the compute stream waits for the last upload only. For blocks in host memory (a CPU run)
 // there is nothing to stage: the ring holds no memory and hands out the blocks' own memory.
+//
+// weights_on_host: the updates' weights_out are host memory (the parameter tier's shards): the walk
+// hands them to the body directly and nothing goes up; only the gradients come down.
 class StagingRing {
  public:
-  StagingRing(Device dev, DType dt, int64_t chunk, int slots, bool pinned);
+  StagingRing(Device dev, DType dt, int64_t chunk, int slots, bool pinned, bool weights_on_host = false);
   ~StagingRing();  // no copy into or out of a slot outlives it
 
   int64_t chunk() const { return chunk_; }
   size_t bytes() const;  // host memory of the slots
 
   // Calls body(j, grad, weights_out, staged) for every chunk in order: grad holds the chunk's
-  // gradients, weights_out takes its new weights; both are staging slots when `staged` (which go up
-  // whole after body returns), else the update's own memory at the chunk. The gradients are complete
+  // gradients, weights_out takes its new weights, each a staging slot (weights_out then goes up whole
+  // after body returns: `staged`) or the update's own memory at the chunk. The gradients are complete
   // on `s` where walk is called; `s` waits for the last weights.
   using ChunkBody = std::function<void(size_t j, const float* grad, void* weights_out, bool staged)>;
   void walk(const std::vector<UpdateChunk>& chunks, std::span<const RangeUpdate> updates, StreamHandle s,
@@ -74,6 +77,7 @@ class StagingRing {
   Device dev_;
   DType dt_;
   int64_t chunk_ = 0;
+  bool weights_on_host_ = false;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<Stream> copy_;  // device-to-host and host-to-device copies (CUDA blocks only)
 };

@@ -8,6 +8,7 @@
 
 #include "core/log.h"
 #include "kernels/elementwise.h"
+#include "parallel/host_buffer.h"
 
 namespace zp::parallel {
 using namespace zp::kernels;
@@ -20,22 +21,15 @@ constexpr const char* kPathKey = "zero_optimization.offload_optimizer.nvme_path"
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// No buffer larger than the largest range needs: a small model does not pay for 16 MiB chunks.
+int64_t chunk_for(int64_t chunk, int64_t largest) {
+  return std::min(chunk, std::max(kAlignFloats, round_up(largest, kAlignFloats)));
+}
+
 // Host memory of `n` floats starting at a multiple of kAlign (O_DIRECT transfers to and from it):
 // pinned when asked and possible, else pageable with a warning.
 Tensor aligned_floats(int64_t n, bool& pinned, float*& aligned) {
-  const int64_t with_slack = n + kAlignFloats;
-  Tensor t;
-  if (pinned) {
-    try {
-      t = Tensor::empty({with_slack}, DType::F32, Device::cpu(), "nvme_buffers", nullptr, /*pinned=*/true);
-    } catch (const Error& e) {
-      ZP_LOG_WARN("cannot pin ", double(with_slack) * 4.0 / double(1 << 20), " MiB of host memory for the NVMe "
-                  "tier's buffers (", e.what(), "): using pageable memory, whose copies to and from the GPU are "
-                  "slower");
-      pinned = false;
-    }
-  }
-  if (!t.defined()) t = Tensor::empty({with_slack}, DType::F32, Device::cpu(), "nvme_buffers");
+  Tensor t = host_buffer(n + kAlignFloats, DType::F32, pinned, "nvme_buffers", "the NVMe tier's buffers");
   const auto at = reinterpret_cast<uintptr_t>(t.data());
   aligned = reinterpret_cast<float*>((at + uintptr_t(kAlign) - 1) / uintptr_t(kAlign) * uintptr_t(kAlign));
   return t;
@@ -52,7 +46,8 @@ std::string swap_file_name() {
 }  // namespace
 
 NvmeStateStore::NvmeStateStore(std::vector<OwnedRange> ranges, const std::vector<const void*>& initial,
-                               StreamHandle s, const NvmeSettings& nvme, bool pinned, int threads, int64_t chunk)
+                               StreamHandle s, const NvmeSettings& nvme, bool pinned, int threads,
+                               bool weights_on_host, int64_t chunk)
     : OptimizerStateStore(std::move(ranges)), nvme_(nvme), pinned_(pinned), adamw_(threads) {
   ZP_CHECK(initial.size() == ranges_.size(), "NvmeStateStore: ", initial.size(), " initial values for ",
            ranges_.size(), " ranges");
@@ -71,8 +66,7 @@ NvmeStateStore::NvmeStateStore(std::vector<OwnedRange> ranges, const std::vector
     total += 3 * padded_.back();
     largest = std::max(largest, r.size());
   }
-  // No buffer larger than the largest range needs: a small model does not pay for 16 MiB chunks.
-  chunk_ = std::min(chunk, std::max(kAlignFloats, round_up(largest, kAlignFloats)));
+  chunk_ = chunk_for(chunk, largest);
   buffers_.resize(size_t(nvme.buffer_count));
   for (Buffer& b : buffers_) {
     float* at = nullptr;
@@ -81,7 +75,7 @@ NvmeStateStore::NvmeStateStore(std::vector<OwnedRange> ranges, const std::vector
   }
   file_ = std::make_unique<io::NvmeSwapFile>(nvme.path, kPathKey, swap_file_name(), total, nvme.block_size,
                                              nvme.queue_depth);
-  ring_ = std::make_unique<StagingRing>(dev_, dt_, chunk_, nvme.buffer_count, pinned_);
+  ring_ = std::make_unique<StagingRing>(dev_, dt_, chunk_, nvme.buffer_count, pinned_, weights_on_host);
   // The master weights start from the compute values, widened to fp32. The moments start at zero,
   // which is what a preallocated (or sized) file reads as where nothing was written.
   float* stage = buffers_[0].state[0];
@@ -100,6 +94,12 @@ int64_t NvmeStateStore::file_bytes(const std::vector<int64_t>& range_sizes) {
   int64_t total = 0;
   for (int64_t n : range_sizes) total += 3 * round_up(n * int64_t(sizeof(float)), kAlign);
   return total;
+}
+
+size_t NvmeStateStore::buffer_bytes_for(int64_t largest, DType dt, int buffer_count, bool gpu, int64_t chunk) {
+  const int64_t c = chunk_for(chunk, largest);
+  const size_t buffers = size_t(buffer_count) * size_t(3 * c + kAlignFloats) * sizeof(float);
+  return buffers + (gpu ? size_t(buffer_count) * size_t(c) * (sizeof(float) + dtype_size(dt)) : 0);
 }
 
 size_t NvmeStateStore::state_bytes() const { return file_ ? size_t(file_->size()) : 0; }

@@ -27,14 +27,19 @@ class NvmeStateStore final : public OptimizerStateStore {
 
   // nvme: the directory, aio settings and buffer count (ShardingPolicy::optimizer_nvme()); pinned:
   // page-locked buffers for a GPU's copies; threads: the CPU AdamW's (0: every hardware thread);
-  // chunk: elements per buffer and state, a multiple of the swap file's alignment in floats (tests
-  // use small ones to walk many chunks).
+  // weights_on_host: the compute weights are the parameter tier's host shards, written in place
+  // (HostStateStore's); chunk: elements per buffer and state, a multiple of the swap file's
+  // alignment in floats (tests use small ones to walk many chunks).
   NvmeStateStore(std::vector<OwnedRange> ranges, const std::vector<const void*>& initial, StreamHandle s,
-                 const NvmeSettings& nvme, bool pinned, int threads = 0, int64_t chunk = kChunk);
+                 const NvmeSettings& nvme, bool pinned, int threads = 0, bool weights_on_host = false,
+                 int64_t chunk = kChunk);
   ~NvmeStateStore() override;
 
   // Bytes of the swap file for ranges of these sizes (elements): for start-up checks before any store exists.
   static int64_t file_bytes(const std::vector<int64_t>& range_sizes);
+  // Host bytes of a store's buffers and staging ring for ranges of at most `largest` elements of
+  // `dt` (the staging ring only for blocks on a GPU).
+  static size_t buffer_bytes_for(int64_t largest, DType dt, int buffer_count, bool gpu, int64_t chunk = kChunk);
 
   StateTier tier() const override { return StateTier::Nvme; }
   // Bytes of state in the swap file, and host bytes of its buffers and the staging ring.

@@ -5,6 +5,11 @@
 // compute), in the order blocks were acquired in the previous step; a prefetch is dropped when the
 // weights change (drop_prefetches(): before an update, at the start of a step).
 //
+// The parameter tier (ZeRO-Infinity's offload_param, DESIGN decision 4): with the shards in host
+// memory, a gather first copies this rank's shard up into its own place in the full buffer and then
+// all-gathers in place, both on the communication stream, so the prefetch hides the PCIe copy too
+// and the GPU holds only the blocks in flight.
+//
 // It implements nn::BlockAccess's parameter half by itself, so a pipeline stage or an inference run
 // can serve a model's forward from sharded weights without the rest of the ZeRO engine; the
 // engine composes it with the gradient reducer and the optimizer.
@@ -15,14 +20,18 @@
 #include "comm/communicator.h"
 #include "nn/block_access.h"
 #include "parallel/collective_stream.h"
+#include "parallel/sharding_policy.h"
 
 namespace zp::parallel {
 
 class ParameterGatherer : public nn::BlockAccess {
  public:
   // `dp` may be nullptr (a single rank: acquiring copies the one shard). `comm` orders the gathers
-  // and must outlive the gatherer.
-  ParameterGatherer(comm::Communicator* dp, CollectiveStream& comm);
+  // and must outlive the gatherer. `tier`: where the shards of GPU blocks live (the device or pinned
+  // host memory; `pinned` false or a refused pinning gives pageable memory). CPU blocks keep theirs
+  // in host memory anyway.
+  ParameterGatherer(comm::Communicator* dp, CollectiveStream& comm, StateTier tier = StateTier::Device,
+                    bool pinned = true);
   ~ParameterGatherer() override;
 
   // Shards `b`: keeps this rank's slice of its current values (bound, padded to a multiple of
@@ -30,8 +39,14 @@ class ParameterGatherer : public nn::BlockAccess {
   // the order they are added.
   void add(nn::ParamBlock& b);
   size_t size() const { return blocks_.size(); }
-  // Block i's owned slice of the compute weights: where its optimizer writes the updated weights.
+  // Block i's owned slice of the compute weights: where its optimizer writes the updated weights
+  // (host memory when shards_on_host()).
   Tensor& shard(size_t i) { return blocks_.at(i).shard; }
+  // Whether GPU blocks' shards are in host memory, and whether that memory is pinned.
+  bool shards_on_host() const { return tier_ == StateTier::PinnedHost; }
+  bool pinned() const { return pinned_; }
+  // Bytes of the shards (on the tier).
+  size_t shard_bytes() const;
 
   void acquire_params(nn::ParamBlock& b) override;
   void release_params(nn::ParamBlock& b) override;
@@ -52,10 +67,19 @@ class ParameterGatherer : public nn::BlockAccess {
   };
   Sharded& of(nn::ParamBlock& b);
   void prefetch(Sharded& u);
+  // Gathers u's full values into `full` on stream `cs`.
+  void gather(Sharded& u, Tensor& full, StreamHandle cs);
+  // Whether the next block is gathered ahead: on the communication stream, or for a single rank
+  // with host shards on the upload stream (the copy up is then the whole gather).
+  bool prefetches() const;
   comm::Communicator* dp_;
   CollectiveStream& comm_;
   StreamHandle s_;
   int world_ = 1, rank_ = 0;
+  StateTier tier_ = StateTier::Device;
+  bool pinned_ = true;
+  std::unique_ptr<Stream> upload_;        // with host shards on a GPU
+  std::unique_ptr<Event> upload_ready_;   // the compute stream's point the upload stream waits for
   std::vector<Sharded> blocks_;
   std::vector<Sharded*> gather_order_, this_step_order_;
   size_t order_pos_ = 0;

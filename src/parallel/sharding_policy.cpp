@@ -58,8 +58,9 @@ ShardingPolicy ShardingPolicy::from_config(int stage, const std::string& offload
 }
 
 void ShardingPolicy::require_implemented() const {
-  ZP_REQUIRE(parameter_tier_ == StateTier::Device, kParamKey, " = \"", device_of(parameter_tier_),
-             "\": parameters in ", tier_name(parameter_tier_), " are not implemented yet (only \"none\", the device, is)");
+  ZP_REQUIRE(parameter_tier_ != StateTier::Nvme, kParamKey, " = \"", device_of(parameter_tier_),
+             "\": parameters in ", tier_name(parameter_tier_),
+             " are not implemented yet (\"none\", the device, and \"cpu\" are)");
 }
 
 std::string ShardingPolicy::str() const {

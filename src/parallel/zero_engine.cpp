@@ -28,7 +28,8 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, const ShardingPolicy
     world_ = dp_->size();
     rank_ = dp_->rank();
   }
-  if (policy_.shards_parameters()) gatherer_ = std::make_unique<ParameterGatherer>(dp_, comm_);
+  if (policy_.shards_parameters())
+    gatherer_ = std::make_unique<ParameterGatherer>(dp_, comm_, policy_.parameter_tier(), policy_.pin_host_memory());
   reducer_ = std::make_unique<GradientReducer>(policy_, dp_, comm_, h.step_in_backward);
   std::vector<OwnedRange> ranges;
   std::vector<const void*> initial;
@@ -50,6 +51,13 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, const ShardingPolicy
     initial.push_back(gatherer_ ? gatherer_->shard(ranges.size() - 1).data()
                                 : static_cast<const char*>(b->values().data()) + size_t(begin) * dtype_size(b->dtype()));
   }
+  // The device store writes the new weights with a kernel: into host shards only through pinned
+  // (device-mapped) memory.
+  ZP_REQUIRE(!gatherer_ || !gatherer_->shards_on_host() || gatherer_->pinned() || blocks_.empty() ||
+                 blocks_[0]->device().is_cpu() || policy_.optimizer_tier() != StateTier::Device,
+             "zero_optimization.offload_param.device = \"cpu\" with pageable parameter shards (pin_memory false, or "
+             "pinning refused) needs zero_optimization.offload_optimizer.device = \"cpu\": the GPU's optimizer "
+             "cannot write pageable host memory");
   opt_ = std::make_unique<ShardedAdamW>(make_optimizer_state_store(policy_, std::move(ranges), initial, s),
                                         h, s);
   reducer_->on_final_gradient([this](size_t i, const Tensor& grad, StreamHandle cs) { update_in_backward(i, grad, cs); });
@@ -189,59 +197,14 @@ void ZeroEngine::visit_state(const EngineStateVisitor& visit, StreamHandle s) {
 }
 
 MemoryPlan ZeroEngine::memory_plan() const {
-  MemoryPlan p;
-  int64_t largest = 0;
-  size_t k = 2;
-  for (const nn::ParamBlock* b : blocks_) {
-    p.params += b->padded();
-    largest = std::max(largest, b->padded());
-    k = dtype_size(b->dtype());
-  }
-  const double psi = double(p.params), n = double(world_);
-  p.param_bytes = (policy_.shards_parameters() ? psi / n + 2.0 * double(largest) : psi) * double(k);
-  // Stepping in the backward keeps no gradient shard, only the blocks in flight (no accumulation).
-  const double grad_shards = hyper_.step_in_backward ? 0.0 : psi / n;
-  p.grad_bytes = (policy_.shards_gradients() ? grad_shards + 2.0 * double(largest) : psi) * 4.0;
-  p.optimizer_bytes = (policy_.shards_optimizer_state() ? psi / n : psi) * 12.0;
-  if (auto* host = dynamic_cast<const HostStateStore*>(&opt_->state())) {
-    p.optimizer_bytes = 0;
-    p.host_optimizer_bytes = double(host->state_bytes());
-    p.host_staging_bytes = double(host->staging_bytes());
-    p.host_pinned = host->pinned();
-  } else if (auto* nvme = dynamic_cast<const NvmeStateStore*>(&opt_->state())) {
-    p.optimizer_bytes = 0;
-    p.nvme_optimizer_bytes = double(nvme->state_bytes());
-    p.nvme_path = nvme->path();
-    p.host_staging_bytes = double(nvme->buffer_bytes());  // its state buffers and the staging ring
-    p.host_pinned = nvme->pinned();
-  }
+  const bool gpu = !blocks_.empty() && blocks_[0]->device().is_cuda();
+  MemoryPlan p = plan_memory(blocks_, policy_, world_, hyper_.step_in_backward, gpu);
+  // Pinning may have been refused since the policy asked for it.
+  const auto* host = dynamic_cast<const HostStateStore*>(&opt_->state());
+  if (host) p.host_pinned = host->pinned();
+  if (const auto* nvme = dynamic_cast<const NvmeStateStore*>(&opt_->state())) p.host_pinned = nvme->pinned();
+  if (gatherer_ && gatherer_->shards_on_host()) p.host_pinned = p.host_pinned && gatherer_->pinned();
   return p;
-}
-
-std::string MemoryPlan::str(int stage, int world) const {
-  char buf[512];
-  const double mib = double(1ull << 20);
-  std::snprintf(buf, sizeof(buf),
-                "memory plan (ZeRO stage %d, %d rank%s, per rank): parameters %.1f MiB + gradients %.1f MiB (fp32) + "
-                "optimizer %.1f MiB (fp32 master and moments) = %.1f MiB for %.2fM parameters (the ZeRO paper's "
-                "2Ψ + 2Ψ + 12Ψ/N, 16-bit gradients: %.1f MiB); activations come on top",
-                stage, world, world == 1 ? "" : "s", param_bytes / mib, grad_bytes / mib, optimizer_bytes / mib,
-                (param_bytes + grad_bytes + optimizer_bytes) / mib, double(params) / 1e6,
-                (4.0 * double(params) + 12.0 * double(params) / world) / mib);
-  std::string s = buf;
-  if (host_optimizer_bytes > 0) {
-    std::snprintf(buf, sizeof(buf), "; offloaded to %s host memory: optimizer %.1f MiB (fp32 master and moments) + "
-                  "staging %.1f MiB", host_pinned ? "pinned" : "pageable", host_optimizer_bytes / mib,
-                  host_staging_bytes / mib);
-    s += buf;
-  }
-  if (nvme_optimizer_bytes > 0) {
-    std::snprintf(buf, sizeof(buf), "; offloaded to NVMe under %s: optimizer %.1f MiB (fp32 master and moments, "
-                  "the rank's swap file) + %s host buffers %.1f MiB", nvme_path.c_str(), nvme_optimizer_bytes / mib,
-                  host_pinned ? "pinned" : "pageable", host_staging_bytes / mib);
-    s += buf;
-  }
-  return s;
 }
 
 }  // namespace zp::parallel

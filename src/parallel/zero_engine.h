@@ -37,6 +37,7 @@
 #include "parallel/collective_stream.h"
 #include "parallel/engine_state.h"
 #include "parallel/gradient_reducer.h"
+#include "parallel/memory_plan.h"
 #include "parallel/parameter_gatherer.h"
 #include "parallel/sharded_adamw.h"
 #include "parallel/sharding_policy.h"
@@ -45,16 +46,6 @@ namespace zp::parallel {
 
 // The padding every block needs: its flat size must be a multiple of this.
 int64_t shard_pad_multiple(int world);
-
-struct MemoryPlan {
-  int64_t params = 0;             // Ψ: parameters (all blocks, padded)
-  double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;  // per rank, resident on the device
-  double host_optimizer_bytes = 0, host_staging_bytes = 0;       // per rank, in host memory (offload)
-  bool host_pinned = false;
-  double nvme_optimizer_bytes = 0;  // per rank, in its swap file under nvme_path (NVMe tier)
-  std::string nvme_path;
-  std::string str(int stage, int world) const;
-};
 
 class ZeroEngine : public nn::BlockAccess {
  public:

@@ -8,6 +8,7 @@
 #include "io/weight_source.h"
 #include "kernels/elementwise.h"
 #include "kernels/mse.h"
+#include "models/activation_estimate.h"
 #include "models/unet.h"
 #include "models/unet_flops.h"
 #include "models/unet_init.h"
@@ -114,6 +115,9 @@ class DiffusionTask final : public TrainingTask {
 
   CheckpointModel checkpoint_model() const override { return {cfg_.config_json, hub_, "unet"}; }
   ProgressUnit progress() override { return {"samples", 1, models::unet_train_flops_per_sample(*model_, H_, W_, L_)}; }
+  double activation_bytes() override {
+    return models::unet_activation_bytes(*model_, B_, H_, W_, L_, cfg_.dtype, cfg_.activation_checkpointing);
+  }
   std::string describe() override {
     std::string widths;
     for (int64_t w : mcfg_.block_out) widths += (widths.empty() ? "" : ", ") + std::to_string(w);

@@ -5,6 +5,7 @@
 
 #include "io/token_dataset.h"
 #include "io/weight_source.h"
+#include "models/activation_estimate.h"
 #include "models/transformer.h"
 #include "runtime/causal_lm_loss.h"
 #include "runtime/training_driver.h"
@@ -67,6 +68,10 @@ class LmTask final : public TrainingTask {
 
   CheckpointModel checkpoint_model() const override { return {cfg_.config_json, hub_, "transformer"}; }
   ProgressUnit progress() override { return {"tok", cfg_.seq_len, model_->flops_per_token(cfg_.seq_len)}; }
+  double activation_bytes() override {
+    return models::transformer_activation_bytes(mcfg_, cfg_.micro_batch, cfg_.seq_len, cfg_.dtype,
+                                                cfg_.activation_checkpointing);
+  }
   std::string describe() override {
     return detail::cat("model ", mcfg_.model_type, " ", mcfg_.num_parameters() / 1e6, "M parameters, ", mcfg_.layers,
                        " layers, d=", mcfg_.hidden, " | ", at_.world(), " rank(s) on ", at_.dev.str(), " | ",

@@ -120,7 +120,7 @@ void read_offload(io::ConfigReader& r, TrainConfig& t) {
   unless(par_nvme, par + "nvme_path");
   unless(par_nvme, par + "buffer_count");
   unless(par_nvme, par + "buffer_size");
-  unless(t.offload_param == "cpu", par + "max_in_cpu");
+  unless(false, par + "max_in_cpu");  // DeepSpeed's CPU cache of NVMe parameters: we read them from NVMe each time
   unless(t.offload_param != "none", par + "pin_memory");
   for (const char* k : {"block_size", "queue_depth"}) unless(opt_nvme || par_nvme, std::string("aio.") + k);
   // io_uring needs no submitting threads and batches on its own: a swap file has one ring and one

@@ -6,9 +6,9 @@
 #include <functional>
 #include <algorithm>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "core/cpu_share.h"
 #include "core/log.h"
 #include "parallel/nvme_state_store.h"
 #include "parallel/zero_engine.h"
@@ -17,6 +17,7 @@
 #include "runtime/lr_schedule.h"
 #include "runtime/offload_storage.h"
 #include "runtime/optimizer_step.h"
+#include "runtime/run_plan.h"
 #include "runtime/step_loop.h"
 #include "runtime/step_report.h"
 
@@ -60,8 +61,13 @@ TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm gro
   std::vector<nn::ParamBlock*> blocks = task->lay_out_model(parallel::shard_pad_multiple(at.data_size()));
   parallel::ShardingPolicy policy = sharding_policy(cfg);
   if (at.dev.is_cpu()) policy.set_pin_host_memory(false);  // pinning serves copies to and from a GPU
-  // The node's ranks share its cores for their CPU optimizers.
-  policy.set_host_threads(std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, rt.local_size())));
+  // The node's ranks share its cores for their CPU optimizers, whatever core the launcher bound each to.
+  if (policy.optimizer_tier() != parallel::StateTier::Device) {
+    const CpuShare share = take_cpu_share(rt.local_rank(), rt.local_size());
+    if (share.refused) ZP_LOG_WARN(share.note);
+    else if (!share.note.empty()) ZP_LOG_INFO(share.note);
+    policy.set_host_threads(int(share.cpus.size()));
+  }
   if (policy.optimizer_tier() == parallel::StateTier::Nvme) {
     // Before the engine allocates anything: the swap files' directory, on every node, with room.
     std::vector<int64_t> shards;
@@ -69,6 +75,10 @@ TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm gro
     check_nvme_storage("zero_optimization.offload_optimizer.nvme_path", policy.optimizer_nvme().path,
                        parallel::NvmeStateStore::file_bytes(shards), at.topology->mpi_comm(comm::Group::World));
   }
+  // Before anything is allocated: the plan against what this node has free.
+  const RunPlan plan = plan_run(blocks, policy, cfg, at.data_size(), rt.local_size(), task->activation_bytes(),
+                                at.dev.is_cuda(), "");
+  const std::string fit = check_fit_at_start(plan, at.dev, at.topology->mpi_comm(comm::Group::World));
   parallel::ZeroEngine engine(blocks, policy, comms.data.get(), adamw_hyper(cfg), s,
                               [&](nn::ParamBlock& b) { task->fill_block(b); });
   task->set_block_access(&engine);
@@ -85,7 +95,8 @@ TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm gro
   // devices, and the bytes per tier.
   const std::string ranks = rank_device_map(at.topology->mpi_comm(comm::Group::World), at.dev);
   ZP_LOG_INFO(engine.policy().str(), " | ", at.world(), " rank(s): ", ranks);
-  ZP_LOG_INFO(engine.memory_plan().str(cfg.zero_stage, at.data_size()));
+  ZP_LOG_INFO(engine.memory_plan().str());
+  ZP_LOG_INFO(fit);
   const ProgressUnit unit = task->progress();
   // A resumed run continues its metrics file.
   StepReporter reporter(cfg.metrics_file, at.rank(), at.world(), at.dev, unit.unit,

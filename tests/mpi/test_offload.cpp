@@ -1,10 +1,13 @@
-// ZeRO-Offload's CPU tier and ZeRO-Infinity's NVMe tier of the optimizer state in the training loop
-// (issue 11), at any world size (mpirun -np 1, 2, 3, 5):
+// ZeRO-Offload's CPU tier and ZeRO-Infinity's NVMe tier in the training loop (issue 11), at any world
+// size (mpirun -np 1, 2, 3, 5):
 //  - with zero_optimization.offload_optimizer.device = "cpu" the optimizer state lives in host memory,
 //    with "nvme" in a swap file per rank under nvme_path, and AdamW runs on the CPU; the trajectory
 //    (losses and final fp32 parameters) equals the one with the state on the device to 1e-5, at
 //    stages 1, 2 and 3, for Llama, the tied GPT-2 and the demo UNet, with and without gradient
 //    accumulation;
+//  - at stage 3 the same holds with the parameter shards in host memory (offload_param.device =
+//    "cpu"), with the optimizer in host memory, on NVMe or on the device; on a CPU device that memory
+//    is the device's, so the transfers themselves are tested on GPUs (OffloadParamsGpu);
 //  - a checkpoint saved with the state on any tier resumes on any other, on the same trajectory;
 //  - an nvme_path that cannot hold the swap files stops every rank at start, naming the key.
 // Every rank takes the same branches: no rank is ever left alone in a collective.
@@ -15,9 +18,10 @@
 #include <cmath>
 #include <filesystem>
 
+#include "core/cpu_share.h"
 #include "core/device.h"
+#include "runtime/run_plan.h"
 #include "test_util.h"
-
 #include "training_runs.h"
 
 namespace zp::test {
@@ -55,12 +59,23 @@ void expect_tiers_follow_the_device_trajectory(const std::vector<std::string>& t
         TrainingRun r{model, stage, world};
         r.grad_accum = accum;
         const runtime::TrainResult on_device = run(data, r, rt, MPI_COMM_WORLD, true);
-        for (const std::string& tier : tiers) {
+        const std::string what = model + " stage " + std::to_string(stage) + " world " + std::to_string(world) +
+                                 " accumulation " + std::to_string(accum);
+        for (const std::string tier : {"cpu", "nvme"}) {
           r.offload = tier;
-          const runtime::TrainResult offloaded = run(data, r, rt, MPI_COMM_WORLD, true);
-          expect_same_trajectory(offloaded, on_device,
-                                 model + " offloaded to " + tier + ", stage " + std::to_string(stage) + " world " +
-                                     std::to_string(world) + " accumulation " + std::to_string(accum));
+          r.offload_param = "none";
+          expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device, what + " optimizer on " + tier);
+          if (stage == 3) {  // and the parameter tier: the CPU AdamW writes the new weights into the host shards
+            r.offload_param = "cpu";
+            expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
+                                   what + " optimizer on " + tier + ", params offloaded");
+          }
+        }
+        if (stage == 3) {  // the parameter tier with the optimizer on the device
+          r.offload = "none";
+          r.offload_param = "cpu";
+          expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
+                                 what + " params offloaded, optimizer on the device");
         }
       }
   }
@@ -88,9 +103,12 @@ TEST(OffloadOptimizer, ResumesAcrossTiers) {
       const std::string ckpt = dir / ("ckpt_" + saved_with + "_" + resumed_with);
       TrainingRun first{model, stage, world, kSaveAt, kSaveAt, ckpt};
       first.offload = saved_with;
+      // The UNet runs at stage 3: its parameter shards go to host memory with any offloaded optimizer.
+      if (stage == 3) first.offload_param = saved_with == "none" ? "none" : "cpu";
       run(data, first, rt, MPI_COMM_WORLD);
       TrainingRun second{model, stage, world, kSteps, kSaveAt, ckpt, "latest"};
       second.offload = resumed_with;
+      if (stage == 3) second.offload_param = resumed_with == "none" ? "none" : "cpu";
       const runtime::TrainResult resumed = run(data, second, rt, MPI_COMM_WORLD, true);
       runtime::TrainResult want = straight;
       want.losses = tail(straight.losses, kSaveAt);
@@ -168,9 +186,39 @@ TEST(OffloadOptimizerGpu, CpuTierFollowsTheDeviceTrajectoryOnGpus) {
   }
 }
 
+// The parameter tier on GPUs: each rank's shards of the compute weights live in pinned host memory;
+// every gather copies the shard up and all-gathers in place (on a single rank, prefetched on the
+// upload stream). With the optimizer in host memory the CPU writes the new weights straight into the
+// shards; with the optimizer on the device its kernel writes them through the pinned mapping.
+TEST(OffloadParamsGpu, HostShardsFollowTheDeviceTrajectoryOnGpus) {
+  int all = 0;
+  {
+    comm::Runtime rt;
+    int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size();
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  }
+  if (!all) GTEST_SKIP() << "needs one GPU per rank";
+  comm::Runtime rt;
+  const int world = world_size();
+  for (const std::string model : {"llama", "gpt2", "unet"}) {
+    SharedDir dir("offload_params_gpu_" + model);
+    const std::string data = data_file(dir, model);
+    TrainingRun r{model, 3, world};
+    r.device = "cuda";
+    r.grad_accum = model == "gpt2" ? accumulation() : 1;
+    const runtime::TrainResult on_device = run(data, r, rt, MPI_COMM_WORLD, true);
+    r.offload_param = "cpu";
+    r.offload = "cpu";
+    expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device, model + " params and optimizer on the host");
+    r.offload = "none";
+    expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
+                           model + " params on the host, optimizer on the device");
+  }
+}
+
 // The same on GPUs with the state on NVMe: the gradients come down and the weights go up through
 // the staging ring (pinned buffers), the state through the swap file (O_DIRECT from pinned memory
-// where the temporary directory's file system takes it).
+// where the temporary directory's file system takes it); at stage 3 also with the parameter tier.
 TEST(OffloadOptimizerGpu, NvmeTierFollowsTheDeviceTrajectoryOnGpus) {
   int all = 0;
   {
@@ -192,7 +240,50 @@ TEST(OffloadOptimizerGpu, NvmeTierFollowsTheDeviceTrajectoryOnGpus) {
     r.offload = "nvme";
     const runtime::TrainResult offloaded = run(data, r, rt, MPI_COMM_WORLD, true);
     expect_same_trajectory(offloaded, on_device, model + " on GPUs, state on NVMe, stage " + std::to_string(stage));
+    if (stage == 3) {  // with the parameter tier: the new weights go straight into the pinned host shards
+      r.offload_param = "cpu";
+      expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
+                             model + " on GPUs, state on NVMe, parameters in host memory");
+    }
   }
+}
+
+}  // namespace zp::test
+
+namespace zp::test {
+
+// The start-up fit check: a plan whose exact part does not fit on one rank stops every rank with
+// one message naming that rank, the tier and the bytes; a plan that fits gives rank 0 its line.
+TEST(OffloadPlan, ARunThatCannotFitStopsEveryRankNamingTheTier) {
+  const int last = world_size() - 1;
+  runtime::RunPlan p;
+  p.gpu = false;
+  p.states.param_bytes = 1e6;
+  EXPECT_NE(runtime::check_fit_at_start(p, Device::cpu(), MPI_COMM_WORLD).find("fit check"), std::string::npos);
+  if (world_rank() == last) p.states.host_optimizer_bytes = 1e18;  // an exabyte of optimizer state
+  const std::string m = error_message([&] { runtime::check_fit_at_start(p, Device::cpu(), MPI_COMM_WORLD); });
+  EXPECT_NE(m.find("does not fit on rank " + std::to_string(last)), std::string::npos) << m;
+  EXPECT_NE(m.find("host memory per node"), std::string::npos) << m;
+  EXPECT_NE(m.find("available (MemAvailable"), std::string::npos) << m;
+  EXPECT_NE(m.find("zeropipe plan"), std::string::npos) << m;
+}
+
+}  // namespace zp::test
+
+namespace zp::test {
+
+// Under mpirun each rank starts bound to one core (Open MPI's default); taking the rank's share of
+// the node gives its host work at least that share, or says why it cannot.
+TEST(OffloadCpuShare, EachRankTakesItsShareOfTheNode) {
+  comm::Runtime rt;
+  const CpuShare share = take_cpu_share(rt.local_rank(), rt.local_size());
+  const size_t want = cpu_share(node_cpus(), rt.local_rank(), rt.local_size()).size();
+  if (share.refused) {
+    EXPECT_NE(share.note.find("--bind-to none"), std::string::npos) << share.note;
+    GTEST_SKIP() << share.note;
+  }
+  EXPECT_GE(share.cpus.size(), want);
+  EXPECT_EQ(thread_cpus(), share.cpus) << "the calling thread runs on the share now";
 }
 
 }  // namespace zp::test

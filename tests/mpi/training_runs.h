@@ -69,6 +69,7 @@ struct TrainingRun {
   // zero_optimization.offload_optimizer.nvme_path with offload "nvme"; "" picks the temporary
   // directory (the swap files are unlinked as they are opened, so nothing is left there).
   std::string nvme_path;
+  std::string offload_param = "none";  // zero_optimization.offload_param.device (stage 3)
   int grad_accum = 1;            // the micro-batch shrinks to keep the global batch
 };
 
@@ -81,7 +82,10 @@ inline io::Config user_config(const std::string& data, const TrainingRun& r) {
                    {"optimizer", {{"params", {{"lr", 3e-3}, {"weight_decay", 0.1}}}}},
                    // The schedule's length is fixed: a 3-step run that saves is the start of the 6-step one.
                    {"scheduler", {{"params", {{"warmup_num_steps", 2}, {"total_num_steps", kSteps}}}}},
-                   {"zero_optimization", {{"stage", r.stage}, {"offload_optimizer", {{"device", r.offload}}}}},
+                   {"zero_optimization",
+                    {{"stage", r.stage},
+                     {"offload_optimizer", {{"device", r.offload}}},
+                     {"offload_param", {{"device", r.offload_param}}}}},
                    {"model", {{"activation_checkpointing", r.activation_checkpointing}}},
                    {"data", {{"train_files", {data}}, {"val_fraction", 0.0}}},
                    {"checkpoint", {{"dir", r.dir}, {"save_every", r.save_every}, {"keep_last", 0}}},

@@ -1,0 +1,140 @@
+#include "app/plan_command.h"
+
+#include <cctype>
+#include <cstdio>
+#include <functional>
+#include <utility>
+
+#include "core/error.h"
+#include "io/config.h"
+#include "runtime/diffusion_config.h"
+#include "runtime/run_plan.h"
+#include "runtime/train_config.h"
+
+namespace zp::app {
+
+double parse_bytes(const std::string& text, const std::string& what) {
+  size_t end = 0;
+  double v = -1;
+  try {
+    v = std::stod(text, &end);
+  } catch (...) {
+  }
+  std::string unit = text.substr(std::min(end, text.size()));
+  while (!unit.empty() && std::isspace(static_cast<unsigned char>(unit.front()))) unit.erase(0, 1);
+  for (char& c : unit) c = char(std::toupper(static_cast<unsigned char>(c)));
+  const struct {
+    const char* name;
+    double scale;
+  } units[] = {{"", 1},          {"B", 1},          {"KB", 1e3},       {"MB", 1e6},       {"GB", 1e9},
+               {"TB", 1e12},     {"KIB", 1024.0},   {"MIB", 1048576.0}, {"GIB", 1073741824.0},
+               {"TIB", 1099511627776.0}};
+  for (const auto& u : units)
+    if (unit == u.name && v >= 0 && end > 0) return v * u.scale;
+  throw Error(detail::cat(what, " '", text, "': expected a size such as 24GiB, 64GB or 1TiB"));
+}
+
+namespace {
+
+// A change that makes a run smaller; false when it does not apply to this config.
+using Change = std::function<bool(runtime::TrainConfig&)>;
+
+// Cheapest in speed first: recomputation (about a third more compute), more sharding (more
+// communication), the offload tiers (PCIe and the CPU's step), then smaller micro-batches (the same
+// global batch through more accumulation).
+std::vector<Change> changes() {
+  return {
+      [](runtime::TrainConfig& c) { return !std::exchange(c.activation_checkpointing, true); },
+      [](runtime::TrainConfig& c) { return c.zero_stage < 2 && (c.zero_stage = 2) == 2; },
+      [](runtime::TrainConfig& c) { return c.zero_stage < 3 && (c.zero_stage = 3) == 3; },
+      [](runtime::TrainConfig& c) {
+        if (c.offload_optimizer != "none" || c.zero_stage < 1) return false;
+        c.offload_optimizer = "cpu";
+        return true;
+      },
+      [](runtime::TrainConfig& c) {
+        if (c.offload_param != "none" || c.zero_stage < 3) return false;
+        c.offload_param = "cpu";
+        return true;
+      },
+      [](runtime::TrainConfig& c) {
+        if (c.micro_batch % 2 != 0) return false;
+        c.micro_batch /= 2;
+        c.grad_accum *= 2;
+        return true;
+      },
+  };
+}
+
+// The --set options that turn `from` into `to` (for the fields changes() touches).
+std::string sets_between(const runtime::TrainConfig& from, const runtime::TrainConfig& to) {
+  std::string out;
+  auto add = [&](bool differ, const std::string& kv) {
+    if (differ) out += " --set " + kv;
+  };
+  add(from.activation_checkpointing != to.activation_checkpointing, "model.activation_checkpointing=true");
+  add(from.zero_stage != to.zero_stage, "zero_optimization.stage=" + std::to_string(to.zero_stage));
+  add(from.offload_optimizer != to.offload_optimizer, "zero_optimization.offload_optimizer.device=" + to.offload_optimizer);
+  add(from.offload_param != to.offload_param, "zero_optimization.offload_param.device=" + to.offload_param);
+  add(from.micro_batch != to.micro_batch, "train_micro_batch_size_per_gpu=" + std::to_string(to.micro_batch));
+  add(from.grad_accum != to.grad_accum, "gradient_accumulation_steps=" + std::to_string(to.grad_accum));
+  return out;
+}
+
+}  // namespace
+
+int run_plan(const PlanOptions& o) {
+  io::Config cfg = io::Config::from_file(runtime::train_schema_with_diffusion(), o.config, io::Config::OnProblem::Keep);
+  for (const auto& s : o.sets) cfg.set(s);
+  const bool unet = cfg.get<std::string>("model.type") == "unet";
+  const runtime::TrainConfig tc = unet ? runtime::UNetTrainConfig::from(cfg).common : runtime::TrainConfig::from(cfg);
+  ZP_REQUIRE(o.world >= 1, "--world ", o.world, ": must be at least 1");
+  const int per_node = o.ranks_per_node > 0 ? o.ranks_per_node : o.world;
+  ZP_REQUIRE(per_node <= o.world, "--ranks-per-node ", per_node, " exceeds --world ", o.world);
+  runtime::NodeResources have;
+  if (!o.gpu_memory.empty()) have.gpu_bytes = parse_bytes(o.gpu_memory, "--gpu-memory");
+  if (!o.host_memory.empty()) have.host_bytes = parse_bytes(o.host_memory, "--host-memory");
+
+  const runtime::RunPlan plan = runtime::plan_config(tc, unet, o.world, per_node);
+  std::printf("%s", runtime::plan_report(plan, have).c_str());
+  const std::vector<runtime::Misfit> bad = runtime::misfits(plan, have);
+  if (have.gpu_bytes < 0 && have.host_bytes < 0) {
+    std::printf("give --gpu-memory and --host-memory to check whether it fits\n");
+    return 0;
+  }
+  if (bad.empty()) {
+    std::printf("fits\n");
+    return 0;
+  }
+  for (const auto& m : bad)
+    std::printf("does not fit: %s needs %s, %s available\n", m.tier.c_str(), runtime::format_bytes(m.need).c_str(),
+                runtime::format_bytes(m.have).c_str());
+  // The cheapest change: one change alone if one suffices, else the changes in order, cumulatively.
+  auto fits_with = [&](const runtime::TrainConfig& c) {
+    return runtime::misfits(runtime::plan_config(c, unet, o.world, per_node), have).empty();
+  };
+  for (const Change& change : changes()) {
+    runtime::TrainConfig c = tc;
+    if (change(c) && fits_with(c)) {
+      std::printf("cheapest change that fits:%s\n", sets_between(tc, c).c_str());
+      return 1;
+    }
+  }
+  runtime::TrainConfig c = tc;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const Change& change : changes()) {
+      if (!change(c)) continue;
+      changed = true;
+      if (fits_with(c)) {
+        std::printf("cheapest changes that fit, together:%s\n", sets_between(tc, c).c_str());
+        return 1;
+      }
+    }
+  }
+  std::printf("no change of checkpointing, ZeRO stage, offload or micro-batch fits it: more GPUs (--world) or "
+              "more host memory per node are needed\n");
+  return 1;
+}
+
+}  // namespace zp::app

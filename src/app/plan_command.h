@@ -1,0 +1,24 @@
+// zeropipe plan: a training configuration's memory per rank and per node on each tier, whether it
+// fits the GPUs and host memory named on the command line, and the cheapest change that would make
+// it fit (issue 11 item 5). Nothing is allocated and MPI is not started: it runs on a laptop.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace zp::app {
+
+struct PlanOptions {
+  std::string config;
+  std::vector<std::string> sets;
+  int world = 1, ranks_per_node = 0;  // 0: all ranks on one node
+  std::string gpu_memory, host_memory;  // "24GiB", "64GB", "" (not checked)
+};
+
+// Prints the plan; returns 0 when it fits (or nothing was given to check against), 1 when not.
+int run_plan(const PlanOptions& o);
+
+// "24GiB" -> bytes. Units B, KB/MB/GB/TB (powers of 1000), KiB/MiB/GiB/TiB (powers of 1024), or none
+// (bytes). Throws zp::Error naming `what` for anything else.
+double parse_bytes(const std::string& text, const std::string& what);
+
+}  // namespace zp::app

@@ -1,0 +1,83 @@
+#include "parallel/memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "parallel/host_state_store.h"
+#include "parallel/nvme_state_store.h"
+
+namespace zp::parallel {
+
+MemoryPlan plan_memory(std::span<nn::ParamBlock* const> blocks, const ShardingPolicy& policy, int world,
+                       bool step_in_backward, bool gpu) {
+  MemoryPlan p;
+  p.stage = policy.stage();
+  p.world = world;
+  int64_t largest = 0;
+  DType dt = DType::BF16;
+  const bool on_gpu = gpu;
+  for (const nn::ParamBlock* b : blocks) {
+    p.params += b->padded();
+    largest = std::max(largest, b->padded());
+    dt = b->dtype();
+  }
+  const double psi = double(p.params), n = double(world), k = double(dtype_size(dt));
+  // Stage 3 keeps the shards plus up to two gathered blocks in flight (the current and the prefetch).
+  const double shards = policy.shards_parameters() ? psi / n : psi;
+  const double in_flight = policy.shards_parameters() ? 2.0 * double(largest) : 0.0;
+  // Host shards exist only for GPU blocks: on a CPU device the device is host memory already.
+  const bool params_on_host = on_gpu && policy.parameter_tier() == StateTier::PinnedHost;
+  p.param_bytes = ((params_on_host ? 0.0 : shards) + in_flight) * k;
+  if (params_on_host) p.host_param_bytes = shards * k;
+  // Stepping in the backward keeps no gradient shard, only the blocks in flight (no accumulation).
+  const double grad_shards = step_in_backward ? 0.0 : psi / n;
+  p.grad_bytes = (policy.shards_gradients() ? grad_shards + 2.0 * double(largest) : psi) * 4.0;
+  const double owned = policy.shards_optimizer_state() ? psi / n : psi;
+  if (policy.optimizer_tier() == StateTier::Device) {
+    p.optimizer_bytes = owned * 12.0;
+  } else if (policy.optimizer_tier() == StateTier::Nvme) {
+    std::vector<int64_t> ranges;
+    int64_t largest_range = 0;
+    for (const nn::ParamBlock* b : blocks) {
+      ranges.push_back(policy.shards_optimizer_state() ? b->padded() / world : b->padded());
+      largest_range = std::max(largest_range, ranges.back());
+    }
+    p.nvme_optimizer_bytes = double(NvmeStateStore::file_bytes(ranges));
+    p.nvme_path = policy.optimizer_nvme().path;
+    p.host_staging_bytes =
+        double(NvmeStateStore::buffer_bytes_for(largest_range, dt, policy.optimizer_nvme().buffer_count, on_gpu));
+  } else {
+    p.host_optimizer_bytes = owned * 12.0;
+    const int64_t largest_range = policy.shards_optimizer_state() ? largest / world : largest;
+    if (on_gpu) p.host_staging_bytes = double(HostStateStore::staging_bytes_for(largest_range, dt));
+  }
+  p.host_pinned = on_gpu && policy.pin_host_memory();
+  return p;
+}
+
+std::string MemoryPlan::str() const {
+  char buf[512];
+  const double mib = double(1ull << 20);
+  std::snprintf(buf, sizeof(buf),
+                "memory plan (ZeRO stage %d, %d rank%s, per rank): parameters %.1f MiB + gradients %.1f MiB (fp32) + "
+                "optimizer %.1f MiB (fp32 master and moments) = %.1f MiB for %.2fM parameters (the ZeRO paper's "
+                "2Ψ + 2Ψ + 12Ψ/N, 16-bit gradients: %.1f MiB); activations come on top",
+                stage, world, world == 1 ? "" : "s", param_bytes / mib, grad_bytes / mib, optimizer_bytes / mib,
+                device_bytes() / mib, double(params) / 1e6, (4.0 * double(params) + 12.0 * double(params) / world) / mib);
+  std::string s = buf;
+  if (host_bytes() > 0) {
+    std::snprintf(buf, sizeof(buf), "; offloaded to %s host memory: parameters %.1f MiB + optimizer %.1f MiB (fp32 "
+                  "master and moments) + staging %.1f MiB", host_pinned ? "pinned" : "pageable", host_param_bytes / mib,
+                  host_optimizer_bytes / mib, host_staging_bytes / mib);
+    s += buf;
+  }
+  if (nvme_optimizer_bytes > 0) {
+    std::snprintf(buf, sizeof(buf), "; on NVMe under %s: optimizer %.1f MiB (fp32 master and moments, the rank's "
+                  "swap file; its host buffers are the staging above)", nvme_path.c_str(), nvme_optimizer_bytes / mib);
+    s += buf;
+  }
+  return s;
+}
+
+}  // namespace zp::parallel

@@ -1,0 +1,172 @@
+// Memory plans (issue 11 item 5): the exact model-state counts per tier, host-memory probing, the
+// `zeropipe plan` verdicts on the shipped presets and that its suggested change really fits.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "app/plan_command.h"
+#include "core/cpu_share.h"
+#include "core/host_memory.h"
+#include "models/transformer.h"
+#include "parallel/host_state_store.h"
+#include "parallel/memory_plan.h"
+#include "parallel/zero_engine.h"
+#include "runtime/run_plan.h"
+#include "test_util.h"
+#include "tiny_llama_config.h"
+
+namespace zp::test {
+namespace fs = std::filesystem;
+using parallel::ShardingPolicy;
+
+namespace {
+
+const fs::path kConfigs = fs::path(__FILE__).parent_path().parent_path() / "configs";
+
+// Runs `zeropipe plan` and returns its exit status and output.
+int plan(const std::string& preset, std::vector<std::string> sets, int world, const std::string& gpu,
+         const std::string& host, std::string& out) {
+  app::PlanOptions o;
+  o.config = (kConfigs / preset).string();
+  o.sets = std::move(sets);
+  o.world = world;
+  o.gpu_memory = gpu;
+  o.host_memory = host;
+  testing::internal::CaptureStdout();
+  const int status = app::run_plan(o);
+  out = testing::internal::GetCapturedStdout();
+  return status;
+}
+
+// The --set assignments of a "cheapest change" line.
+std::vector<std::string> suggested_sets(const std::string& out) {
+  std::vector<std::string> sets;
+  for (size_t at = out.find("--set "); at != std::string::npos; at = out.find("--set ", at + 1)) {
+    const size_t from = at + 6, to = out.find_first_of(" \n", from);
+    sets.push_back(out.substr(from, to - from));
+  }
+  return sets;
+}
+
+}  // namespace
+
+TEST(RunPlan, ParsesSizes) {
+  EXPECT_EQ(app::parse_bytes("24GiB", "x"), 24.0 * (1 << 30));
+  EXPECT_EQ(app::parse_bytes("64GB", "x"), 64e9);
+  EXPECT_EQ(app::parse_bytes("1.5 TiB", "x"), 1.5 * 1099511627776.0);
+  EXPECT_EQ(app::parse_bytes("4096", "x"), 4096.0);
+  const std::string m = error_message([] { app::parse_bytes("24 gigs", "--gpu-memory"); });
+  EXPECT_NE(m.find("--gpu-memory '24 gigs'"), std::string::npos) << m;
+  EXPECT_NE(error_message([] { app::parse_bytes("-3GiB", "--host-memory"); }), "");
+}
+
+TEST(RunPlan, HostMemoryIsMemAvailableCappedByTheCgroup) {
+  const std::string meminfo = "MemTotal:       65536000 kB\nMemFree:         1000000 kB\nMemAvailable:   50000000 kB\n";
+  HostMemory m = available_host_memory_from(meminfo, "", "");
+  EXPECT_EQ(m.available, int64_t(50000000) * 1024);
+  EXPECT_EQ(m.source, "MemAvailable");
+  m = available_host_memory_from(meminfo, "max\n", "123\n");
+  EXPECT_EQ(m.available, int64_t(50000000) * 1024) << "no cgroup limit";
+  m = available_host_memory_from(meminfo, "17179869184\n", "4294967296\n");
+  EXPECT_EQ(m.available, int64_t(12) << 30) << "16 GiB limit, 4 GiB used";
+  EXPECT_NE(m.source.find("cgroup"), std::string::npos);
+  EXPECT_EQ(available_host_memory_from("", "", "").available, -1);
+  EXPECT_GT(available_host_memory().available, 0) << "this machine has /proc/meminfo";
+}
+
+// The counts by hand for a laid-out tiny Llama on 4 ranks at stage 3 with both offload tiers.
+TEST(RunPlan, ModelStatesPerTierAreCountedExactly) {
+  const int world = 4;
+  auto cfg = models::TransformerConfig::from_hub_json(tiny_llama(), "plan-test");
+  models::Transformer m(cfg, Device::cpu(), DType::BF16, nullptr, parallel::shard_pad_multiple(world), false);
+  int64_t psi = 0, largest = 0;
+  for (nn::ParamBlock* b : m.blocks()) {
+    psi += b->padded();
+    largest = std::max(largest, b->padded());
+  }
+  const double shard = double(psi) / world;
+  ShardingPolicy p = ShardingPolicy::from_config(3, "cpu", "cpu");
+  parallel::MemoryPlan gpu = parallel::plan_memory(m.blocks(), p, world, false, /*gpu=*/true);
+  EXPECT_EQ(gpu.params, psi);
+  EXPECT_DOUBLE_EQ(gpu.param_bytes, 2.0 * double(largest) * 2) << "only the gathered blocks in flight";
+  EXPECT_DOUBLE_EQ(gpu.host_param_bytes, shard * 2);
+  EXPECT_DOUBLE_EQ(gpu.grad_bytes, (shard + 2.0 * double(largest)) * 4);
+  EXPECT_DOUBLE_EQ(gpu.optimizer_bytes, 0);
+  EXPECT_DOUBLE_EQ(gpu.host_optimizer_bytes, shard * 12);
+  EXPECT_DOUBLE_EQ(gpu.host_staging_bytes,
+                   double(parallel::HostStateStore::staging_bytes_for(largest / world, DType::BF16)));
+  EXPECT_TRUE(gpu.host_pinned);
+  // On CPUs the host tiers are the device's memory: nothing is staged or pinned twice.
+  parallel::MemoryPlan cpu = parallel::plan_memory(m.blocks(), p, world, false, /*gpu=*/false);
+  EXPECT_DOUBLE_EQ(cpu.host_param_bytes, 0);
+  EXPECT_DOUBLE_EQ(cpu.param_bytes, (shard + 2.0 * double(largest)) * 2);
+  EXPECT_DOUBLE_EQ(cpu.host_staging_bytes, 0);
+  EXPECT_FALSE(cpu.host_pinned);
+  // Stage 1 on the device: the replicated parameters and gradients, a quarter of the optimizer state.
+  parallel::MemoryPlan s1 = parallel::plan_memory(m.blocks(), ShardingPolicy::zero_stage(1), world, false, true);
+  EXPECT_DOUBLE_EQ(s1.device_bytes(), double(psi) * 2 + double(psi) * 4 + shard * 12);
+  EXPECT_DOUBLE_EQ(s1.host_bytes(), 0);
+}
+
+TEST(RunPlan, MisfitsNameTheTierAndTheBytes) {
+  runtime::RunPlan p;
+  p.states.param_bytes = 10e9;
+  p.states.host_optimizer_bytes = 20e9;
+  p.states.host_pinned = true;
+  p.activation_bytes = 5e9;
+  p.ranks_per_node = 4;
+  auto bad = runtime::misfits(p, {12e9, 100e9});
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_EQ(bad[0].tier, "GPU memory per rank");
+  EXPECT_DOUBLE_EQ(bad[0].need, 10e9 + 5e9 + runtime::kRuntimeAllowanceBytes);
+  EXPECT_TRUE(runtime::misfits(p, {12e9, 100e9}, /*states_only=*/true).empty())
+      << "the start-up check stops a run on exact counts only";
+  bad = runtime::misfits(p, {-1, 64e9});
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_EQ(bad[0].tier, "host memory per node (4 ranks)");
+  EXPECT_DOUBLE_EQ(bad[0].need, 80e9);
+}
+
+// The README's plans: SDXL on the five 24 GB cards of a 64 GB node fits with the shipped preset, and
+// the same node cannot hold SDXL at stage 0; Llama 8B at stage 0 does not fit four 48 GB cards, and
+// the change `zeropipe plan` suggests does fit when applied.
+TEST(RunPlan, PlanCommandOnThePresets) {
+  std::string out;
+  EXPECT_EQ(plan("sdxl-unet-zero3-offload.json", {}, 5, "24GiB", "64GiB", out), 0) << out;
+  EXPECT_NE(out.find("fits"), std::string::npos) << out;
+  EXPECT_NE(out.find("UNet, 2.57B parameters"), std::string::npos) << out;
+  EXPECT_EQ(plan("sdxl-unet.json", {}, 5, "24GiB", "64GiB", out), 1) << out;
+  EXPECT_NE(out.find("does not fit: GPU memory per rank"), std::string::npos) << out;
+
+  EXPECT_EQ(plan("llama-8b.json", {}, 4, "48GiB", "256GiB", out), 1) << out;
+  EXPECT_NE(out.find("cheapest change"), std::string::npos) << out;
+  const std::vector<std::string> sets = suggested_sets(out);
+  ASSERT_FALSE(sets.empty()) << out;
+  EXPECT_EQ(plan("llama-8b.json", sets, 4, "48GiB", "256GiB", out), 0) << "the suggestion fits:\n" << out;
+  // No GPU or host sizes: the plan alone, status 0.
+  EXPECT_EQ(plan("llama-8b.json", {}, 4, "", "", out), 0) << out;
+  EXPECT_NE(out.find("give --gpu-memory"), std::string::npos) << out;
+}
+
+}  // namespace zp::test
+
+namespace zp::test {
+
+TEST(CpuShare, ListsAndShares) {
+  EXPECT_EQ(parse_cpu_list("0-3,8,10-11\n"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(parse_cpu_list("5"), (std::vector<int>{5}));
+  EXPECT_EQ(cpu_list_str({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+  const std::string m = error_message([] { parse_cpu_list("0-x"); });
+  EXPECT_NE(m.find("CPU list '0-x'"), std::string::npos) << m;
+  EXPECT_NE(error_message([] { parse_cpu_list("4-2"); }), "");
+  std::vector<int> sixteen(16);
+  for (int i = 0; i < 16; ++i) sixteen[size_t(i)] = i;
+  EXPECT_EQ(cpu_share(sixteen, 0, 1), sixteen);
+  EXPECT_EQ(cpu_share(sixteen, 1, 5), (std::vector<int>{3, 4, 5}));
+  EXPECT_EQ(cpu_share(sixteen, 4, 5), (std::vector<int>{12, 13, 14, 15}));
+  EXPECT_EQ(cpu_share({0, 1}, 4, 5), (std::vector<int>{0})) << "more ranks than CPUs: they share";
+  EXPECT_FALSE(node_cpus().empty());
+  EXPECT_FALSE(thread_cpus().empty());
+}
+
+}  // namespace zp::test
