@@ -45,8 +45,9 @@ void expect_same_trajectory(const runtime::TrainResult& got, const runtime::Trai
 // Accumulation steps that divide this world's share of the global batch.
 int accumulation() { return (kGlobalBatch / world_size()) % 2 == 0 ? 2 : 3; }
 
-// Every offloaded tier of `tiers` against the device, for each model, stage and accumulation.
-void expect_tiers_follow_the_device_trajectory(const std::vector<std::string>& tiers) {
+// The optimizer state in host memory and on NVMe, and at stage 3 the parameters in host memory,
+// against the device, for each model, stage and accumulation.
+void expect_offloaded_tiers_follow_the_device_trajectory() {
   comm::Runtime rt;
   const int world = world_size();
   for (const std::string model : {"llama", "gpt2", "unet"}) {
@@ -83,9 +84,9 @@ void expect_tiers_follow_the_device_trajectory(const std::vector<std::string>& t
 
 }  // namespace
 
-// One test for both tiers: the device runs they follow are the expensive part, run once.
+// One test for every offloaded tier: the device runs they follow are the expensive part, run once.
 TEST(OffloadOptimizer, CpuAndNvmeTiersFollowTheDeviceTrajectory) {
-  expect_tiers_follow_the_device_trajectory({"cpu", "nvme"});
+  expect_offloaded_tiers_follow_the_device_trajectory();
 }
 
 // Every tier saves, and every other tier resumes from what it saved.
@@ -159,31 +160,55 @@ TEST(OffloadOptimizer, NvmeDiskTooSmallFailsAtStartNamingTheBytes) {
       << m;
 }
 
-// On GPUs: the device store runs the CUDA AdamW (fused multiply-adds) and the host store the CPU one,
-// and the embedding's backward adds rows with fp32 atomics, so the trajectories agree to 1e-5 rather
-// than bit for bit. The host store walks its staging ring here (pinned memory, a copy stream).
-TEST(OffloadOptimizerGpu, CpuTierFollowsTheDeviceTrajectoryOnGpus) {
-  int all = 0;
-  {
-    comm::Runtime rt;
-    int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size();
-    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  }
-  if (!all) GTEST_SKIP() << "needs one GPU per rank";
+namespace {
+
+// Whether every rank has a GPU of its own (the same answer on every rank).
+bool every_rank_has_a_gpu() {
+  comm::Runtime rt;
+  int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size(), all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all != 0;
+}
+
+// The optimizer state on `tier` against the device, on GPUs: Llama at stage 1, GPT-2 at 2 with
+// accumulation, the UNet at 3 (with `params_too`, also with the parameters in host memory).
+void expect_optimizer_tier_follows_on_gpus(const std::string& tier, bool params_too) {
   comm::Runtime rt;
   const int world = world_size();
   for (const std::string model : {"llama", "gpt2", "unet"}) {
-    SharedDir dir("offload_gpu_" + model);
+    SharedDir dir("offload_gpu_" + tier + "_" + model);
     const std::string data = data_file(dir, model);
     const int stage = model == "llama" ? 1 : model == "gpt2" ? 2 : 3;
     TrainingRun r{model, stage, world};
     r.device = "cuda";
     r.grad_accum = model == "gpt2" ? accumulation() : 1;
     const runtime::TrainResult on_device = run(data, r, rt, MPI_COMM_WORLD, true);
-    r.offload = "cpu";
-    const runtime::TrainResult offloaded = run(data, r, rt, MPI_COMM_WORLD, true);
-    expect_same_trajectory(offloaded, on_device, model + " on GPUs, stage " + std::to_string(stage));
+    r.offload = tier;
+    const std::string what = model + " on GPUs, optimizer on " + tier + ", stage " + std::to_string(stage);
+    expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device, what);
+    if (params_too && stage == 3) {  // the new weights go straight into the pinned host shards
+      r.offload_param = "cpu";
+      expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device, what + ", parameters in host memory");
+    }
   }
+}
+
+}  // namespace
+
+// On GPUs: the device store runs the CUDA AdamW (fused multiply-adds) and the host store the CPU one,
+// and the embedding's backward adds rows with fp32 atomics, so the trajectories agree to 1e-5 rather
+// than bit for bit. The host store walks its staging ring here (pinned memory, a copy stream).
+TEST(OffloadOptimizerGpu, CpuTierFollowsTheDeviceTrajectoryOnGpus) {
+  if (!every_rank_has_a_gpu()) GTEST_SKIP() << "needs one GPU per rank";
+  expect_optimizer_tier_follows_on_gpus("cpu", false);
+}
+
+// The same with the state on NVMe: the gradients come down and the weights go up through the staging
+// ring (pinned buffers), the state through the swap file (O_DIRECT from pinned memory where the
+// temporary directory's file system takes it); at stage 3 also with the parameter tier.
+TEST(OffloadOptimizerGpu, NvmeTierFollowsTheDeviceTrajectoryOnGpus) {
+  if (!every_rank_has_a_gpu()) GTEST_SKIP() << "needs one GPU per rank";
+  expect_optimizer_tier_follows_on_gpus("nvme", true);
 }
 
 // The parameter tier on GPUs: each rank's shards of the compute weights live in pinned host memory;
@@ -191,13 +216,7 @@ TEST(OffloadOptimizerGpu, CpuTierFollowsTheDeviceTrajectoryOnGpus) {
 // upload stream). With the optimizer in host memory the CPU writes the new weights straight into the
 // shards; with the optimizer on the device its kernel writes them through the pinned mapping.
 TEST(OffloadParamsGpu, HostShardsFollowTheDeviceTrajectoryOnGpus) {
-  int all = 0;
-  {
-    comm::Runtime rt;
-    int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size();
-    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  }
-  if (!all) GTEST_SKIP() << "needs one GPU per rank";
+  if (!every_rank_has_a_gpu()) GTEST_SKIP() << "needs one GPU per rank";
   comm::Runtime rt;
   const int world = world_size();
   for (const std::string model : {"llama", "gpt2", "unet"}) {
@@ -213,38 +232,6 @@ TEST(OffloadParamsGpu, HostShardsFollowTheDeviceTrajectoryOnGpus) {
     r.offload = "none";
     expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
                            model + " params on the host, optimizer on the device");
-  }
-}
-
-// The same on GPUs with the state on NVMe: the gradients come down and the weights go up through
-// the staging ring (pinned buffers), the state through the swap file (O_DIRECT from pinned memory
-// where the temporary directory's file system takes it); at stage 3 also with the parameter tier.
-TEST(OffloadOptimizerGpu, NvmeTierFollowsTheDeviceTrajectoryOnGpus) {
-  int all = 0;
-  {
-    comm::Runtime rt;
-    int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size();
-    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  }
-  if (!all) GTEST_SKIP() << "needs one GPU per rank";
-  comm::Runtime rt;
-  const int world = world_size();
-  for (const std::string model : {"llama", "gpt2", "unet"}) {
-    SharedDir dir("offload_nvme_gpu_" + model);
-    const std::string data = data_file(dir, model);
-    const int stage = model == "llama" ? 1 : model == "gpt2" ? 2 : 3;
-    TrainingRun r{model, stage, world};
-    r.device = "cuda";
-    r.grad_accum = model == "gpt2" ? accumulation() : 1;
-    const runtime::TrainResult on_device = run(data, r, rt, MPI_COMM_WORLD, true);
-    r.offload = "nvme";
-    const runtime::TrainResult offloaded = run(data, r, rt, MPI_COMM_WORLD, true);
-    expect_same_trajectory(offloaded, on_device, model + " on GPUs, state on NVMe, stage " + std::to_string(stage));
-    if (stage == 3) {  // with the parameter tier: the new weights go straight into the pinned host shards
-      r.offload_param = "cpu";
-      expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
-                             model + " on GPUs, state on NVMe, parameters in host memory");
-    }
   }
 }
 
