@@ -10,7 +10,17 @@
 //                                 params/s, GB/s (reads p, g, m, v; writes p, m, v and the copy: 30 bytes
 //                                 per parameter), and pct_of_triad: the best step's GB/s over the best
 //                                 of an nt:1 triad pass run on the same pool after every step.
-// The target is pct_of_triad >= 80. `zp_bench_offload [--params N] [benchmark flags]`.
+// The target is pct_of_triad >= 80.
+//   BM_RawDirect/<write|read>     a sequential O_DIRECT pass over a file of --nvme-bytes (default 1 GiB) in
+//                                 the directory $ZP_BENCH_NVME_DIR (default /tmp), 64 MiB per pwrite/pread
+//                                 from one aligned buffer: what the disk gives a plain program; GB/s.
+//   BM_NvmeSwap/<write|read>/block_KiB:<b>/queue_depth:<q>
+//                                 the same bytes through the NVMe tier's swap file (io::NvmeSwapFile:
+//                                 io_uring, aio.block_size pieces, aio.queue_depth in flight; the config's
+//                                 defaults 1 MiB and 8, and 4 MiB and 32): GB/s, and pct_of_raw: its best
+//                                 pass over the best of a raw pass run after every one. The issue's
+//                                 target is pct_of_raw >= 90.
+// `zp_bench_offload [--params N] [--nvme-bytes N] [benchmark flags]`.
 // GPU part (CUDA builds, inside #ifdef ZP_WITH_CUDA so the CPU part builds without CUDA): the offload
 // engine on the 1.42B GPT, BM_OffloadStep below.
 #include <benchmark/benchmark.h>
@@ -26,6 +36,11 @@
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "io/nvme_swap_file.h"
 #include "kernels/host/host_adamw.h"
 #ifdef ZP_WITH_CUDA
 #include <cmath>
@@ -199,6 +214,118 @@ void BM_HostAdamW(benchmark::State& st, Isa isa, int threads) {
   st.counters["pct_of_triad"] = 100.0 * bytes / best / 1e9 / triad;
 }
 
+int64_t g_nvme_bytes = int64_t(1) << 30;
+
+std::string nvme_dir() {
+  const char* d = std::getenv("ZP_BENCH_NVME_DIR");
+  return d && *d ? d : "/tmp";
+}
+
+// The I/O buffer both NVMe benchmarks move from and to: 256 MiB, page aligned, filled once.
+constexpr int64_t kIoBuffer = int64_t(256) << 20;
+char* io_buffer() {
+  static Buffer<char> b = [] {
+    Buffer<char> p(static_cast<char*>(std::aligned_alloc(size_t(io::NvmeSwapFile::kAlign), size_t(kIoBuffer))));
+    for (int64_t i = 0; i < kIoBuffer; ++i) p[i] = char(i * 131 + 7);
+    return p;
+  }();
+  return b.get();
+}
+
+// A plain program's sequential O_DIRECT pass: pwrite/pread of 64 MiB at a time, one after another.
+class RawDirectFile {
+ public:
+  explicit RawDirectFile(int64_t bytes) : bytes_(bytes) {
+    const std::string path = nvme_dir() + "/zp_bench_raw_" + std::to_string(::getpid());
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
+    if (fd_ < 0) throw Error(path + ": cannot open with O_DIRECT: " + std::strerror(errno));
+    ::unlink(path.c_str());
+    if (::fallocate(fd_, 0, 0, bytes) != 0) throw Error(path + ": cannot preallocate: " + std::strerror(errno));
+  }
+  ~RawDirectFile() { ::close(fd_); }
+  // Seconds for one pass.
+  double pass(bool write) {
+    constexpr int64_t kCall = int64_t(64) << 20;
+    char* buf = io_buffer();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t off = 0; off < bytes_; off += kCall) {
+      const size_t n = size_t(std::min(kCall, bytes_ - off));
+      char* at = buf + off % kIoBuffer;
+      const ssize_t done = write ? ::pwrite(fd_, at, n, off) : ::pread(fd_, at, n, off);
+      if (done != ssize_t(n)) throw Error(std::string("raw O_DIRECT ") + (write ? "write" : "read") + " failed: " +
+                                          std::strerror(errno));
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+ private:
+  int fd_ = -1;
+  int64_t bytes_ = 0;
+};
+
+// One pass through the swap file: every 64 MiB request submitted at once, then all waited for.
+double swap_pass(io::NvmeSwapFile& f, int64_t bytes, bool write) {
+  constexpr int64_t kRequest = int64_t(64) << 20;
+  char* buf = io_buffer();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t off = 0; off < bytes; off += kRequest) {
+    const int64_t n = std::min(kRequest, bytes - off);
+    if (write)
+      f.write(off, buf + off % kIoBuffer, n);
+    else
+      f.read(off, buf + off % kIoBuffer, n);
+  }
+  f.wait_all();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void BM_RawDirect(benchmark::State& st, bool write) {
+  try {
+    RawDirectFile raw(g_nvme_bytes);
+    if (!write) raw.pass(true);  // something to read
+    double best = 1e30, total = 0;
+    for (auto _ : st) {
+      const double s = raw.pass(write);
+      best = std::min(best, s);
+      total += s;
+      st.SetIterationTime(s);
+    }
+    st.counters["GB/s"] = double(g_nvme_bytes) * double(st.iterations()) / total / 1e9;
+    st.counters["best_GB/s"] = double(g_nvme_bytes) / best / 1e9;
+  } catch (const Error& e) {
+    st.SkipWithError(e.what());
+  }
+}
+
+void BM_NvmeSwap(benchmark::State& st, bool write, int64_t block_size, int queue_depth) {
+  try {
+    io::NvmeSwapFile f(nvme_dir(), "ZP_BENCH_NVME_DIR", "zp_bench_swap_" + std::to_string(::getpid()), g_nvme_bytes,
+                       block_size, queue_depth);
+    RawDirectFile raw(g_nvme_bytes);
+    if (!write) {
+      swap_pass(f, g_nvme_bytes, true);
+      raw.pass(true);
+    }
+    double best = 1e30, best_raw = 1e30, total = 0;
+    for (auto _ : st) {
+      const double s = swap_pass(f, g_nvme_bytes, write);
+      best = std::min(best, s);
+      total += s;
+      st.SetIterationTime(s);
+      st.PauseTiming();
+      best_raw = std::min(best_raw, raw.pass(write));
+      st.ResumeTiming();
+    }
+    st.counters["GB/s"] = double(g_nvme_bytes) * double(st.iterations()) / total / 1e9;
+    st.counters["best_GB/s"] = double(g_nvme_bytes) / best / 1e9;
+    st.counters["raw_GB/s"] = double(g_nvme_bytes) / best_raw / 1e9;
+    st.counters["pct_of_raw"] = 100.0 * best_raw / best;
+    st.counters["direct"] = f.direct() ? 1 : 0;
+  } catch (const Error& e) {
+    st.SkipWithError(e.what());
+  }
+}
+
 #ifdef ZP_WITH_CUDA
 // GPU part, run under `mpirun -np 1` (and -np 2): one training step per iteration at ZeRO stage 3
 // with the optimizer state on the device (offload:0), in pinned host memory with AdamW on the CPU
@@ -311,6 +438,12 @@ int main(int argc, char** argv) {
       g_params = std::stoll(argv[++i]);
       continue;
     }
+    if (std::strcmp(argv[i], "--nvme-bytes") == 0 && i + 1 < argc) {
+      // Whole pages: O_DIRECT moves nothing smaller.
+      const int64_t page = zp::io::NvmeSwapFile::kAlign;
+      g_nvme_bytes = std::max<int64_t>(page, std::stoll(argv[++i]) / page * page);
+      continue;
+    }
     args.push_back(argv[i]);
   }
   int nargs = int(args.size());
@@ -335,6 +468,19 @@ int main(int argc, char** argv) {
       benchmark::RegisterBenchmark(("BM_HostAdamW/" + std::string(isa_name(isa)) + "/" + std::to_string(t)).c_str(),
                                    BM_HostAdamW, isa, t)
           ->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(3.0);
+  benchmark::AddCustomContext("nvme_dir", nvme_dir());
+  benchmark::AddCustomContext("nvme_bytes", std::to_string(g_nvme_bytes));
+  for (bool write : {true, false}) {
+    const std::string dir = write ? "write" : "read";
+    benchmark::RegisterBenchmark(("BM_RawDirect/" + dir).c_str(), BM_RawDirect, write)
+        ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(2);
+    // The aio defaults, then larger pieces and a deeper queue (aio.block_size 4 MiB, aio.queue_depth 32).
+    for (const auto& [block, depth] : {std::pair<int64_t, int>{int64_t(1) << 20, 8}, {int64_t(4) << 20, 32}})
+      benchmark::RegisterBenchmark(("BM_NvmeSwap/" + dir + "/block_KiB:" + std::to_string(block >> 10) +
+                                    "/queue_depth:" + std::to_string(depth)).c_str(),
+                                   BM_NvmeSwap, write, block, depth)
+          ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(2);
+  }
   benchmark::Initialize(&nargs, args.data());
 #ifdef ZP_WITH_CUDA
   // The engine benchmark's ranks (mpirun -np 1|2); rank 0 reports.

@@ -4,6 +4,9 @@
 #  - the 30th collective fails on rank 1 of 2: the job ends non-zero within a minute, the error
 #    names the rank, and the newest checkpoint verifies and resumes;
 #  - an allocation fails mid-run: the job ends non-zero naming it;
+#  - the NVMe tier's disk fills mid-run (a swap-file write on rank 1 of 2): the job ends non-zero
+#    naming nvme_path, the offset and the bytes, no swap file is left behind, and the newest
+#    checkpoint verifies;
 #  - checkpoint.dir on a read-only file system, or on one too small for keep_last + 1 checkpoints,
 #    is refused before any step (tmpfs mounts; skipped where mounting is not permitted).
 # Usage: fault_injection_test.sh ZEROPIPE_BINARY SOURCE_DIR
@@ -30,6 +33,20 @@ status=$?
 [ $status -ne 0 ] || fail "a failed allocation went unnoticed"
 grep -q "out of memory on cpu allocating .*(injected by ZP_FAULT)" "$tmp/alloc.log" || fail "the error does not name the allocation"
 echo "failed allocation: status $status"
+
+mkdir -p "$tmp/swap"
+ZP_FAULT=write:300@1 train 2 "$tmp/nvme" --set training.max_steps=1000 --set checkpoint.save_every=2 \
+  --set zero_optimization.stage=2 --set zero_optimization.offload_optimizer.device=nvme \
+  --set "zero_optimization.offload_optimizer.nvme_path=\"$tmp/swap\"" > "$tmp/nvme.log" 2>&1
+status=$?
+[ $status -ne 0 ] || fail "a full NVMe disk went unnoticed"
+grep -q "zero_optimization.offload_optimizer.nvme_path '$tmp/swap': writing [0-9]* bytes at offset [0-9]* of the swap file .* failed: No space left on device (injected by ZP_FAULT)" "$tmp/nvme.log" \
+  || fail "the error does not name nvme_path, the offset and the bytes"
+[ -z "$(ls -A "$tmp/swap")" ] || fail "swap files left behind in $tmp/swap: $(ls "$tmp/swap")"
+latest=$(ls "$tmp/nvme"/step-*.h5 | tail -n 1)
+[ -n "$latest" ] || fail "no checkpoint before the NVMe failure"
+"$bin" inspect --verify "$latest" > "$tmp/inspect_nvme.log" 2>&1 || fail "$latest does not verify"
+echo "full NVMe disk mid-run: status $status; $latest intact; no swap file left"
 
 mkdir -p "$tmp/disk"
 if ! mount -t tmpfs -o size=4m tmpfs "$tmp/disk" 2> /dev/null; then

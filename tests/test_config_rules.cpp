@@ -381,6 +381,15 @@ TEST(ConfigRules, OffloadKeysAreDeepSpeeds) {
     EXPECT_NE(log.find(key), std::string::npos) << key << " not named in: " << log;
   EXPECT_EQ(log.find(opt + "pin_memory"), std::string::npos) << "pin_memory means something with device cpu: " << log;
   EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 1) << "one warning: " << log;
+
+  // With the NVMe tier, block_size and queue_depth shape its I/O; the libaio knobs still mean nothing.
+  testing::internal::CaptureStderr();
+  with_sets({"zero_optimization.stage=1", opt + "device=nvme", opt + "nvme_path=/tmp", "aio.block_size=65536",
+             "aio.queue_depth=16", "aio.thread_count=4"});
+  const std::string nvme_log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(nvme_log.find("aio.thread_count"), std::string::npos) << nvme_log;
+  EXPECT_EQ(nvme_log.find("aio.block_size"), std::string::npos) << nvme_log;
+  EXPECT_EQ(nvme_log.find("aio.queue_depth"), std::string::npos) << nvme_log;
 }
 
 }  // namespace zp::test

@@ -1,14 +1,15 @@
 // Optimizer state in host memory (ZeRO-Offload's CPU tier, DESIGN decision 4): a rank's fp32 master
 // weights and AdamW moments live in (pinned) host memory, and the update runs on the CPU.
 //
-// The trick is the staging ring. A step walks the owned ranges in chunks of at most kChunk elements
-// (split at parameter boundaries, since weight decay is per parameter) through `buffer_count` pinned
-// slots, each holding one chunk's fp32 gradients and its new compute-dtype weights. A copy stream
-// brings chunk j+K's gradients down while the CPU updates chunk j and chunk j-1's weights go back up,
-// so the PCIe traffic both ways hides behind the CPU update, and host memory for staging stays at
-// K chunks however large the model. The compute stream waits for the last upload and nothing else:
-// the host thread is busy for the CPU update only. On a CPU device the gradients and weights already
-// are host memory and the update runs on them directly, with no staging.
+// The trick is the staging ring (parallel/host_update.h, shared with the NVMe tier). A step walks the
+// owned ranges in chunks of at most kChunk elements (the AdamW table splits them at parameter
+// boundaries: weight decay is per parameter) through `buffer_count` pinned slots, each holding one
+// chunk's fp32 gradients and its new compute-dtype weights. A copy stream brings chunk j+K's
+// gradients down while the CPU updates chunk j and chunk j-1's weights go back up, so the PCIe
+// traffic both ways hides behind the CPU update, and host memory for staging stays at K chunks
+// however large the model. The compute stream waits for the last upload and nothing else: the host
+// thread is busy for the CPU update only. On a CPU device the gradients and weights already are host
+// memory and the update runs on them directly, with no staging.
 #pragma once
 #include <algorithm>
 #include <memory>
@@ -16,6 +17,7 @@
 
 #include "core/device.h"
 #include "kernels/host/host_adamw.h"
+#include "parallel/host_update.h"
 #include "parallel/optimizer_state_store.h"
 
 namespace zp::parallel {
@@ -36,7 +38,6 @@ class HostStateStore final : public OptimizerStateStore {
   // and nothing goes up.
   HostStateStore(std::vector<OwnedRange> ranges, const std::vector<const void*>& initial, StreamHandle s,
                  bool pinned, int threads = 0, int buffer_count = kBuffers, bool weights_on_host = false);
-  ~HostStateStore() override;
 
   StateTier tier() const override { return StateTier::PinnedHost; }
   bool pinned() const { return pinned_; }
@@ -52,28 +53,15 @@ class HostStateStore final : public OptimizerStateStore {
   void write_weights(size_t i, void* weights_out, StreamHandle s) override;
 
  private:
-  struct Slot;
-  // One piece of a step: elements [begin, end) of range `range`, offsets relative to the range.
-  struct Chunk {
-    size_t update = 0;  // index into the step's updates
-    int64_t begin = 0, end = 0;
-  };
   float* state(size_t i, OptimizerState which);
-  // The AdamW table of elements [begin, end) of range u.range: grads from `grad` and new weights to
-  // `weights_out`, both indexed from `begin`. zero_gaps: also zero the elements of `weights_out` no
-  // parameter covers (a staging slot, uploaded whole).
-  void add_params(const RangeUpdate& u, int64_t begin, int64_t end, const float* grad, void* weights_out,
-                  const AdamWHyper& h, std::vector<kernels::AdamWTensor>& table, bool zero_gaps);
-  void update_on_device(std::span<const RangeUpdate> updates, const AdamWHyper& h, const kernels::AdamWConfig& cfg,
-                        StreamHandle s);
+  StateSpan span(size_t range, int64_t begin);
 
   Device dev_;
   DType dt_;
   bool pinned_ = true;
   bool weights_on_host_ = false;
   std::vector<Tensor> master_, m_, v_;  // host memory, one per range
-  std::vector<std::unique_ptr<Slot>> slots_;
-  std::unique_ptr<Stream> copy_;  // device-to-host and host-to-device copies (CUDA blocks only)
+  std::unique_ptr<StagingRing> ring_;
   std::vector<kernels::AdamWTensor> table_;
   kernels::host::HostAdamW adamw_;  // vectorised, its threads kept for the store's life
 };

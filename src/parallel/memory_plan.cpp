@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <vector>
 
 #include "parallel/host_state_store.h"
+#include "parallel/nvme_state_store.h"
 
 namespace zp::parallel {
 
@@ -34,6 +36,17 @@ MemoryPlan plan_memory(std::span<nn::ParamBlock* const> blocks, const ShardingPo
   const double owned = policy.shards_optimizer_state() ? psi / n : psi;
   if (policy.optimizer_tier() == StateTier::Device) {
     p.optimizer_bytes = owned * 12.0;
+  } else if (policy.optimizer_tier() == StateTier::Nvme) {
+    std::vector<int64_t> ranges;
+    int64_t largest_range = 0;
+    for (const nn::ParamBlock* b : blocks) {
+      ranges.push_back(policy.shards_optimizer_state() ? b->padded() / world : b->padded());
+      largest_range = std::max(largest_range, ranges.back());
+    }
+    p.nvme_optimizer_bytes = double(NvmeStateStore::file_bytes(ranges));
+    p.nvme_path = policy.optimizer_nvme().path;
+    p.host_staging_bytes =
+        double(NvmeStateStore::buffer_bytes_for(largest_range, dt, policy.optimizer_nvme().buffer_count, on_gpu));
   } else {
     p.host_optimizer_bytes = owned * 12.0;
     const int64_t largest_range = policy.shards_optimizer_state() ? largest / world : largest;
@@ -57,6 +70,11 @@ std::string MemoryPlan::str() const {
     std::snprintf(buf, sizeof(buf), "; offloaded to %s host memory: parameters %.1f MiB + optimizer %.1f MiB (fp32 "
                   "master and moments) + staging %.1f MiB", host_pinned ? "pinned" : "pageable", host_param_bytes / mib,
                   host_optimizer_bytes / mib, host_staging_bytes / mib);
+    s += buf;
+  }
+  if (nvme_optimizer_bytes > 0) {
+    std::snprintf(buf, sizeof(buf), "; on NVMe under %s: optimizer %.1f MiB (fp32 master and moments, the rank's "
+                  "swap file; its host buffers are the staging above)", nvme_path.c_str(), nvme_optimizer_bytes / mib);
     s += buf;
   }
   return s;

@@ -1,8 +1,8 @@
 // What a rank's model states cost on each tier, from the blocks' layout and the sharding policy
 // alone: the ZeRO paper's 2Ψ (16-bit parameters) + 4Ψ (fp32 gradients here) + 12Ψ (fp32 master
 // weights and AdamW moments), each divided by N where the policy shards it, placed on the device or
-// in host memory as the policy's tiers say, plus the buffers the engine adds (stage 3's gathered
-// blocks in flight, the offload tier's staging ring). Laid-out blocks suffice (nothing is
+// in host memory or on NVMe as the policy's tiers say, plus the buffers the engine adds (stage 3's
+// gathered blocks in flight, the offload tiers' staging ring and NVMe buffers). Laid-out blocks suffice (nothing is
 // allocated), so the same numbers serve `zeropipe plan`, the start-up fit check and the banner.
 #pragma once
 #include <cstdint>
@@ -22,6 +22,10 @@ struct MemoryPlan {
   // Per rank, in host memory (the offload tiers): parameter shards, optimizer state, staging.
   double host_param_bytes = 0, host_optimizer_bytes = 0, host_staging_bytes = 0;
   bool host_pinned = false;
+  // Per rank, in its swap file under nvme_path (the NVMe tier of the optimizer state); its host
+  // buffers count in host_staging_bytes.
+  double nvme_optimizer_bytes = 0;
+  std::string nvme_path;
 
   double device_bytes() const { return param_bytes + grad_bytes + optimizer_bytes; }
   double host_bytes() const { return host_param_bytes + host_optimizer_bytes + host_staging_bytes; }

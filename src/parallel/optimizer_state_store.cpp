@@ -2,6 +2,7 @@
 
 #include "parallel/device_state_store.h"
 #include "parallel/host_state_store.h"
+#include "parallel/nvme_state_store.h"
 
 namespace zp::parallel {
 
@@ -16,10 +17,12 @@ std::unique_ptr<OptimizerStateStore> make_optimizer_state_store(const ShardingPo
       return std::make_unique<HostStateStore>(std::move(ranges), initial, s, policy.pin_host_memory(),
                                               policy.host_threads(), HostStateStore::kBuffers,
                                               /*weights_on_host=*/policy.parameter_tier() == StateTier::PinnedHost);
-    case StateTier::Nvme: break;
+    case StateTier::Nvme:
+      return std::make_unique<NvmeStateStore>(std::move(ranges), initial, s, policy.optimizer_nvme(),
+                                              policy.pin_host_memory(), policy.host_threads(),
+                                              /*weights_on_host=*/policy.parameter_tier() == StateTier::PinnedHost);
   }
-  throw Error(detail::cat("zero_optimization.offload_optimizer.device: optimizer state in ",
-                          tier_name(policy.optimizer_tier()), " is not implemented yet"));
+  ZP_FATAL("unknown optimizer tier");
 }
 
 }  // namespace zp::parallel

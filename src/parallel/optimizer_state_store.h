@@ -3,8 +3,9 @@
 // property of the optimizer. The store also applies the update, because that is where the tiers
 // differ: the device store runs the fused multi-tensor kernel on the state in place, the host store
 // (host_state_store.h) stages the gradients down, runs the update on the CPU and stages the new
-// weights up, an NVMe store will additionally read the state in and write it back. Gradients and new weights are
-// always in the block's device memory, where the engine keeps them; only the state moves.
+// weights up, the NVMe store (nvme_state_store.h) additionally reads the state in and writes it
+// back. Gradients and new weights are always in the block's device memory, where the engine keeps
+// them; only the state moves.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -65,9 +66,10 @@ class OptimizerStateStore {
   std::vector<OwnedRange> ranges_;
 };
 
-// The store for the policy's optimizer tier (pinned or pageable host memory as it says). `initial[i]`
-// points at range i's current compute values (the block's dtype, size() elements, device memory):
-// the master weights start from them, the moments at zero.
+// The store for the policy's optimizer tier (pinned or pageable host memory as it says; the NVMe
+// tier's directory and I/O settings from policy.optimizer_nvme()). `initial[i]` points at range i's
+// current compute values (the block's dtype, size() elements, device memory): the master weights
+// start from them, the moments at zero.
 std::unique_ptr<OptimizerStateStore> make_optimizer_state_store(const ShardingPolicy& policy,
                                                                 std::vector<OwnedRange> ranges,
                                                                 const std::vector<const void*>& initial,

@@ -58,9 +58,6 @@ ShardingPolicy ShardingPolicy::from_config(int stage, const std::string& offload
 }
 
 void ShardingPolicy::require_implemented() const {
-  ZP_REQUIRE(optimizer_tier_ != StateTier::Nvme, kOptimizerKey, " = \"", device_of(optimizer_tier_),
-             "\": optimizer state in ", tier_name(optimizer_tier_),
-             " is not implemented yet (\"none\", the device, and \"cpu\" are)");
   ZP_REQUIRE(parameter_tier_ != StateTier::Nvme, kParamKey, " = \"", device_of(parameter_tier_),
              "\": parameters in ", tier_name(parameter_tier_),
              " are not implemented yet (\"none\", the device, and \"cpu\" are)");

@@ -4,15 +4,27 @@
 // implies sharding gradients, which implies sharding the optimizer state.
 //
 // Tiers: optimizer state (fp32 master weights and AdamW moments) and, with sharded parameters, the
-// owned parameter slices each live on one tier. Optimizer state may live on the device or in host
-// memory (ZeRO-Offload); the NVMe tier and parameter offload are representable so that configs and
-// plans can name them, and the engine rejects them by key name until they exist.
+// owned parameter slices each live on one tier. Optimizer state may live on the device, in host
+// memory (ZeRO-Offload) or on NVMe (ZeRO-Infinity); parameter offload is representable so that
+// configs and plans can name it, and the engine rejects it by key name until it exists.
 #pragma once
+#include <cstdint>
 #include <string>
+#include <utility>
 
 namespace zp::parallel {
 
 enum class StateTier { Device, PinnedHost, Nvme };
+
+// What the NVMe tier of the optimizer state needs from the configuration: the directory of the swap
+// files (zero_optimization.offload_optimizer.nvme_path), its host buffers (.buffer_count) and the
+// shape of its I/O (aio.block_size bytes per request, aio.queue_depth requests in flight).
+struct NvmeSettings {
+  std::string path;
+  int64_t block_size = int64_t(1) << 20;
+  int queue_depth = 8;
+  int buffer_count = 4;
+};
 
 // "device", "pinned host memory", "NVMe": for messages.
 const char* tier_name(StateTier t);
@@ -53,10 +65,13 @@ class ShardingPolicy {
   // ranks share its cores, so the runtime gives each its share.
   int host_threads() const { return host_threads_; }
   void set_host_threads(int n) { host_threads_ = n; }
+  // The NVMe tier's settings, for optimizer_tier() == Nvme.
+  const NvmeSettings& optimizer_nvme() const { return optimizer_nvme_; }
+  void set_optimizer_nvme(NvmeSettings s) { optimizer_nvme_ = std::move(s); }
   StateTier parameter_tier() const { return parameter_tier_; }
   // Throws a zp::Error naming the configuration key when a state lives on a tier this build cannot
-  // keep it on yet: optimizer state lives on the device or in host memory; NVMe and parameter
-  // offload are not implemented yet.
+  // keep it on yet: optimizer state lives on the device, in host memory or on NVMe; parameter
+  // offload is not implemented yet.
   void require_implemented() const;
 
   // "ZeRO stage 2 (optimizer state and gradients sharded; optimizer state on device)": for logs.
@@ -67,6 +82,7 @@ class ShardingPolicy {
   StateTier optimizer_tier_ = StateTier::Device, parameter_tier_ = StateTier::Device;
   bool pin_host_memory_ = true;
   int host_threads_ = 0;
+  NvmeSettings optimizer_nvme_;
 };
 
 }  // namespace zp::parallel

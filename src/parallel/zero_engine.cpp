@@ -6,6 +6,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 #include "parallel/host_state_store.h"
+#include "parallel/nvme_state_store.h"
 
 namespace zp::parallel {
 using namespace zp::kernels;
@@ -201,6 +202,7 @@ MemoryPlan ZeroEngine::memory_plan() const {
   // Pinning may have been refused since the policy asked for it.
   const auto* host = dynamic_cast<const HostStateStore*>(&opt_->state());
   if (host) p.host_pinned = host->pinned();
+  if (const auto* nvme = dynamic_cast<const NvmeStateStore*>(&opt_->state())) p.host_pinned = nvme->pinned();
   if (gatherer_ && gatherer_->shards_on_host()) p.host_pinned = p.host_pinned && gatherer_->pinned();
   return p;
 }

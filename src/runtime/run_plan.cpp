@@ -125,6 +125,12 @@ std::string plan_report(const RunPlan& p, const NodeResources& have) {
   if (host_avail >= 0)
     r += std::string(" of ") + format_bytes(host_avail) + (p.host_bytes_per_node() <= host_avail ? "" : ": DOES NOT FIT");
   r += "\n";
+  if (s.nvme_optimizer_bytes > 0) {
+    std::snprintf(buf, sizeof buf, "  %-14s %10s per rank, %s per node, under ", "NVMe",
+                  format_bytes(s.nvme_optimizer_bytes).c_str(), format_bytes(s.nvme_optimizer_bytes * n).c_str());
+    r += buf;
+    r += s.nvme_path + " (checked against its free space at start)\n";
+  }
   return r;
 }
 

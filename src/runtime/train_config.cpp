@@ -122,8 +122,10 @@ void read_offload(io::ConfigReader& r, TrainConfig& t) {
   unless(par_nvme, par + "buffer_size");
   unless(false, par + "max_in_cpu");  // DeepSpeed's CPU cache of NVMe parameters: we read them from NVMe each time
   unless(t.offload_param != "none", par + "pin_memory");
-  for (const char* k : {"block_size", "queue_depth", "thread_count", "single_submit", "overlap_events"})
-    unless(opt_nvme || par_nvme, std::string("aio.") + k);
+  for (const char* k : {"block_size", "queue_depth"}) unless(opt_nvme || par_nvme, std::string("aio.") + k);
+  // io_uring needs no submitting threads and batches on its own: a swap file has one ring and one
+  // thread reaping it, so DeepSpeed's libaio knobs mean nothing here.
+  for (const char* k : {"thread_count", "single_submit", "overlap_events"}) unless(false, std::string("aio.") + k);
   if (!unused.empty()) {
     std::string list;
     for (const std::string& k : unused) list += (list.empty() ? "" : ", ") + k;

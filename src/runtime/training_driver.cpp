@@ -10,10 +10,12 @@
 
 #include "core/cpu_share.h"
 #include "core/log.h"
+#include "parallel/nvme_state_store.h"
 #include "parallel/zero_engine.h"
 #include "runtime/loop_checkpoints.h"
 #include "runtime/loss_scaler.h"
 #include "runtime/lr_schedule.h"
+#include "runtime/offload_storage.h"
 #include "runtime/optimizer_step.h"
 #include "runtime/run_plan.h"
 #include "runtime/step_loop.h"
@@ -65,6 +67,13 @@ TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm gro
     if (share.refused) ZP_LOG_WARN(share.note);
     else if (!share.note.empty()) ZP_LOG_INFO(share.note);
     policy.set_host_threads(int(share.cpus.size()));
+  }
+  if (policy.optimizer_tier() == parallel::StateTier::Nvme) {
+    // Before the engine allocates anything: the swap files' directory, on every node, with room.
+    std::vector<int64_t> shards;
+    for (const nn::ParamBlock* b : blocks) shards.push_back(b->padded() / at.data_size());
+    check_nvme_storage("zero_optimization.offload_optimizer.nvme_path", policy.optimizer_nvme().path,
+                       parallel::NvmeStateStore::file_bytes(shards), at.topology->mpi_comm(comm::Group::World));
   }
   // Before anything is allocated: the plan against what this node has free.
   const RunPlan plan = plan_run(blocks, policy, cfg, at.data_size(), rt.local_size(), task->activation_bytes(),

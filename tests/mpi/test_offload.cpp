@@ -1,22 +1,25 @@
-// ZeRO-Offload's CPU tier in the training loop (issue 11), at any world size (mpirun -np 1, 2, 3, 5):
-//  - with zero_optimization.offload_optimizer.device = "cpu" the optimizer state lives in host memory
-//    and AdamW runs on the CPU; the trajectory (losses and final fp32 parameters) equals the one with
-//    the state on the device to 1e-5, at stages 1, 2 and 3, for Llama, the tied GPT-2 and the demo
-//    UNet, with and without gradient accumulation;
+// ZeRO-Offload's CPU tier and ZeRO-Infinity's NVMe tier in the training loop (issue 11), at any world
+// size (mpirun -np 1, 2, 3, 5):
+//  - with zero_optimization.offload_optimizer.device = "cpu" the optimizer state lives in host memory,
+//    with "nvme" in a swap file per rank under nvme_path, and AdamW runs on the CPU; the trajectory
+//    (losses and final fp32 parameters) equals the one with the state on the device to 1e-5, at
+//    stages 1, 2 and 3, for Llama, the tied GPT-2 and the demo UNet, with and without gradient
+//    accumulation;
 //  - at stage 3 the same holds with the parameter shards in host memory (offload_param.device =
-//    "cpu"), with the optimizer in host memory or on the device; on a CPU device that memory is the
-//    device's, so the transfers themselves are tested on GPUs (OffloadParamsGpu);
-//  - a checkpoint saved with the state offloaded resumes without offload, and the reverse, on the
-//    same trajectory.
+//    "cpu"), with the optimizer in host memory, on NVMe or on the device; on a CPU device that memory
+//    is the device's, so the transfers themselves are tested on GPUs (OffloadParamsGpu);
+//  - a checkpoint saved with the state on any tier resumes on any other, on the same trajectory;
+//  - an nvme_path that cannot hold the swap files stops every rank at start, naming the key.
 // Every rank takes the same branches: no rank is ever left alone in a collective.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <sys/mount.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "core/cpu_share.h"
 #include "core/device.h"
-
 #include "runtime/run_plan.h"
 #include "test_util.h"
 #include "training_runs.h"
@@ -42,9 +45,9 @@ void expect_same_trajectory(const runtime::TrainResult& got, const runtime::Trai
 // Accumulation steps that divide this world's share of the global batch.
 int accumulation() { return (kGlobalBatch / world_size()) % 2 == 0 ? 2 : 3; }
 
-}  // namespace
-
-TEST(OffloadOptimizer, CpuTierFollowsTheDeviceTrajectory) {
+// The optimizer state in host memory and on NVMe, and at stage 3 the parameters in host memory,
+// against the device, for each model, stage and accumulation.
+void expect_offloaded_tiers_follow_the_device_trajectory() {
   comm::Runtime rt;
   const int world = world_size();
   for (const std::string model : {"llama", "gpt2", "unet"}) {
@@ -59,12 +62,19 @@ TEST(OffloadOptimizer, CpuTierFollowsTheDeviceTrajectory) {
         const runtime::TrainResult on_device = run(data, r, rt, MPI_COMM_WORLD, true);
         const std::string what = model + " stage " + std::to_string(stage) + " world " + std::to_string(world) +
                                  " accumulation " + std::to_string(accum);
-        r.offload = "cpu";
-        expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device, what);
-        if (stage == 3) {  // the parameter tier, with the optimizer in host memory and on the device
-          r.offload_param = "cpu";
-          expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device, what + " params offloaded");
+        for (const std::string tier : {"cpu", "nvme"}) {
+          r.offload = tier;
+          r.offload_param = "none";
+          expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device, what + " optimizer on " + tier);
+          if (stage == 3) {  // and the parameter tier: the CPU AdamW writes the new weights into the host shards
+            r.offload_param = "cpu";
+            expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
+                                   what + " optimizer on " + tier + ", params offloaded");
+          }
+        }
+        if (stage == 3) {  // the parameter tier with the optimizer on the device
           r.offload = "none";
+          r.offload_param = "cpu";
           expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
                                  what + " params offloaded, optimizer on the device");
         }
@@ -72,7 +82,15 @@ TEST(OffloadOptimizer, CpuTierFollowsTheDeviceTrajectory) {
   }
 }
 
-TEST(OffloadOptimizer, ResumesAcrossOffloadOnAndOff) {
+}  // namespace
+
+// One test for every offloaded tier: the device runs they follow are the expensive part, run once.
+TEST(OffloadOptimizer, CpuAndNvmeTiersFollowTheDeviceTrajectory) {
+  expect_offloaded_tiers_follow_the_device_trajectory();
+}
+
+// Every tier saves, and every other tier resumes from what it saved.
+TEST(OffloadOptimizer, ResumesAcrossTiers) {
   comm::Runtime rt;
   const int world = world_size();
   for (const std::string model : {"llama", "unet"}) {
@@ -80,17 +98,18 @@ TEST(OffloadOptimizer, ResumesAcrossOffloadOnAndOff) {
     const std::string data = data_file(dir, model);
     const int stage = model == "llama" ? 2 : 3;
     const runtime::TrainResult straight = run(data, TrainingRun{model, stage, world}, rt, MPI_COMM_WORLD, true);
-    for (const std::string saved_with : {"cpu", "none"}) {
-      const std::string resumed_with = saved_with == "cpu" ? "none" : "cpu";
-      const std::string ckpt = dir / ("ckpt_" + saved_with);
+    const std::pair<std::string, std::string> pairs[] = {{"cpu", "none"},  {"none", "cpu"}, {"nvme", "none"},
+                                                         {"none", "nvme"}, {"nvme", "cpu"}, {"cpu", "nvme"}};
+    for (const auto& [saved_with, resumed_with] : pairs) {
+      const std::string ckpt = dir / ("ckpt_" + saved_with + "_" + resumed_with);
       TrainingRun first{model, stage, world, kSaveAt, kSaveAt, ckpt};
       first.offload = saved_with;
-      // The UNet runs at stage 3: its parameter shards move with the optimizer state.
-      if (stage == 3) first.offload_param = saved_with;
+      // The UNet runs at stage 3: its parameter shards go to host memory with any offloaded optimizer.
+      if (stage == 3) first.offload_param = saved_with == "none" ? "none" : "cpu";
       run(data, first, rt, MPI_COMM_WORLD);
       TrainingRun second{model, stage, world, kSteps, kSaveAt, ckpt, "latest"};
       second.offload = resumed_with;
-      if (stage == 3) second.offload_param = resumed_with;
+      if (stage == 3) second.offload_param = resumed_with == "none" ? "none" : "cpu";
       const runtime::TrainResult resumed = run(data, second, rt, MPI_COMM_WORLD, true);
       runtime::TrainResult want = straight;
       want.losses = tail(straight.losses, kSaveAt);
@@ -101,31 +120,95 @@ TEST(OffloadOptimizer, ResumesAcrossOffloadOnAndOff) {
   }
 }
 
-// On GPUs: the device store runs the CUDA AdamW (fused multiply-adds) and the host store the CPU one,
-// and the embedding's backward adds rows with fp32 atomics, so the trajectories agree to 1e-5 rather
-// than bit for bit. The host store walks its staging ring here (pinned memory, a copy stream).
-TEST(OffloadOptimizerGpu, CpuTierFollowsTheDeviceTrajectoryOnGpus) {
-  int all = 0;
-  {
-    comm::Runtime rt;
-    int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size();
-    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+// An nvme_path under a regular file can be neither used nor created: every rank stops before the
+// first step with the same error, naming the key and the path.
+TEST(OffloadOptimizer, NvmeBadPathFailsAtStartNamingTheKey) {
+  comm::Runtime rt;
+  SharedDir dir("offload_bad_nvme");
+  const std::string data = data_file(dir, "llama");
+  TrainingRun r{"llama", 2, world_size()};
+  r.offload = "nvme";
+  r.nvme_path = "/etc/hostname/swap";
+  const std::string m = error_message([&] { run(data, r, rt, MPI_COMM_WORLD); });
+  EXPECT_NE(m.find("zero_optimization.offload_optimizer.nvme_path '/etc/hostname/swap'"), std::string::npos) << m;
+  EXPECT_NE(m.find("cannot be created"), std::string::npos) << m;
+}
+
+// A disk too small for this node's swap files (a 32 KiB tmpfs, where mounting is permitted) stops
+// every rank at start, naming the key, the bytes free and the bytes needed.
+TEST(OffloadOptimizer, NvmeDiskTooSmallFailsAtStartNamingTheBytes) {
+  comm::Runtime rt;
+  SharedDir dir("offload_small_nvme");
+  const std::string data = data_file(dir, "llama");
+  const std::string small = dir / "small";
+  int mounted = 0;
+  if (world_rank() == 0) {
+    std::filesystem::create_directories(small);
+    mounted = ::mount("none", small.c_str(), "tmpfs", 0, "size=32k") == 0;
   }
-  if (!all) GTEST_SKIP() << "needs one GPU per rank";
+  MPI_Bcast(&mounted, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (!mounted) GTEST_SKIP() << "cannot mount a small tmpfs here (needs CAP_SYS_ADMIN)";
+  TrainingRun r{"llama", 2, world_size()};
+  r.offload = "nvme";
+  r.nvme_path = small;
+  const std::string m = error_message([&] { run(data, r, rt, MPI_COMM_WORLD); });
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) ::umount(small.c_str());
+  EXPECT_NE(m.find("zero_optimization.offload_optimizer.nvme_path '" + small + "': 32768 bytes free, but"),
+            std::string::npos) << m;
+  EXPECT_NE(m.find("swap files of this node's " + std::to_string(world_size()) + " rank(s) need"), std::string::npos)
+      << m;
+}
+
+namespace {
+
+// Whether every rank has a GPU of its own (the same answer on every rank).
+bool every_rank_has_a_gpu() {
+  comm::Runtime rt;
+  int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size(), all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all != 0;
+}
+
+// The optimizer state on `tier` against the device, on GPUs: Llama at stage 1, GPT-2 at 2 with
+// accumulation, the UNet at 3 (with `params_too`, also with the parameters in host memory).
+void expect_optimizer_tier_follows_on_gpus(const std::string& tier, bool params_too) {
   comm::Runtime rt;
   const int world = world_size();
   for (const std::string model : {"llama", "gpt2", "unet"}) {
-    SharedDir dir("offload_gpu_" + model);
+    SharedDir dir("offload_gpu_" + tier + "_" + model);
     const std::string data = data_file(dir, model);
     const int stage = model == "llama" ? 1 : model == "gpt2" ? 2 : 3;
     TrainingRun r{model, stage, world};
     r.device = "cuda";
     r.grad_accum = model == "gpt2" ? accumulation() : 1;
     const runtime::TrainResult on_device = run(data, r, rt, MPI_COMM_WORLD, true);
-    r.offload = "cpu";
-    const runtime::TrainResult offloaded = run(data, r, rt, MPI_COMM_WORLD, true);
-    expect_same_trajectory(offloaded, on_device, model + " on GPUs, stage " + std::to_string(stage));
+    r.offload = tier;
+    const std::string what = model + " on GPUs, optimizer on " + tier + ", stage " + std::to_string(stage);
+    expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device, what);
+    if (params_too && stage == 3) {  // the new weights go straight into the pinned host shards
+      r.offload_param = "cpu";
+      expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device, what + ", parameters in host memory");
+    }
   }
+}
+
+}  // namespace
+
+// On GPUs: the device store runs the CUDA AdamW (fused multiply-adds) and the host store the CPU one,
+// and the embedding's backward adds rows with fp32 atomics, so the trajectories agree to 1e-5 rather
+// than bit for bit. The host store walks its staging ring here (pinned memory, a copy stream).
+TEST(OffloadOptimizerGpu, CpuTierFollowsTheDeviceTrajectoryOnGpus) {
+  if (!every_rank_has_a_gpu()) GTEST_SKIP() << "needs one GPU per rank";
+  expect_optimizer_tier_follows_on_gpus("cpu", false);
+}
+
+// The same with the state on NVMe: the gradients come down and the weights go up through the staging
+// ring (pinned buffers), the state through the swap file (O_DIRECT from pinned memory where the
+// temporary directory's file system takes it); at stage 3 also with the parameter tier.
+TEST(OffloadOptimizerGpu, NvmeTierFollowsTheDeviceTrajectoryOnGpus) {
+  if (!every_rank_has_a_gpu()) GTEST_SKIP() << "needs one GPU per rank";
+  expect_optimizer_tier_follows_on_gpus("nvme", true);
 }
 
 // The parameter tier on GPUs: each rank's shards of the compute weights live in pinned host memory;
@@ -133,13 +216,7 @@ TEST(OffloadOptimizerGpu, CpuTierFollowsTheDeviceTrajectoryOnGpus) {
 // upload stream). With the optimizer in host memory the CPU writes the new weights straight into the
 // shards; with the optimizer on the device its kernel writes them through the pinned mapping.
 TEST(OffloadParamsGpu, HostShardsFollowTheDeviceTrajectoryOnGpus) {
-  int all = 0;
-  {
-    comm::Runtime rt;
-    int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size();
-    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  }
-  if (!all) GTEST_SKIP() << "needs one GPU per rank";
+  if (!every_rank_has_a_gpu()) GTEST_SKIP() << "needs one GPU per rank";
   comm::Runtime rt;
   const int world = world_size();
   for (const std::string model : {"llama", "gpt2", "unet"}) {

@@ -66,6 +66,9 @@ struct TrainingRun {
   std::string device = "cpu";
   bool activation_checkpointing = false;
   std::string offload = "none";  // zero_optimization.offload_optimizer.device
+  // zero_optimization.offload_optimizer.nvme_path with offload "nvme"; "" picks the temporary
+  // directory (the swap files are unlinked as they are opened, so nothing is left there).
+  std::string nvme_path;
   std::string offload_param = "none";  // zero_optimization.offload_param.device (stage 3)
   int grad_accum = 1;            // the micro-batch shrinks to keep the global batch
 };
@@ -87,6 +90,9 @@ inline io::Config user_config(const std::string& data, const TrainingRun& r) {
                    {"data", {{"train_files", {data}}, {"val_fraction", 0.0}}},
                    {"checkpoint", {{"dir", r.dir}, {"save_every", r.save_every}, {"keep_last", 0}}},
                    {"training", {{"max_steps", r.max_steps}, {"device", r.device}, {"eval_every", 0}}}};
+  if (r.offload == "nvme")
+    user["zero_optimization"]["offload_optimizer"]["nvme_path"] =
+        r.nvme_path.empty() ? std::filesystem::temp_directory_path().string() : r.nvme_path;
   if (r.model == "unet") {
     std::ifstream in(kUNetDemo);
     io::json demo = io::json::parse(in);
