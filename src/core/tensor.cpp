@@ -112,16 +112,10 @@ Tensor Tensor::flat(int64_t offset, int64_t count) const {
 }
 
 void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes, StreamHandle s) {
-  if (bytes == 0) return;
-  if (dst_dev.is_cpu() && src_dev.is_cpu()) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
+  copy_bytes_async(dst, dst_dev, src, src_dev, bytes, s);
 #ifdef ZP_WITH_CUDA
-  ZP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
-  if (dst_dev.is_cpu()) ZP_CUDA_CHECK(cudaStreamSynchronize(s));  // host code reads it next
-#else
-  ZP_FATAL("device copy in a CPU-only build");
+  // Host code reads a download next.
+  if (bytes > 0 && dst_dev.is_cpu() && !src_dev.is_cpu()) ZP_CUDA_CHECK(cudaStreamSynchronize(s));
 #endif
 }
 

@@ -2,8 +2,10 @@
 // (tokens for the LMs, latents for the demo UNet), its config, and a run of the training loop on a
 // group of ranks. A global batch of kGlobalBatch samples whatever the world size or accumulation.
 #pragma once
+#include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -126,6 +128,24 @@ inline MPI_Comm first_ranks(int n) {
 
 inline std::vector<double> tail(const std::vector<double>& v, size_t from) {
   return from <= v.size() ? std::vector<double>(v.begin() + long(from), v.end()) : std::vector<double>{};
+}
+
+// Two runs on one trajectory up to float rounding: every loss within 1e-5 relative, and the final
+// fp32 parameters within 1e-5 relative RMS. `first_step`: the step before got's first loss (messages).
+inline void expect_same_trajectory(const runtime::TrainResult& got, const runtime::TrainResult& want,
+                                   const std::string& what, int64_t first_step = 0) {
+  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+  for (size_t i = 0; i < want.losses.size(); ++i)
+    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * std::abs(want.losses[i]))
+        << what << " step " << first_step + int64_t(i) + 1;
+  ASSERT_EQ(got.final_params.size(), want.final_params.size()) << what;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.final_params.size(); ++i) {
+    const double d = double(got.final_params[i]) - want.final_params[i];
+    num += d * d;
+    den += double(want.final_params[i]) * want.final_params[i];
+  }
+  EXPECT_LE(std::sqrt(num / den), 1e-5) << what << ": final parameters";
 }
 
 }  // namespace zp::test
