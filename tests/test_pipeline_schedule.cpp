@@ -1,0 +1,114 @@
+#include <gtest/gtest.h>
+
+#include <set>
+#include <tuple>
+
+#include "core/error.h"
+#include "parallel/pipeline_schedule.h"
+
+using namespace zp;
+using namespace zp::parallel;
+
+namespace {
+
+std::vector<std::vector<PipeAction>> all_stages(PipelineScheduleKind k, const PipelineShape& sh) {
+  std::vector<std::vector<PipeAction>> out;
+  for (int s = 0; s < sh.stages; ++s) out.push_back(stage_schedule(k, sh, s));
+  return out;
+}
+
+}  // namespace
+
+TEST(PipelineSchedule, OneFOneBOrderOfTheLastAndFirstStage) {
+  const PipelineShape sh{4, 6, 1};
+  // The last stage alternates from the start; the first warms up with P - 1 forwards.
+  const auto last = stage_schedule(PipelineScheduleKind::OneFOneB, sh, 3);
+  ASSERT_EQ(last.size(), 12u);
+  for (int m = 0; m < 6; ++m) {
+    EXPECT_EQ(last[size_t(2 * m)], (PipeAction{PipeOp::Forward, m, 0}));
+    EXPECT_EQ(last[size_t(2 * m + 1)], (PipeAction{PipeOp::Backward, m, 0}));
+  }
+  const auto first = stage_schedule(PipelineScheduleKind::OneFOneB, sh, 0);
+  const std::vector<PipeAction> want = {
+      {PipeOp::Forward, 0, 0}, {PipeOp::Forward, 1, 0},  {PipeOp::Forward, 2, 0},  {PipeOp::Forward, 3, 0},
+      {PipeOp::Backward, 0, 0}, {PipeOp::Forward, 4, 0}, {PipeOp::Backward, 1, 0}, {PipeOp::Forward, 5, 0},
+      {PipeOp::Backward, 2, 0}, {PipeOp::Backward, 3, 0}, {PipeOp::Backward, 4, 0}, {PipeOp::Backward, 5, 0}};
+  EXPECT_EQ(first, want);
+}
+
+TEST(PipelineSchedule, EveryPassOnceBackwardAfterForwardAndNoDeadlock) {
+  for (auto kind : {PipelineScheduleKind::OneFOneB, PipelineScheduleKind::Interleaved})
+    for (int P : {1, 2, 3, 5})
+      for (int M : {1, 2, 3, 4, 5, 8, 10, 16})
+        for (int V : {1, 2, 3}) {
+          const PipelineShape sh{P, M, V};
+          if ((kind == PipelineScheduleKind::OneFOneB) != (V == 1) || (V > 1 && M % P) || M < P) {
+            EXPECT_THROW(check_schedule(kind, sh), Error);
+            continue;
+          }
+          const auto lists = all_stages(kind, sh);
+          for (int s = 0; s < P; ++s) {
+            std::set<std::tuple<int, int, int>> seen;
+            for (const PipeAction& a : lists[size_t(s)]) {
+              EXPECT_TRUE(seen.insert({int(a.op), a.micro, a.chunk}).second) << "a pass twice";
+              if (a.op == PipeOp::Backward) EXPECT_TRUE(seen.count({int(PipeOp::Forward), a.micro, a.chunk}));
+            }
+            EXPECT_EQ(seen.size(), size_t(2 * M * V));
+          }
+          const ScheduleSimulation sim = simulate(lists, sh);
+          EXPECT_FALSE(sim.deadlocked) << schedule_name(kind) << " P" << P << " M" << M << " V" << V << ": "
+                                       << sim.why;
+        }
+}
+
+TEST(PipelineSchedule, SimulatedBubbleIsTheTheoreticalOne) {
+  // With every chunk's forward costing 1 and backward 2, 1F1B's and the interleaved schedule's
+  // bubbles are exactly (P - 1) / (V M + P - 1).
+  for (auto [kind, P, M, V] : std::vector<std::tuple<PipelineScheduleKind, int, int, int>>{
+           {PipelineScheduleKind::OneFOneB, 2, 4, 1},
+           {PipelineScheduleKind::OneFOneB, 2, 8, 1},
+           {PipelineScheduleKind::OneFOneB, 5, 5, 1},
+           {PipelineScheduleKind::OneFOneB, 5, 16, 1},
+           {PipelineScheduleKind::Interleaved, 2, 8, 2},
+           {PipelineScheduleKind::Interleaved, 4, 8, 2},
+           {PipelineScheduleKind::Interleaved, 5, 10, 3}}) {
+    const PipelineShape sh{P, M, V};
+    const ScheduleSimulation sim = simulate(all_stages(kind, sh), sh);
+    ASSERT_FALSE(sim.deadlocked) << sim.why;
+    EXPECT_NEAR(sim.bubble, theoretical_bubble(kind, sh), 1e-9) << schedule_name(kind) << " P" << P << " M" << M;
+    EXPECT_NEAR(sim.makespan, 3.0 * (V * M + P - 1), 1e-9);
+  }
+}
+
+TEST(PipelineSchedule, TheSimulatorFindsADeadlock) {
+  // Every stage running all its backwards first can never start.
+  const PipelineShape sh{2, 2, 1};
+  std::vector<std::vector<PipeAction>> lists(2);
+  for (auto& l : lists)
+    l = {{PipeOp::Backward, 0, 0}, {PipeOp::Forward, 0, 0}, {PipeOp::Backward, 1, 0}, {PipeOp::Forward, 1, 0}};
+  const ScheduleSimulation sim = simulate(lists, sh);
+  EXPECT_TRUE(sim.deadlocked);
+  EXPECT_NE(sim.why.find("stage 0 waits at its backward of micro-batch 0"), std::string::npos) << sim.why;
+}
+
+TEST(PipelineSchedule, ErrorsNameTheKeys) {
+  auto message = [](PipelineScheduleKind k, PipelineShape sh) {
+    try {
+      check_schedule(k, sh);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message(PipelineScheduleKind::Interleaved, {4, 6, 2}).find("gradient_accumulation_steps (6) must be a "
+                                                                        "multiple of it"),
+            std::string::npos);
+  EXPECT_NE(message(PipelineScheduleKind::Interleaved, {4, 8, 1}).find("pipeline.virtual_stages >= 2"),
+            std::string::npos);
+  EXPECT_NE(message(PipelineScheduleKind::OneFOneB, {4, 8, 2}).find("pipeline.virtual_stages = 2 needs"),
+            std::string::npos);
+  EXPECT_NE(message(PipelineScheduleKind::OneFOneB, {4, 3, 1}).find("gradient_accumulation_steps (the micro-batches "
+                                                                     "per step, 3) >= pipeline.stages (4)"),
+            std::string::npos);
+  EXPECT_THROW(schedule_kind_from("gpipe", "pipeline.schedule"), Error);
+}
