@@ -5,6 +5,7 @@
 // "saved" tag, nn::kSavedTag, never rises) and gives the training forward's logits; the objective is
 // the mean next-token cross-entropy and writes its gradient over the logits.
 #include <cmath>
+#include <map>
 #include <optional>
 
 #include "core/allocator.h"
@@ -192,6 +193,55 @@ void expect_inference_saves_nothing(Device dev, DType dt) {
 }
 
 }  // namespace
+
+// A model cut into pipeline stages (models::LayerSpan), each stage's output fed to the next and the
+// input gradients back, computes the whole model's logits bit for bit and its gradients; a tied
+// embedding's two copies (first stage, last stage's replica) sum to the whole model's gradient.
+TEST(TransformerStages, StagesChainedAreTheWholeModel) {
+  const Device dev = Device::cpu();
+  for (const std::string type : {"gpt2", "llama"}) {
+    auto whole = make_model(type, dev, DType::F32);
+    const models::TransformerConfig cfg = whole->config();
+    // Uneven: the embedding and layer 0; layer 1; no layer, only the head.
+    const std::vector<models::LayerSpan> spans = {{0, 1, true, false}, {1, 2, false, false}, {2, 2, false, true}};
+    std::vector<std::unique_ptr<Transformer>> stages;
+    for (const auto& sp : spans) {
+      stages.push_back(std::make_unique<Transformer>(cfg, dev, DType::F32, nullptr, 1, true, sp));
+      stages.back()->init_random(7, 0.2);
+      for (nn::ParamBlock* b : stages.back()->blocks()) b->zero_grad(nullptr);
+    }
+    EXPECT_EQ(stages[2]->embedding_replica() != nullptr, cfg.tied) << type;
+    EXPECT_EQ(stages[0]->embedding_replica(), nullptr);
+    EXPECT_EQ(stages[1]->blocks().size(), 1u) << "a middle stage holds its layers only";
+    const Batch b = make_batch(5, cfg.vocab, dev);
+
+    const Grads want = run_schedule(*whole, {b}, {ForwardMode::Train}, {"f0", "b0"});
+    std::vector<TransformerActivations> acts(3);
+    stages[0]->forward(b.ids.data<int32_t>(), kB, kT, acts[0], ForwardMode::Train);
+    ASSERT_TRUE(acts[0].hidden.defined());
+    EXPECT_FALSE(acts[0].logits.defined());
+    stages[1]->forward_hidden(acts[0].hidden, kB, kT, acts[1], ForwardMode::TrainCheckpointed);
+    stages[2]->forward_hidden(acts[1].hidden, kB, kT, acts[2], ForwardMode::Train);
+    runtime::CausalLmLoss loss(acts[2].logits, cfg.vocab, b.targets.data<int32_t>(), b.valid, nullptr);
+    EXPECT_EQ(loss.mean(), want.losses[0]) << type;
+    Tensor d = stages[2]->backward(acts[2], loss.backward(acts[2].logits, 2.f));
+    d = stages[1]->backward(acts[1], d);
+    ASSERT_TRUE(d.defined());
+    EXPECT_FALSE(stages[0]->backward(acts[0], d).defined()) << "the first stage has no input gradient";
+
+    std::map<std::string, std::vector<float>> got;
+    for (auto& st : stages)
+      for (nn::ParamBlock* blk : st->blocks()) {
+        std::vector<float> g = download(blk->grads());
+        auto [it, fresh] = got.emplace(blk->name(), g);
+        if (!fresh)  // the tied embedding's replica: the runtime sums the two copies
+          for (size_t i = 0; i < g.size(); ++i) it->second[i] += g[i];
+      }
+    ASSERT_EQ(got.size(), want.blocks.size()) << type;
+    for (size_t k = 0; k < want.blocks.size(); ++k)
+      EXPECT_LE(rel_error(got[want.blocks[k]], want.grads[k]), 1e-6) << type << ": block " << want.blocks[k];
+  }
+}
 
 TEST(TransformerActivations, InterleavedMicroBatchesMatchSequentialCpu) {
   expect_interleaving_changes_nothing(Device::cpu(), DType::F32, 0);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "io/weight_source.h"
 #include "kernels/elementwise.h"
@@ -126,8 +127,13 @@ bool TransformerConfig::hub_transposed(const std::string& name) const {
 int64_t TransformerConfig::num_parameters() const { return count_parameters<int64_t>(*this); }
 
 Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t pad_multiple,
-                         bool allocate)
-    : cfg_(cfg) {
+                         bool allocate, LayerSpan span)
+    : cfg_(cfg), span_(span) {
+  if (span_.end < 0) span_.end = cfg.layers;
+  ZP_CHECK(0 <= span_.begin && span_.begin <= span_.end && span_.end <= cfg.layers, "layer span [", span_.begin, ", ",
+           span_.end, ") of a model with ", cfg.layers, " layers");
+  tied_here_ = cfg.tied && span_.embedding && span_.head;
+  replica_ = cfg.tied && !span_.embedding && span_.head;
   auto place = [&](ParamBlock& b) {
     if (allocate)
       b.allocate(dev, dt, s, pad_multiple);
@@ -143,9 +149,14 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
   wte_ = embed_->add(pre + (gpt2 ? "wte.weight" : "embed_tokens.weight"), {cfg.vocab, C}, false);
   if (cfg.tied) embed_->add_gap((vpad_ - cfg.vocab) * C);  // the head GEMM reads vpad rows
   if (cfg.learned_positions) wpe_ = embed_->add(pre + "wpe.weight", {cfg.max_positions, C}, false);
-  place(*embed_);
+  if (span_.embedding || replica_) {
+    place(*embed_);
+  } else {
+    embed_.reset();
+    wte_ = wpe_ = nullptr;
+  }
 
-  for (int64_t i = 0; i < cfg.layers; ++i) {
+  for (int64_t i = span_.begin; i < span_.end; ++i) {
     Layer l;
     const std::string p = pre + (gpt2 ? "h." : "layers.") + std::to_string(i) + ".";
     l.block = std::make_unique<ParamBlock>("layer" + std::to_string(i));
@@ -198,6 +209,7 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
     layers_.push_back(std::move(l));
   }
 
+  if (!span_.head) return;
   head_ = std::make_unique<ParamBlock>("head");
   Parameter* nw = head_->add(pre + (gpt2 ? "ln_f.weight" : "norm.weight"), {C}, false);
   Parameter* nb = cfg.norm == NormKind::LayerNorm ? head_->add(pre + "ln_f.bias", {C}, false) : nullptr;
@@ -211,9 +223,10 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
 }
 
 std::vector<ParamBlock*> Transformer::blocks() {
-  std::vector<ParamBlock*> b{embed_.get()};
+  std::vector<ParamBlock*> b;
+  if (embed_) b.push_back(embed_.get());
   for (auto& l : layers_) b.push_back(l.block.get());
-  b.push_back(head_.get());
+  if (head_) b.push_back(head_.get());
   return b;
 }
 
@@ -292,6 +305,21 @@ void Transformer::layer_backward(const Layer& l, const Tensor& x_in, Tensor& dre
 }
 
 void Transformer::forward(const int32_t* ids, int64_t B, int64_t T, TransformerActivations& a, ForwardMode mode) {
+  ZP_CHECK(span_.embedding, "forward from token ids on a pipeline stage without the embedding (forward_hidden)");
+  forward_from(ids, Tensor(), B, T, a, mode);
+}
+
+void Transformer::forward_hidden(Tensor hidden_in, int64_t B, int64_t T, TransformerActivations& a,
+                                 ForwardMode mode) {
+  ZP_CHECK(!span_.embedding, "forward_hidden on the stage with the embedding (forward from token ids)");
+  ZP_CHECK(hidden_in.defined() && hidden_in.shape() == Shape({B * T, cfg_.hidden}) && hidden_in.dtype() == ctx_.dt,
+           "forward_hidden: the input must be ", dtype_name(ctx_.dt), "[", B * T, ", ", cfg_.hidden, "], got ",
+           hidden_in.defined() ? hidden_in.str() : std::string("none"));
+  forward_from(nullptr, std::move(hidden_in), B, T, a, mode);
+}
+
+void Transformer::forward_from(const int32_t* ids, Tensor x_in, int64_t B, int64_t T, TransformerActivations& a,
+                               ForwardMode mode) {
   const int64_t N = B * T, C = cfg_.hidden, V = cfg_.vocab;
   ZP_REQUIRE(T <= cfg_.max_positions || !cfg_.learned_positions, "sequence length ", T, " exceeds the model's ",
              cfg_.max_positions, " positions");
@@ -307,13 +335,15 @@ void Transformer::forward(const int32_t* ids, int64_t B, int64_t T, TransformerA
   a.B_ = B;
   a.T_ = T;
   a.ids_ = ids;
-  if (train) a.residual_.reserve(size_t(cfg_.layers + 1));
-  if (mode == ForwardMode::Train) a.layers_.reserve(size_t(cfg_.layers));
+  const size_t L = layers_.size();
+  if (train) a.residual_.reserve(L + 1);
+  if (mode == ForwardMode::Train) a.layers_.reserve(L);
 
-  Tensor x = streams.saved({N, C});
-  {
+  Tensor x = std::move(x_in);
+  if (span_.embedding) {
+    x = streams.saved({N, C});
     // A tied head reads the token embedding again at the end: keep the block until then.
-    if (cfg_.tied && access_) access_->acquire_params(*embed_);
+    if (tied_here_ && access_) access_->acquire_params(*embed_);
     ParamsInUse use(access_, *embed_);
     ZP_KERNEL_CALL(ctx_.dev, embedding_forward, ctx_.s, ctx_.dt, x.data(), ids, wte_->v(), N, C, V,
                    wpe_ ? wpe_->v() : nullptr, T, 0);
@@ -330,15 +360,26 @@ void Transformer::forward(const int32_t* ids, int64_t B, int64_t T, TransformerA
     if (train) a.residual_.push_back(std::move(x));
     x = std::move(y);  // inference: the layer's input is freed
   }
+  if (!span_.head) {
+    if (train) {
+      a.residual_.push_back(x);
+      a.awaiting_backward_ = true;
+    }
+    a.hidden = std::move(x);
+    return;
+  }
   Tensor af = streams.saved({N, C});
   nn::Norm::Saved nf;
   a.logits = transient.act({N, vpad_});
   {
+    // The replica of a tied embedding is used by the head alone.
+    std::optional<ParamsInUse> replica;
+    if (replica_) replica.emplace(access_, *embed_);
     ParamsInUse use(access_, *head_);
     lnf_.forward(streams, af.data(), x.data(), N, nf);
     head_linear_.forward(transient, a.logits.data(), af.data(), N, vpad_);
   }
-  if (cfg_.tied && access_) access_->release_params(*embed_);
+  if (tied_here_ && access_) access_->release_params(*embed_);
   if (train) {
     a.residual_.push_back(std::move(x));
     a.af_ = std::move(af);
@@ -347,30 +388,40 @@ void Transformer::forward(const int32_t* ids, int64_t B, int64_t T, TransformerA
   }
 }
 
-void Transformer::backward(TransformerActivations& a, Tensor dlogits) {
-  ZP_CHECK(a.awaiting_backward_, a.mode_ == ForwardMode::Inference && a.logits.defined()
+Tensor Transformer::backward(TransformerActivations& a, Tensor dout) {
+  ZP_CHECK(a.awaiting_backward_, a.mode_ == ForwardMode::Inference && (a.logits.defined() || a.hidden.defined())
                                      ? "backward after an inference forward (it keeps nothing for one)"
                                      : "backward without a training forward (or a second one of the same forward)");
   const Ctx& c = ctx_;
   const int64_t B = a.B_, T = a.T_, N = B * T, C = cfg_.hidden, V = cfg_.vocab;
-  ZP_CHECK(dlogits.defined() && dlogits.shape() == Shape({N, vpad_}) && dlogits.dtype() == c.dt,
-           "backward: dlogits must be ", dtype_name(c.dt), "[", N, ", ", vpad_, "] (the forward's logits), got ",
-           dlogits.defined() ? dlogits.str() : std::string("none"));
-  a.logits = Tensor();  // usually dlogits' own buffer: it goes with dlogits after the head's backward
-  Tensor daf = c.act({N, C}), dres = c.act({N, C});
-  // The tied embedding receives gradients from the head now and from the lookup at the end.
-  if (cfg_.tied && access_) {
-    access_->acquire_params(*embed_);
-    access_->acquire_grads(*embed_);
+  const Shape want = span_.head ? Shape({N, vpad_}) : Shape({N, C});
+  ZP_CHECK(dout.defined() && dout.shape() == want && dout.dtype() == c.dt, "backward: ",
+           span_.head ? "dlogits" : "the output gradient", " must be ", dtype_name(c.dt), shape_str(want),
+           ", got ", dout.defined() ? dout.str() : std::string("none"));
+  Tensor dres;
+  if (span_.head) {
+    a.logits = Tensor();  // usually dout's own buffer: it goes with dout after the head's backward
+    Tensor daf = c.act({N, C});
+    dres = c.act({N, C});
+    // The tied embedding receives gradients from the head now and, on this stage, from the lookup
+    // at the end; a replica only from the head.
+    if (cfg_.tied && access_) {
+      access_->acquire_params(*embed_);
+      access_->acquire_grads(*embed_);
+    }
+    {
+      ParamsInUse use(access_, *head_);
+      GradsInUse grads(access_, *head_);
+      head_linear_.backward(c, daf.data(), dout.data(), a.af_.data(), N, false, vpad_);
+      dout = Tensor();
+      lnf_.backward(c, dres.data(), daf.data(), a.residual_.back().data(), N, a.nf_, false);
+    }
+    if (cfg_.tied && access_) access_->release_params(*embed_);
+    if (replica_ && access_) access_->release_grads(*embed_);
+  } else {
+    a.hidden = Tensor();
+    dres = std::move(dout);  // the next stage's input gradient becomes this stage's residual gradient
   }
-  {
-    ParamsInUse use(access_, *head_);
-    GradsInUse grads(access_, *head_);
-    head_linear_.backward(c, daf.data(), dlogits.data(), a.af_.data(), N, false, vpad_);
-    dlogits = Tensor();
-    lnf_.backward(c, dres.data(), daf.data(), a.residual_.back().data(), N, a.nf_, false);
-  }
-  if (cfg_.tied && access_) access_->release_params(*embed_);
   for (size_t i = layers_.size(); i-- > 0;) {
     ParamsInUse use(access_, *layers_[i].block);
     GradsInUse grads(access_, *layers_[i].block);
@@ -386,13 +437,18 @@ void Transformer::backward(TransformerActivations& a, Tensor dlogits) {
     sv = LayerSaved();
     a.residual_[i + 1] = Tensor();
   }
+  if (!span_.embedding) {
+    a = TransformerActivations();
+    return dres;  // the gradient of this stage's input
+  }
   {
     GradsInUse grads(access_, *embed_);
     ZP_KERNEL_CALL(c.dev, embedding_backward, c.s, c.dt, wte_->g(), wpe_ ? wpe_->g() : nullptr, dres.data(), a.ids_,
                    N, C, V, T, 0);
   }
-  if (cfg_.tied && access_) access_->release_grads(*embed_);
+  if (tied_here_ && access_) access_->release_grads(*embed_);
   a = TransformerActivations();
+  return Tensor();
 }
 
 }  // namespace zp::models

@@ -56,6 +56,16 @@ struct TransformerConfig {
   bool hub_transposed(const std::string& name) const;
 };
 
+// The part of the model a pipeline stage holds (issue 12): layers [begin, end), the token embedding
+// when `embedding` (the first stage), the final norm and head when `head` (the last stage). A stage
+// with the head but not the embedding of a tied model holds a replica of the embedding block for the
+// head; the runtime sums the two copies' gradients every step so they stay one value. The default
+// is the whole model.
+struct LayerSpan {
+  int64_t begin = 0, end = -1;  // end -1: through the last layer
+  bool embedding = true, head = true;
+};
+
 // What a forward keeps for the backward.
 enum class ForwardMode {
   Train,              // every layer's activations
@@ -77,6 +87,9 @@ class TransformerActivations {
   // after position t of sequence b over the vocabulary; the columns from vocab on are padding (the
   // head's zero rows: 0). The objective may overwrite it with its gradient, in place, for backward().
   Tensor logits;
+  // A stage without the head: its last layer's output [B*T, C] in the model's dtype, the next
+  // stage's input (the same buffer a training backward reads: do not overwrite it).
+  Tensor hidden;
 
   int64_t batch() const { return B_; }
   int64_t seq_len() const { return T_; }
@@ -110,12 +123,16 @@ class Transformer {
   // alignment, so each rank owns an equal slice).
   // allocate = false only lays the blocks out: the ZeRO engine then allocates and fills them one at a
   // time (init_block_random / load_block), so no rank ever holds the whole model.
+  // span: the layers this pipeline stage holds (the whole model by default).
   Transformer(const TransformerConfig& cfg, Device dev, DType dt, StreamHandle s = nullptr, int64_t pad_multiple = 1,
-              bool allocate = true);
+              bool allocate = true, LayerSpan span = {});
   // The engine told about every block's use (ZeRO); nullptr = blocks always resident.
   void set_block_access(nn::BlockAccess* a) { access_ = a; }
   const TransformerConfig& config() const { return cfg_; }
   nn::Ctx ctx() const { return ctx_; }
+  const LayerSpan& span() const { return span_; }
+  // The embedding block when this stage holds it only as the tied head's replica, else nullptr.
+  nn::ParamBlock* embedding_replica() { return replica_ ? embed_.get() : nullptr; }
   std::vector<nn::ParamBlock*> blocks();
   std::vector<nn::Parameter*> parameters();
   nn::Parameter* find(const std::string& name);  // nullptr when absent
@@ -141,12 +158,19 @@ class Transformer {
   // they must live until then. Nothing is synchronised.
   void forward(const int32_t* ids, int64_t B, int64_t T, TransformerActivations& acts,
                ForwardMode mode = ForwardMode::Train);
+  // A stage without the embedding: its input is the previous stage's `hidden` [B*T, C] (kept, and
+  // read again by the backward, so it must not change until then).
+  void forward_hidden(Tensor hidden_in, int64_t B, int64_t T, TransformerActivations& acts,
+                      ForwardMode mode = ForwardMode::Train);
   // dlogits: the gradient of the objective with respect to acts.logits, [B*T, padded_vocab()] in the
   // model's dtype, zero in the padding columns; usually acts.logits itself, overwritten in place by
   // the objective. Gradients accumulate into every block's fp32 gradient buffer. Consumes `acts`
   // (empty afterwards); the logits' buffer is freed as soon as the head's backward is done with it,
   // unless the caller still holds another handle to it.
-  void backward(TransformerActivations& acts, Tensor dlogits);
+  // A stage without the head takes d(acts.hidden) [B*T, C] (overwritten) instead of dlogits; a stage
+  // without the embedding returns the gradient of its input (for the previous stage), others an
+  // empty tensor.
+  Tensor backward(TransformerActivations& acts, Tensor dlogits);
 
  private:
   struct Layer {
@@ -156,12 +180,17 @@ class Transformer {
     nn::Mlp mlp;
   };
   using LayerSaved = TransformerActivations::Layer;
+  void forward_from(const int32_t* ids, Tensor x_in, int64_t B, int64_t T, TransformerActivations& acts,
+                    ForwardMode mode);
   // c.saves: whether what `sv` holds is kept for the backward (tagged apart) or transient.
   void layer_forward(const nn::Ctx& c, const Layer& l, const Tensor& x_in, Tensor& x_out, LayerSaved& sv, int64_t B,
                      int64_t T);
   void layer_backward(const Layer& l, const Tensor& x_in, Tensor& dres, LayerSaved& sv, int64_t B, int64_t T);
 
   TransformerConfig cfg_;
+  LayerSpan span_;
+  bool tied_here_ = false;  // both uses of a tied embedding on this stage (the whole model)
+  bool replica_ = false;    // the embedding block is here for the tied head only
   nn::Ctx ctx_;
   nn::BlockAccess* access_ = nullptr;
   int64_t vpad_ = 0;

@@ -1,0 +1,226 @@
+#include "comm/stage_link.h"
+
+#include <chrono>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "comm/mpi_comm.h"
+#include "comm/topology.h"
+#include "comm/watchdog.h"
+#include "core/error.h"
+
+namespace zp::comm {
+namespace {
+
+constexpr int kMaxTag = 1 << 14;
+
+int mpi_tag(PipeChannel ch, int tag) {
+  ZP_CHECK(tag >= 0 && tag < kMaxTag, "pipeline message tag ", tag, " out of range");
+  return tag * 2 + int(ch);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+class MpiStageLink final : public StageLink {
+ public:
+  explicit MpiStageLink(MPI_Comm pipeline) : timeout_s_(default_timeout_s()) {
+    ZP_MPI_CHECK(MPI_Comm_dup(pipeline, &comm_));
+  }
+  ~MpiStageLink() override {
+    // Every message was waited for (finish()) unless an exception is unwinding; then MPI_Abort follows.
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+
+  void post_recv(PipeChannel ch, Tensor buf, int peer, int tag) override {
+    ZP_CHECK(buf.device().is_cpu(), "MPI pipeline link: host buffers only");
+    const int t = mpi_tag(ch, tag);
+    ZP_CHECK(!recvs_.count(t), "pipeline receive ", tag, " posted twice");
+    Pending& p = recvs_[t];
+    p.buf = std::move(buf);
+    ZP_MPI_CHECK(MPI_Irecv(p.buf.data(), count_of(p.buf), mpi_datatype(p.buf.dtype()), peer, t, comm_, &p.req));
+  }
+
+  Tensor wait_recv(PipeChannel ch, int tag) override {
+    auto it = recvs_.find(mpi_tag(ch, tag));
+    ZP_CHECK(it != recvs_.end(), "pipeline receive ", tag, " was never posted");
+    const auto t0 = std::chrono::steady_clock::now();
+    wait_or_die(&it->second.req, 1, timeout_s_,
+                detail::cat("pipeline receive of ", ch == PipeChannel::Activations ? "activations" : "gradients",
+                            " (message ", tag, ")"));
+    wait_s_ += seconds_since(t0);
+    Tensor out = std::move(it->second.buf);
+    recvs_.erase(it);
+    return out;
+  }
+
+  void send(PipeChannel ch, Tensor buf, int peer, int tag) override {
+    ZP_CHECK(buf.device().is_cpu(), "MPI pipeline link: host buffers only");
+    sends_.push_back({std::move(buf), MPI_REQUEST_NULL});
+    Pending& p = sends_.back();
+    ZP_MPI_CHECK(MPI_Isend(p.buf.data(), count_of(p.buf), mpi_datatype(p.buf.dtype()), peer, mpi_tag(ch, tag), comm_,
+                           &p.req));
+    reap_sends();
+  }
+
+  void finish() override {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& [t, p] : recvs_) wait_or_die(&p.req, 1, timeout_s_, "a pipeline receive");
+    recvs_.clear();
+    for (Pending& p : sends_) wait_or_die(&p.req, 1, timeout_s_, "a pipeline send");
+    sends_.clear();
+    wait_s_ += seconds_since(t0);
+  }
+
+  double take_wait_seconds() override { return std::exchange(wait_s_, 0.0); }
+
+ private:
+  struct Pending {
+    Tensor buf;
+    MPI_Request req = MPI_REQUEST_NULL;
+  };
+  static int count_of(const Tensor& t) {
+    ZP_CHECK(t.numel() < (int64_t(1) << 31), "pipeline message of ", t.numel(), " elements exceeds MPI's int count");
+    return int(t.numel());
+  }
+  // Frees the buffers of sends that have completed, oldest first, so memory stays bounded.
+  void reap_sends() {
+    while (!sends_.empty()) {
+      int done = 0;
+      ZP_MPI_CHECK(MPI_Test(&sends_.front().req, &done, MPI_STATUS_IGNORE));
+      if (!done) break;
+      sends_.erase(sends_.begin());
+    }
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  double timeout_s_;
+  double wait_s_ = 0;
+  std::map<int, Pending> recvs_;
+  std::vector<Pending> sends_;
+};
+
+#ifdef ZP_WITH_CUDA
+// One flow: one channel over one link, its 2-rank communicator and its stream.
+struct Flow {
+  std::unique_ptr<Communicator> comm;
+  Stream stream;
+};
+
+class NcclStageLink final : public StageLink {
+ public:
+  NcclStageLink(MPI_Comm pipeline, bool wraps, Device dev, StreamHandle compute) : compute_(compute) {
+    int rank = 0, size = 1;
+    ZP_MPI_CHECK(MPI_Comm_rank(pipeline, &rank));
+    ZP_MPI_CHECK(MPI_Comm_size(pipeline, &size));
+    rank_ = rank;
+    size_ = size;
+    MPI_Group all;
+    ZP_MPI_CHECK(MPI_Comm_group(pipeline, &all));
+    // Link i joins ranks i (rank 0 of the link's communicators) and i + 1 mod P; every rank creates
+    // the links it is on in increasing i, so two ranks sharing two links (P = 2) agree on the order.
+    const int links = wraps ? size : size - 1;
+    for (int i = 0; i < links; ++i) {
+      const int members[2] = {i, (i + 1) % size};
+      if (rank != members[0] && rank != members[1]) continue;
+      MPI_Group g;
+      MPI_Comm c;
+      ZP_MPI_CHECK(MPI_Group_incl(all, 2, members, &g));
+      ZP_MPI_CHECK(MPI_Comm_create_group(pipeline, g, /*tag=*/i, &c));
+      for (PipeChannel ch : {PipeChannel::Activations, PipeChannel::Gradients}) {
+        Flow f{make_communicator(Backend::Nccl, c), Stream(dev)};
+        flows_[{i, int(ch)}] = std::move(f);
+      }
+      ZP_MPI_CHECK(MPI_Comm_free(&c));
+      ZP_MPI_CHECK(MPI_Group_free(&g));
+    }
+    ZP_MPI_CHECK(MPI_Group_free(&all));
+  }
+
+  ~NcclStageLink() override {
+    for (auto& [k, f] : flows_) f.stream.synchronize();
+  }
+
+  void post_recv(PipeChannel ch, Tensor buf, int peer, int tag) override {
+    Flow& f = flow_to(ch, peer, /*sending=*/false);
+    // The buffer was allocated on the compute stream: the receive may not overwrite it before the
+    // compute stream is done with what that memory held before.
+    Event ready;
+    ready.record(compute_);
+    ready.wait_on(f.stream.handle());
+    f.comm->recv(buf.data(), buf.numel(), buf.dtype(), f.comm->rank() ^ 1, f.stream.handle());
+    Pending& p = recvs_[{int(ch), tag}];
+    p.buf = std::move(buf);
+    p.done = std::make_unique<Event>();
+    p.done->record(f.stream.handle());
+  }
+
+  Tensor wait_recv(PipeChannel ch, int tag) override {
+    auto it = recvs_.find({int(ch), tag});
+    ZP_CHECK(it != recvs_.end(), "pipeline receive ", tag, " was never posted");
+    it->second.done->wait_on(compute_);
+    Tensor out = std::move(it->second.buf);
+    recvs_.erase(it);
+    return out;
+  }
+
+  void send(PipeChannel ch, Tensor buf, int peer, int) override {
+    Flow& f = flow_to(ch, peer, /*sending=*/true);
+    Event ready;
+    ready.record(compute_);
+    ready.wait_on(f.stream.handle());
+    f.comm->send(buf.data(), buf.numel(), buf.dtype(), f.comm->rank() ^ 1, f.stream.handle());
+    sent_.push_back(std::move(buf));  // freed in finish(), after the flow's stream has passed the send
+  }
+
+  void finish() override {
+    for (auto& [k, f] : flows_) f.comm->wait(f.stream.handle());  // polled under the watchdog
+    recvs_.clear();
+    sent_.clear();
+  }
+
+  double take_wait_seconds() override { return 0; }
+
+ private:
+  struct Pending {
+    Tensor buf;
+    std::unique_ptr<Event> done;
+  };
+  // The flow that carries `ch` between this rank and `peer`: activations go from link i's rank i to
+  // rank i + 1, gradients the other way.
+  Flow& flow_to(PipeChannel ch, int peer, bool sending) {
+    const bool downstream = (ch == PipeChannel::Activations) == sending;  // this rank is the link's first
+    const int link = downstream ? rank_ : peer;
+    ZP_CHECK((link + 1) % size_ == (downstream ? peer : rank_), "pipeline link: rank ", peer,
+             " is not the neighbour of rank ", rank_, " for this message");
+    auto it = flows_.find({link, int(ch)});
+    ZP_CHECK(it != flows_.end(), "pipeline link ", link, " was not created (wraps?)");
+    return it->second;
+  }
+
+  StreamHandle compute_;
+  int rank_ = 0, size_ = 1;
+  std::map<std::pair<int, int>, Flow> flows_;  // (link, channel)
+  std::map<std::pair<int, int>, Pending> recvs_;
+  std::vector<Tensor> sent_;
+};
+#endif
+
+}  // namespace
+
+std::unique_ptr<StageLink> make_stage_link(Backend b, MPI_Comm pipeline, bool wraps, Device dev,
+                                           StreamHandle compute) {
+  if (b == Backend::Mpi) return std::make_unique<MpiStageLink>(pipeline);
+#ifdef ZP_WITH_CUDA
+  return std::make_unique<NcclStageLink>(pipeline, wraps, dev, compute);
+#else
+  (void)wraps;
+  (void)dev;
+  (void)compute;
+  throw Error("pipeline stages over NCCL need a build with CUDA");
+#endif
+}
+
+}  // namespace zp::comm
