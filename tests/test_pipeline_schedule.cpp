@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "parallel/pipeline_partition.h"
 #include "parallel/pipeline_schedule.h"
 
 using namespace zp;
@@ -42,7 +43,7 @@ TEST(PipelineSchedule, EveryPassOnceBackwardAfterForwardAndNoDeadlock) {
       for (int M : {1, 2, 3, 4, 5, 8, 10, 16})
         for (int V : {1, 2, 3}) {
           const PipelineShape sh{P, M, V};
-          if ((kind == PipelineScheduleKind::OneFOneB) != (V == 1) || (V > 1 && M % P) || M < P) {
+          if ((kind == PipelineScheduleKind::OneFOneB) != (V == 1) || (V > 1 && (M % P || P < 2)) || M < P) {
             EXPECT_THROW(check_schedule(kind, sh), Error);
             continue;
           }
@@ -111,4 +112,33 @@ TEST(PipelineSchedule, ErrorsNameTheKeys) {
                                                                      "per step, 3) >= pipeline.stages (4)"),
             std::string::npos);
   EXPECT_THROW(schedule_kind_from("gpipe", "pipeline.schedule"), Error);
+}
+
+TEST(PipelinePartition, UniformBalancedAndExplicit) {
+  EXPECT_EQ(uniform_partition(10, 4), (std::vector<int64_t>{0, 3, 6, 8, 10}));
+  // Equal layers, a heavy head: the last chunk gets fewer layers.
+  LayerCosts c{std::vector<double>(8, 1.0), 0.0, 3.0};
+  EXPECT_EQ(balanced_partition(c, 2), (std::vector<int64_t>{0, 5, 8}));
+  // A heavy embedding: the first chunk gets fewer.
+  c = {std::vector<double>(6, 1.0), 4.0, 0.0};
+  EXPECT_EQ(balanced_partition(c, 2), (std::vector<int64_t>{0, 1, 6}));
+  // Uneven layers: the least costly costliest chunk is 4; of the cuts that reach it
+  // (3 | 1 1 1 | 3 1 and 3 1 | 1 1 | 3 1) the earliest.
+  c = {{3, 1, 1, 1, 3, 1}, 0.0, 0.0};
+  EXPECT_EQ(balanced_partition(c, 3), (std::vector<int64_t>{0, 1, 4, 6}));
+  EXPECT_EQ(explicit_partition({2, 5}, 8, 3), (std::vector<int64_t>{0, 2, 5, 8}));
+  EXPECT_EQ(partition_str({0, 2, 5, 8}), "layers [0, 2) | [2, 5) | [5, 8)");
+  auto message = [](auto f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message([] { uniform_partition(3, 4); }).find("4 model chunks, but the model has 3 layers"),
+            std::string::npos);
+  EXPECT_NE(message([] { explicit_partition({5, 5}, 8, 3); }).find("layer 5 cannot start a chunk"), std::string::npos);
+  EXPECT_NE(message([] { explicit_partition({5}, 8, 3); }).find("lists 1 layer boundaries; 3 model chunks need 2"),
+            std::string::npos);
 }

@@ -124,21 +124,31 @@ void GradientReducer::finish() {
   armed_ = false;
 }
 
-double GradientReducer::norm_squared() {
+double GradientReducer::norm_squared(int excluded) {
   if (blocks_.empty()) return 0;
   std::vector<const void*> ptrs;
   std::vector<int64_t> sizes;
   const bool sharded = policy_.shards_gradients();
-  for (Accumulator& a : blocks_) {
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    if (int(i) == excluded) continue;
+    const Accumulator& a = blocks_[i];
     ptrs.push_back(sharded ? a.shard.data() : a.block->grads().data());
     sizes.push_back(sharded ? a.shard_size : a.block->padded());
   }
+  if (ptrs.empty()) return 0;
   const Device dev = blocks_[0].block->device();
   ZP_KERNEL_CALL(dev, l2norm_squared, s_, DType::F32, norm_sq_.data<float>(), ptrs.data(), sizes.data(),
                  int(ptrs.size()));
   if (sharded && dp_)  // each rank holds a part of the sum
     dp_->all_reduce(norm_sq_.data(), norm_sq_.data(), 1, DType::F32, comm::ReduceOp::Sum, s_);
   return double(norm_sq_.to(Device::cpu(), s_).data<float>()[0]);
+}
+
+void GradientReducer::sum_over(size_t i, comm::Communicator& c) {
+  Accumulator& a = blocks_.at(i);
+  const bool sharded = policy_.shards_gradients();
+  void* g = sharded ? a.shard.data() : a.block->grads().data();
+  c.all_reduce(g, g, sharded ? a.shard_size : a.block->padded(), DType::F32, comm::ReduceOp::Sum, s_);
 }
 
 const float* GradientReducer::gradient(size_t i) const {

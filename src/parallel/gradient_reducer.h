@@ -50,8 +50,12 @@ class GradientReducer {
   // collectives. Disarms.
   void finish();
 
-  // Squared L2 norm of the averaged gradients over every block (identical on every rank).
-  double norm_squared();
+  // Squared L2 norm of the averaged gradients over every block but `excluded` (a pipeline stage's
+  // replica of a block another stage counts; -1: none), identical on every rank.
+  double norm_squared(int excluded = -1);
+  // After finish(): adds the same block's gradients of the other members of `c` into block i's
+  // (its owned slice when sharded, else the whole buffer), in place on the compute stream.
+  void sum_over(size_t i, comm::Communicator& c);
   // Block i's averaged gradient for its owned range (fp32, device memory): the optimizer's input.
   const float* gradient(size_t i) const;
 

@@ -28,6 +28,7 @@ void check_schedule(PipelineScheduleKind kind, const PipelineShape& sh) {
                "micro-batches per step, ", sh.micro_batches, ") >= pipeline.stages (", sh.stages, ")");
     return;
   }
+  ZP_REQUIRE(sh.stages >= 2, "pipeline.schedule = \"interleaved\" needs pipeline.stages >= 2, got ", sh.stages);
   ZP_REQUIRE(sh.virtual_stages >= 2, "pipeline.schedule = \"interleaved\" needs pipeline.virtual_stages >= 2, got ",
              sh.virtual_stages);
   ZP_REQUIRE(sh.micro_batches % sh.stages == 0, "pipeline.schedule = \"interleaved\" sends micro-batches through "

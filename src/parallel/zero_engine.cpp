@@ -129,9 +129,21 @@ void ZeroEngine::set_update_in_backward(float grad_scale, double lr) {
 
 void ZeroEngine::finish_gradients() { reducer_->finish(); }
 
-double ZeroEngine::grad_norm_squared() {
+size_t ZeroEngine::index_of(const nn::ParamBlock& b) const {
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    if (blocks_[i] == &b) return i;
+  ZP_FATAL("block ", b.name(), " is not one of the engine's");
+}
+
+void ZeroEngine::sum_gradients_over(const nn::ParamBlock& b, comm::Communicator& c) {
+  ZP_CHECK(!hyper_.step_in_backward, "sum_gradients_over with optimizer.step_in_backward (already updated)");
+  reducer_->sum_over(index_of(b), c);
+}
+
+double ZeroEngine::grad_norm_squared(const nn::ParamBlock* excluded) {
   if (blocks_.empty()) return 0;
-  if (update_norms_.defined()) {  // stepping in the backward: each block's part was taken before its update
+  if (update_norms_.defined()) {
+    ZP_CHECK(!excluded, "a block left out of the norm with optimizer.step_in_backward");  // stepping in the backward: each block's part was taken before its update
     const int64_t n = update_norms_.numel();
     if (dp_) dp_->all_reduce(update_norms_.data(), update_norms_.data(), n, DType::F32, comm::ReduceOp::Sum, s_);
     Tensor h = update_norms_.to(Device::cpu(), s_);
@@ -139,7 +151,7 @@ double ZeroEngine::grad_norm_squared() {
     for (int64_t i = 0; i < n; ++i) sum += double(h.data<float>()[i]);
     return sum;
   }
-  return reducer_->norm_squared();
+  return reducer_->norm_squared(excluded ? int(index_of(*excluded)) : -1);
 }
 
 void ZeroEngine::refresh_compute_weights() {

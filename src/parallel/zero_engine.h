@@ -86,7 +86,13 @@ class ZeroEngine : public nn::BlockAccess {
   void finish_gradients();
   // Squared global L2 norm of the averaged gradients (identical on every rank); inf/nan when a
   // gradient is not finite. Stepping in the backward: of the gradients those updates used.
-  double grad_norm_squared();
+  // `excluded`: a block left out (a pipeline stage's replica of a tied embedding, which the first
+  // stage counts).
+  double grad_norm_squared(const nn::ParamBlock* excluded = nullptr);
+  // Pipeline stages sharing a block (a tied embedding on the first and last stage): after
+  // finish_gradients, adds the other members' gradients of block `b` into this rank's, so every
+  // copy takes the same update. `c` joins the ranks holding the copies (same data coordinate).
+  void sum_gradients_over(const nn::ParamBlock& b, comm::Communicator& c);
   // AdamW on the owned slices; then stages 1/2 all-gather the new compute weights. Not with
   // step_in_backward (the backward has updated every block).
   void step(float grad_scale, double lr);
@@ -123,6 +129,7 @@ class ZeroEngine : public nn::BlockAccess {
   void* weights_out(size_t i) const;
   void update_in_backward(size_t i, const Tensor& grad, StreamHandle cs);
   void refresh_compute_weights();
+  size_t index_of(const nn::ParamBlock& b) const;
 
   ShardingPolicy policy_;
   int world_ = 1, rank_ = 0;

@@ -1,5 +1,7 @@
 #include "runtime/lm_training.h"
 
+#include <algorithm>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -7,6 +9,7 @@
 #include "io/weight_source.h"
 #include "models/activation_estimate.h"
 #include "models/transformer.h"
+#include "parallel/pipeline_partition.h"
 #include "runtime/causal_lm_loss.h"
 #include "runtime/training_driver.h"
 
@@ -30,7 +33,48 @@ Batch make_batch(const io::TokenDataset& ds, uint64_t seed, bool shuffle, int64_
   return b;
 }
 
-class LmTask final : public TrainingTask {
+// The model chunks of this rank (issue 12): the whole model without a pipeline; with one, the
+// global chunks stage, stage + P, ... of the P x V cut by pipeline.partition.
+struct ChunkLayout {
+  std::vector<int64_t> bounds;  // P x V + 1 layer boundaries
+  std::vector<models::LayerSpan> local;  // this rank's chunks, in local order
+};
+
+ChunkLayout chunk_layout(const TrainConfig& cfg, const models::TransformerConfig& m, int stage, int stages) {
+  ChunkLayout c;
+  const int V = int(cfg.virtual_stages), chunks = stages * V;
+  if (chunks == 1) {
+    c.bounds = {0, m.layers};
+  } else if (cfg.pipeline_partition == "layers") {
+    c.bounds = parallel::explicit_partition(cfg.partition_layers, m.layers, chunks);
+  } else if (cfg.pipeline_partition == "uniform") {
+    c.bounds = parallel::uniform_partition(m.layers, chunks);
+  } else {
+    // Every layer is alike; the first chunk carries the embedding, the last the final norm and the
+    // head (a tied head's replica of the embedding counts there too: it is memory).
+    const double C = double(m.hidden), vocab_rows = double(m.vocab) * C;
+    const double layer_params = double(m.num_parameters() - m.vocab * m.hidden -
+                                       (m.learned_positions ? m.max_positions * m.hidden : 0) -
+                                       (m.tied ? 0 : m.vocab * m.hidden)) /
+                                double(m.layers);  // the final norm's few weights ride along
+    parallel::LayerCosts costs;
+    if (cfg.pipeline_partition == "parameters") {
+      costs = {std::vector<double>(size_t(m.layers), layer_params),
+               vocab_rows + (m.learned_positions ? double(m.max_positions) * C : 0.0), vocab_rows};
+    } else {  // "compute": FLOPs per token; the lookup costs nothing, the head its GEMM
+      const double attention = 6.0 * double(cfg.seq_len) * double(m.heads * m.head_dim);
+      costs = {std::vector<double>(size_t(m.layers), 6.0 * layer_params + attention), 0.0, 6.0 * vocab_rows};
+    }
+    c.bounds = parallel::balanced_partition(costs, chunks);
+  }
+  for (int v = 0; v < V; ++v) {
+    const int g = v * stages + stage;
+    c.local.push_back({c.bounds[size_t(g)], c.bounds[size_t(g) + 1], g == 0, g == chunks - 1});
+  }
+  return c;
+}
+
+class LmTask final : public TrainingTask, public PipelineStageModel {
  public:
   LmTask(const TrainConfig& cfg, const TrainingPlace& at)
       : cfg_(cfg), at_(at), train_ds_(cfg.train_files, cfg.seq_len, 0.0, 1.0 - cfg.val_fraction) {
@@ -51,30 +95,112 @@ class LmTask final : public TrainingTask {
     // first drawn, possibly hours in.
     train_ds_.check_vocab(mcfg_.vocab);
     if (!cfg.val_files.empty()) val_ds_->check_vocab(mcfg_.vocab);
+    layout_ = chunk_layout(cfg, mcfg_, at.stage(), at.stages());
   }
 
   std::vector<nn::ParamBlock*> lay_out_model(int64_t pad_multiple) override {
-    model_.emplace(mcfg_, at_.dev, cfg_.dtype, at_.s(), pad_multiple, /*allocate=*/false);
+    std::vector<nn::ParamBlock*> blocks;
+    for (const models::LayerSpan& span : layout_.local) {
+      chunks_.push_back(std::make_unique<models::Transformer>(mcfg_, at_.dev, cfg_.dtype, at_.s(), pad_multiple,
+                                                              /*allocate=*/false, span));
+      for (nn::ParamBlock* b : chunks_.back()->blocks()) blocks.push_back(b);
+    }
     if (cfg_.init == "hub") hub_weights_ = io::WeightSource::open(cfg_.hub_dir, "model");
-    return model_->blocks();
+    return blocks;
   }
+  // Any chunk initialises or loads any block: values depend on the parameter's name only.
   void fill_block(nn::ParamBlock& b) override {
     if (hub_weights_)
-      model_->load_block(*hub_weights_, b);
+      chunks_[0]->load_block(*hub_weights_, b);
     else
-      model_->init_block_random(b, cfg_.seed, cfg_.init_std);
+      chunks_[0]->init_block_random(b, cfg_.seed, cfg_.init_std);
   }
-  void set_block_access(nn::BlockAccess* access) override { model_->set_block_access(access); }
+  void set_block_access(nn::BlockAccess* access) override {
+    for (auto& c : chunks_) c->set_block_access(access);
+  }
+  PipelineStageModel* pipeline_stage() override { return this; }
+  SharedBlock shared_block() override {
+    if (!mcfg_.tied || at_.stages() == 1) return {};
+    for (auto& c : chunks_) {
+      if (nn::ParamBlock* r = c->embedding_replica()) return {r, true};
+      if (c->span().embedding) return {c->blocks().front(), false};
+    }
+    return {};
+  }
+  bool has_shared_blocks() const override { return mcfg_.tied && at_.stages() > 1; }
+  int64_t model_position(const nn::ParamBlock& b) const override {
+    if (b.name() == "embed") return -1;
+    if (b.name() == "head") return mcfg_.layers;
+    return std::stoll(b.name().substr(std::string("layer").size()));
+  }
+
+  // PipelineStageModel: one micro-batch through one local chunk.
+  Tensor boundary_buffer() override {
+    return Tensor::empty({cfg_.micro_batch * cfg_.seq_len, mcfg_.hidden}, cfg_.dtype, at_.dev, "activations", at_.s());
+  }
+  Tensor forward(int chunk, int micro, int64_t, int64_t first, Tensor input, bool train, float loss_scale) override {
+    models::Transformer& m = *chunks_[size_t(chunk)];
+    InFlight& f = in_flight_[{micro, chunk}];
+    f.loss_scale = loss_scale;
+    using models::ForwardMode;
+    const ForwardMode mode = !train                           ? ForwardMode::Inference
+                             : cfg_.activation_checkpointing ? ForwardMode::TrainCheckpointed
+                                                             : ForwardMode::Train;
+    const bool first_chunk = m.span().embedding, last_chunk = m.span().head;
+    if (first_chunk || last_chunk) {
+      const Batch b = train ? make_batch(train_ds_, cfg_.seed, cfg_.shuffle, first, cfg_.micro_batch)
+                            : make_batch(*val_ds_, cfg_.seed, false, first, cfg_.micro_batch);
+      if (first_chunk) f.ids = b.ids.to(at_.dev, at_.s());
+      if (last_chunk) {
+        f.targets = b.targets.to(at_.dev, at_.s());
+        for (int64_t i = 0; i < b.targets.numel(); ++i) f.valid += b.targets.data<int32_t>()[i] >= 0;
+      }
+    }
+    if (first_chunk)
+      m.forward(f.ids.data<int32_t>(), cfg_.micro_batch, cfg_.seq_len, f.acts, mode);
+    else
+      m.forward_hidden(std::move(input), cfg_.micro_batch, cfg_.seq_len, f.acts, mode);
+    if (!last_chunk) {
+      Tensor out = f.acts.hidden;
+      if (!train) in_flight_.erase({micro, chunk});
+      return out;
+    }
+    f.loss.emplace(f.acts.logits, mcfg_.vocab, f.targets.data<int32_t>(), f.valid, at_.s());
+    return Tensor();
+  }
+  Tensor backward(int chunk, int micro, Tensor output_grad) override {
+    models::Transformer& m = *chunks_[size_t(chunk)];
+    InFlight& f = in_flight_.at({micro, chunk});
+    if (m.span().head) output_grad = f.loss->backward(f.acts.logits, f.loss_scale);
+    Tensor din = m.backward(f.acts, std::move(output_grad));
+    if (!m.span().head) in_flight_.erase({micro, chunk});  // the last chunk's loss is read later
+    return din;
+  }
+  double loss(int micro) override {
+    const std::pair<int, int> key{micro, int(chunks_.size()) - 1};
+    const double mean = in_flight_.at(key).loss->mean();
+    in_flight_.erase(key);
+    return mean;
+  }
 
   CheckpointModel checkpoint_model() const override { return {cfg_.config_json, hub_, "transformer"}; }
-  ProgressUnit progress() override { return {"tok", cfg_.seq_len, model_->flops_per_token(cfg_.seq_len)}; }
+  ProgressUnit progress() override { return {"tok", cfg_.seq_len, chunks_[0]->flops_per_token(cfg_.seq_len)}; }
   double activation_bytes() override {
-    return models::transformer_activation_bytes(mcfg_, cfg_.micro_batch, cfg_.seq_len, cfg_.dtype,
-                                                cfg_.activation_checkpointing);
+    const double whole = models::transformer_activation_bytes(mcfg_, cfg_.micro_batch, cfg_.seq_len, cfg_.dtype,
+                                                              cfg_.activation_checkpointing);
+    if (at_.stages() == 1) return whole;
+    // A pipeline stage keeps up to P micro-batches in flight (1F1B's warm-up), each for its layers.
+    int64_t layers = 0;
+    for (const auto& span : layout_.local) layers += span.end - span.begin;
+    return whole * double(layers) / double(mcfg_.layers) * double(std::min<int64_t>(at_.stages(), cfg_.grad_accum));
   }
   std::string describe() override {
+    std::string stages;
+    if (at_.stages() > 1)
+      stages = detail::cat(" | ", at_.stages(), " pipeline stages (", cfg_.pipeline_schedule, ", ",
+                           parallel::partition_str(layout_.bounds), ") x ", at_.data_size(), " data-parallel");
     return detail::cat("model ", mcfg_.model_type, " ", mcfg_.num_parameters() / 1e6, "M parameters, ", mcfg_.layers,
-                       " layers, d=", mcfg_.hidden, " | ", at_.world(), " rank(s) on ", at_.dev.str(), " | ",
+                       " layers, d=", mcfg_.hidden, stages, " | ", at_.world(), " rank(s) on ", at_.dev.str(), " | ",
                        dtype_name(cfg_.dtype), " | global batch ", at_.global_batch, " x ", cfg_.seq_len,
                        " tokens (micro ", cfg_.micro_batch, ", accum ", cfg_.grad_accum, ") | ",
                        train_ds_.num_windows(), " training windows");
@@ -97,13 +223,14 @@ class LmTask final : public TrainingTask {
     int64_t valid = 0;
     for (int64_t i = 0; i < b.targets.numel(); ++i) valid += b.targets.data<int32_t>()[i] >= 0;
     using models::ForwardMode;
+    models::Transformer& model = *chunks_[0];
     models::TransformerActivations acts;
-    model_->forward(ids.data<int32_t>(), cfg_.micro_batch, cfg_.seq_len, acts,
+    model.forward(ids.data<int32_t>(), cfg_.micro_batch, cfg_.seq_len, acts,
                     !train_step                     ? ForwardMode::Inference
                     : cfg_.activation_checkpointing ? ForwardMode::TrainCheckpointed
                                                     : ForwardMode::Train);
     CausalLmLoss lm(acts.logits, mcfg_.vocab, tgt.data<int32_t>(), valid, s);
-    if (train_step) model_->backward(acts, lm.backward(acts.logits, loss_scale));
+    if (train_step) model.backward(acts, lm.backward(acts.logits, loss_scale));
     return lm.mean();  // read after the backward is queued, so the GPU never waits for the host
   }
 
@@ -113,8 +240,18 @@ class LmTask final : public TrainingTask {
   std::optional<io::TokenDataset> val_ds_;
   io::json hub_;
   models::TransformerConfig mcfg_;
-  std::optional<models::Transformer> model_;
+  ChunkLayout layout_;
+  std::vector<std::unique_ptr<models::Transformer>> chunks_;  // one without a pipeline
   std::unique_ptr<io::WeightSource> hub_weights_;
+  // A pipeline's micro-batches between their forward and backward, by (micro, local chunk).
+  struct InFlight {
+    Tensor ids, targets;  // device: the first chunk's input, the last chunk's targets
+    int64_t valid = 0;
+    float loss_scale = 1.f;
+    models::TransformerActivations acts;
+    std::optional<CausalLmLoss> loss;
+  };
+  std::map<std::pair<int, int>, InFlight> in_flight_;
 };
 
 }  // namespace

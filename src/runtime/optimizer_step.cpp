@@ -29,7 +29,7 @@ void begin_micro_step(parallel::ZeroEngine& engine, const LrSchedule& schedule, 
 }
 
 StepUpdate finish_step(parallel::ZeroEngine& engine, LossScaler& scaler, const LrSchedule& schedule, double grad_clip,
-                       float loss_scale) {
+                       float loss_scale, const PipelineGradients* pipeline) {
   StepUpdate u;
   engine.finish_gradients();
   if (engine.updates_in_backward()) {  // the backward has updated every block
@@ -37,7 +37,15 @@ StepUpdate finish_step(parallel::ZeroEngine& engine, LossScaler& scaler, const L
     u.lr = schedule.at(engine.optimizer_steps() - 1);
     return u;
   }
-  u.grad_norm = std::sqrt(engine.grad_norm_squared()) / loss_scale;
+  double norm_sq = 0;
+  if (pipeline) {
+    if (pipeline->tied_group) engine.sum_gradients_over(*pipeline->tied, *pipeline->tied_group);
+    norm_sq = engine.grad_norm_squared(pipeline->tied_is_replica ? pipeline->tied : nullptr);
+    if (pipeline->stages) pipeline->stages->all_reduce(&norm_sq, &norm_sq, 1, DType::F64, comm::ReduceOp::Sum);
+  } else {
+    norm_sq = engine.grad_norm_squared();
+  }
+  u.grad_norm = std::sqrt(norm_sq) / loss_scale;
   u.skipped = scaler.update(!std::isfinite(u.grad_norm));
   u.lr = schedule.at(engine.optimizer_steps());
   if (!u.skipped) {

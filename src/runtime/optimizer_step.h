@@ -25,7 +25,17 @@ struct StepUpdate {
 void begin_micro_step(parallel::ZeroEngine& engine, const LrSchedule& schedule, int64_t micro, int64_t grad_accum,
                       float loss_scale);
 
+// A pipeline stage's part in the update (issue 12): its copy of a tied embedding has its gradients
+// summed with the other stage's copy (the first and the last stage hold one each), and the global
+// norm adds up over the stages, counting the tied block once (the last stage's replica is left out).
+struct PipelineGradients {
+  const nn::ParamBlock* tied = nullptr;  // this stage's copy of the tied embedding, if any
+  comm::Communicator* tied_group = nullptr;  // the two stages holding a copy, at this data coordinate
+  bool tied_is_replica = false;
+  comm::Communicator* stages = nullptr;  // host scalars over the pipeline group (MPI)
+};
+
 StepUpdate finish_step(parallel::ZeroEngine& engine, LossScaler& scaler, const LrSchedule& schedule, double grad_clip,
-                       float loss_scale);
+                       float loss_scale, const PipelineGradients* pipeline = nullptr);
 
 }  // namespace zp::runtime

@@ -2,11 +2,11 @@
 
 #include <chrono>
 #include <cmath>
+#include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "runtime/stop_signals.h"
-#include "runtime/optimizer_step.h"
 
 namespace zp::runtime {
 
@@ -26,11 +26,14 @@ void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t
                const std::function<double(int64_t)>& validate, TrainResult& result) {
   const TrainConfig& cfg = loop.cfg;
   const int64_t micro = cfg.micro_batch, world = loop.data_size, rank = loop.data_rank;
+  // The mean over the ranks that computed `v` (one pipeline stage's data group; every rank without a
+  // pipeline), on every rank.
+  const bool computes_loss = !loop.pipeline || loop.pipeline->last_stage();
   auto dp_mean = [&](double v) {
     if (!loop.ctrl) return v;
-    double out = 0;
-    loop.ctrl->all_reduce(&v, &out, 1, DType::F64, comm::ReduceOp::Avg);
-    return out;
+    double mine = computes_loss ? v : 0.0, out = 0;
+    loop.ctrl->all_reduce(&mine, &out, 1, DType::F64, comm::ReduceOp::Sum);
+    return out / double(world);
   };
   StopSignals signals;
   int64_t bad_in_a_row = 0;
@@ -39,21 +42,35 @@ void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t
     loop.engine.begin_step();
     const float loss_scale = float(loop.scaler.scale());
     double loss = 0;
-    for (int64_t m = 0; m < cfg.grad_accum; ++m) {
-      begin_micro_step(loop.engine, loop.schedule, m, cfg.grad_accum, loss_scale);
-      const int64_t first = loop.checkpoints.first_sample(step) + m * micro * world + rank * micro;
-      loss += train(step, first, loss_scale / float(cfg.grad_accum)) / double(cfg.grad_accum);
+    auto first_of = [&](int64_t m) { return loop.checkpoints.first_sample(step) + m * micro * world + rank * micro; };
+    if (loop.pipeline) {
+      std::vector<int64_t> firsts;
+      for (int64_t m = 0; m < cfg.grad_accum; ++m) firsts.push_back(first_of(m));
+      loss = loop.pipeline->train(step, firsts, loss_scale / float(cfg.grad_accum));
+    } else {
+      for (int64_t m = 0; m < cfg.grad_accum; ++m) {
+        begin_micro_step(loop.engine, loop.schedule, m, cfg.grad_accum, loss_scale);
+        loss += train(step, first_of(m), loss_scale / float(cfg.grad_accum)) / double(cfg.grad_accum);
+      }
     }
-    const StepUpdate upd = finish_step(loop.engine, loop.scaler, loop.schedule, cfg.grad_clip, loss_scale);
+    const StepUpdate upd =
+        finish_step(loop.engine, loop.scaler, loop.schedule, cfg.grad_clip, loss_scale, loop.pipeline_grads);
     if (loop.s) stream_synchronize(loop.s);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     loss = dp_mean(loss);
     result.losses.push_back(loss);
     double val = NAN;
     if (validate && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.max_steps)) {
-      double sum = 0;
-      for (int64_t e = 0; e < cfg.eval_batches; ++e) sum += validate((e * world + rank) * micro);
-      val = dp_mean(sum / double(cfg.eval_batches));
+      double mean = 0;
+      if (loop.pipeline) {
+        std::vector<int64_t> firsts;
+        for (int64_t e = 0; e < cfg.eval_batches; ++e) firsts.push_back((e * world + rank) * micro);
+        mean = loop.pipeline->validate(firsts);
+      } else {
+        for (int64_t e = 0; e < cfg.eval_batches; ++e) mean += validate((e * world + rank) * micro);
+        mean /= double(cfg.eval_batches);
+      }
+      val = dp_mean(mean);
       result.val_losses.push_back(val);
     }
     loop.reporter.report(step + 1, loss, upd.lr, upd.grad_norm, secs, upd.skipped, loss_scale, val);

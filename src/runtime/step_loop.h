@@ -1,6 +1,7 @@
 // The step loop of the training driver (runtime/training_driver.h): per step, the micro-steps of
-// gradient accumulation (the engine told which one completes the step), the optimizer (finish_step),
-// the loss averaged over the data group, validation every training.eval_every steps and after the
+// gradient accumulation (the engine told which one completes the step; a pipeline stage's schedule
+// runs them instead), the optimizer (finish_step), the loss averaged over the data group (of the
+// last pipeline stage, the one that computes it), the same on every rank, validation every training.eval_every steps and after the
 // last, the progress report and the checkpoints. The model side comes in as two callbacks, the
 // family's (runtime/training_task.h) batches and objective.
 #pragma once
@@ -12,6 +13,8 @@
 #include "runtime/loop_checkpoints.h"
 #include "runtime/loss_scaler.h"
 #include "runtime/lr_schedule.h"
+#include "runtime/optimizer_step.h"
+#include "runtime/pipeline_step.h"
 #include "runtime/step_report.h"
 #include "runtime/train_config.h"
 #include "runtime/train_result.h"
@@ -25,9 +28,13 @@ struct StepLoop {
   const LrSchedule& schedule;
   LoopCheckpoints& checkpoints;
   StepReporter& reporter;
-  comm::Communicator* ctrl;  // host scalars over the data group; nullptr for a single rank
+  comm::Communicator* ctrl;  // host scalars over all of the run's ranks; nullptr for a single rank
   int data_rank, data_size;  // which samples this rank reads
   StreamHandle s;
+  // A pipelined run (issue 12): the stage's schedule runs each step's micro-batches, and the update
+  // takes the stages' gradients together; only the last stage computes losses.
+  PipelineStep* pipeline = nullptr;
+  const PipelineGradients* pipeline_grads = nullptr;
 };
 
 // Position `first` is a global index into the sample order. train(step, first, loss_scale) runs one

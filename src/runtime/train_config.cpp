@@ -10,6 +10,7 @@
 #include "io/weight_source.h"
 #include "models/transformer.h"
 #include "models/unet.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace zp::runtime {
 
@@ -41,6 +42,8 @@ const io::json& train_config_schema() {
                                             "buffer_count": 5, "buffer_size": 1e8, "max_in_cpu": 1e9},
                           "overlap_comm": true, "contiguous_gradients": true, "reduce_bucket_size": 5e8,
                           "allgather_bucket_size": 5e8, "stage3_prefetch_bucket_size": 5e8},
+    "pipeline": {"stages": 1, "schedule": "1f1b", "virtual_stages": 1, "partition": "parameters",
+                 "keep_gathered": false},
     "aio": {"block_size": 1048576, "queue_depth": 8, "thread_count": 1, "single_submit": false,
             "overlap_events": true},
     "model": {"type": "transformer", "config": null, "hub_dir": "", "init": "random", "init_std": 0.02,
@@ -134,6 +137,46 @@ void read_offload(io::ConfigReader& r, TrainConfig& t) {
   }
 }
 
+// The pipeline section: what can be checked without the model or the world size (the layer count
+// and the world's divisibility are checked when training starts).
+void read_pipeline(io::ConfigReader& r, TrainConfig& t) {
+  t.pipeline_stages = r.integer("pipeline.stages", 1, 4096);
+  t.virtual_stages = r.integer("pipeline.virtual_stages", 1, 64);
+  t.pipeline_schedule = r.one_of("pipeline.schedule", {"1f1b", "interleaved"},
+                                 "(zero-bubble \"zb-h1\" is not implemented yet)");
+  const io::json& part = r.value("pipeline.partition");
+  if (part.is_array()) {
+    t.pipeline_partition = "layers";
+    bool ok = true;
+    for (const io::json& v : part) {
+      ok = ok && v.is_number_integer() && v.get<int64_t>() > (t.partition_layers.empty() ? 0 : t.partition_layers.back());
+      if (ok) t.partition_layers.push_back(v.get<int64_t>());
+    }
+    const size_t want = size_t(t.pipeline_stages * t.virtual_stages - 1);
+    if (!ok)
+      r.reject("pipeline.partition", "must be \"parameters\", \"uniform\", \"compute\" or a strictly increasing "
+               "list of positive layer indices (the first layer of every model chunk after the first)");
+    else
+      r.require(t.partition_layers.size() == want,
+                "pipeline.partition lists " + std::to_string(t.partition_layers.size()) + " layer boundaries; " +
+                    std::to_string(t.pipeline_stages) + " stages x " + std::to_string(t.virtual_stages) +
+                    " virtual stages need " + std::to_string(want));
+  } else {
+    t.pipeline_partition = r.one_of("pipeline.partition", {"parameters", "uniform", "compute"});
+  }
+  r.require(!r.boolean("pipeline.keep_gathered"), "pipeline.keep_gathered = true is not implemented yet (each "
+            "micro-batch gathers a ZeRO-3 stage's weights again)");
+  try {
+    parallel::check_schedule(parallel::schedule_kind_from(t.pipeline_schedule, "pipeline.schedule"),
+                             {int(t.pipeline_stages), int(t.grad_accum), int(t.virtual_stages)});
+  } catch (const Error& e) {
+    r.require(false, e.what());
+  }
+  r.require(!t.step_in_backward || t.pipeline_stages == 1,
+            "optimizer.step_in_backward with pipeline.stages > 1: a tied embedding's two copies must add their "
+            "gradients before the update, which the backward cannot wait for");
+}
+
 }  // namespace
 
 TrainConfig TrainConfig::read(io::ConfigReader& r, const std::string& model_type) {
@@ -190,6 +233,7 @@ TrainConfig TrainConfig::read(io::ConfigReader& r, const std::string& model_type
     r.require(!t.fp16, "optimizer.step_in_backward cannot skip an fp16 overflow step: use bf16.enabled or fp32");
   }
   read_offload(r, t);
+  read_pipeline(r, t);
 
   t.model_type = r.one_of("model.type", {model_type},
                           model_type == "unet" ? "diffusion training" : "or \"unet\" for diffusion training");

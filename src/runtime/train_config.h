@@ -40,6 +40,12 @@ struct TrainConfig {
   int64_t offload_optimizer_buffer_count = 4, offload_param_buffer_count = 5;
   int64_t aio_block_size = 1 << 20, aio_queue_depth = 8, aio_thread_count = 1;
   bool overlap_comm = true;  // collectives on a communication stream (GPUs)
+  // pipeline (issue 12): stages P (world = P x data-parallel size), the schedule, model chunks per
+  // stage (interleaved), and how layers are cut: "parameters" | "uniform" | "compute", or the first
+  // layer of every chunk after the first (partition_layers).
+  int64_t pipeline_stages = 1, virtual_stages = 1;
+  std::string pipeline_schedule = "1f1b", pipeline_partition = "parameters";
+  std::vector<int64_t> partition_layers;
   // model
   std::string model_type = "transformer";
   io::json hub_config;       // inline config.json

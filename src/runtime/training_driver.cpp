@@ -11,6 +11,7 @@
 #include "core/cpu_share.h"
 #include "core/log.h"
 #include "parallel/nvme_state_store.h"
+#include "parallel/pipeline_schedule.h"
 #include "parallel/zero_engine.h"
 #include "runtime/loop_checkpoints.h"
 #include "runtime/loss_scaler.h"
@@ -45,6 +46,45 @@ std::string rank_device_map(MPI_Comm comm, Device dev) {
   return out;
 }
 
+// Every stage's master weights (`mine`: this stage's blocks in order, as ZeroEngine::gather_master
+// gives them) in the whole model's order, on every rank (tests; small models only): blocks sorted by
+// their position in the model, a replica left out.
+std::vector<float> gather_stages(const std::vector<float>& mine, const TrainingPlace& at,
+                                 const nn::ParamBlock* replica, const std::vector<nn::ParamBlock*>& blocks,
+                                 PipelineStageModel& stage) {
+  std::vector<double> keyed;  // per block: key, size, values...
+  size_t at_elem = 0;
+  for (const nn::ParamBlock* b : blocks) {
+    int64_t n = 0;
+    for (const auto& p : b->params()) n += p->numel();
+    if (b != replica) {
+      keyed.push_back(double(stage.model_position(*b)));
+      keyed.push_back(double(n));
+      keyed.insert(keyed.end(), mine.begin() + long(at_elem), mine.begin() + long(at_elem + size_t(n)));
+    }
+    at_elem += size_t(n);
+  }
+  const MPI_Comm stages = at.topology->mpi_comm(comm::Group::Pipeline);
+  int count = int(keyed.size());
+  std::vector<int> counts(size_t(at.stages())), displs(size_t(at.stages()), 0);
+  ZP_MPI_CHECK(MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, stages));
+  for (size_t r = 1; r < counts.size(); ++r) displs[r] = displs[r - 1] + counts[r - 1];
+  std::vector<double> all(size_t(displs.back() + counts.back()));
+  ZP_MPI_CHECK(MPI_Allgatherv(keyed.data(), count, MPI_DOUBLE, all.data(), counts.data(), displs.data(), MPI_DOUBLE,
+                              stages));
+  std::vector<std::pair<double, std::pair<size_t, size_t>>> pieces;  // key, (offset, size)
+  for (size_t i = 0; i < all.size();) {
+    const size_t n = size_t(all[i + 1]);
+    pieces.push_back({all[i], {i + 2, n}});
+    i += 2 + n;
+  }
+  std::sort(pieces.begin(), pieces.end());
+  std::vector<float> out;
+  for (const auto& [key, piece] : pieces)
+    for (size_t k = 0; k < piece.second; ++k) out.push_back(float(all[piece.first + k]));
+  return out;
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, bool return_params,
@@ -53,6 +93,12 @@ TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm gro
   // The task reads its data and model config first: a bad file is reported before any communicator
   // or model memory exists.
   const std::unique_ptr<TrainingTask> task = make_task(at);
+  PipelineStageModel* stage_model = at.stages() > 1 ? task->pipeline_stage() : nullptr;
+  ZP_REQUIRE(at.stages() == 1 || stage_model, "pipeline.stages = ", at.stages(), ": the ",
+             task->checkpoint_model().model_family, " family cannot run in pipeline stages yet");
+  ZP_REQUIRE(at.stages() == 1 || (cfg.checkpoint_dir.empty() && cfg.resume.empty()),
+             "pipeline.stages = ", at.stages(), " with checkpoint.dir or --resume: pipelined checkpoints are not "
+             "implemented yet");
   const TrainingComms comms = make_training_comms(at);
   const StreamHandle s = at.s();
 
@@ -84,6 +130,36 @@ TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm gro
   task->set_block_access(&engine);
   engine.set_overlap_comm(cfg.overlap_comm);
 
+  // A pipeline stage: its schedule, and the stages' part in the update.
+  std::unique_ptr<PipelineStep> pipeline;
+  PipelineGradients pipeline_grads;
+  std::unique_ptr<comm::MpiComm> stage_scalars;
+  std::unique_ptr<comm::Communicator> tied_copies;
+  if (stage_model) {
+    pipeline = std::make_unique<PipelineStep>(
+        parallel::schedule_kind_from(cfg.pipeline_schedule, "pipeline.schedule"),
+        parallel::PipelineShape{at.stages(), int(cfg.grad_accum), int(cfg.virtual_stages)}, at.stage(), *comms.stages,
+        engine, *stage_model);
+    stage_scalars = std::make_unique<comm::MpiComm>(at.topology->mpi_comm(comm::Group::Pipeline));
+    pipeline_grads.stages = stage_scalars.get();
+    if (stage_model->has_shared_blocks()) {
+      // The first and the last stage at each data coordinate hold the tied embedding's two copies.
+      const bool holds = at.stage() == 0 || at.stage() + 1 == at.stages();
+      MPI_Comm pair = MPI_COMM_NULL;
+      ZP_MPI_CHECK(MPI_Comm_split(at.topology->mpi_comm(comm::Group::World), holds ? at.data_rank() : MPI_UNDEFINED,
+                                  at.stage(), &pair));
+      if (holds) {
+        tied_copies = comm::make_communicator(at.dev.is_cuda() ? comm::Backend::Nccl : comm::Backend::Mpi, pair);
+        ZP_MPI_CHECK(MPI_Comm_free(&pair));
+        const PipelineStageModel::SharedBlock shared = stage_model->shared_block();
+        ZP_CHECK(shared.block, "stage ", at.stage(), " holds no copy of the tied embedding");
+        pipeline_grads.tied = shared.block;
+        pipeline_grads.tied_is_replica = shared.replica;
+        pipeline_grads.tied_group = tied_copies.get();
+      }
+    }
+  }
+
   LrSchedule sched{cfg.scheduler, cfg.lr, cfg.min_lr_ratio, cfg.warmup_steps, cfg.total_steps};
   LossScaler scaler(cfg.fp16, cfg.initial_scale, cfg.min_scale, cfg.scale_window, cfg.hysteresis);
   TrainResult result;
@@ -106,10 +182,17 @@ TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm gro
 
   std::function<double(int64_t)> validate;
   if (task->has_validation()) validate = [&](int64_t first) { return task->validation_loss(first); };
-  run_steps({cfg, engine, scaler, sched, checkpoints, reporter, comms.control.get(), at.data_rank(), at.data_size(), s},
+  run_steps({cfg, engine, scaler, sched, checkpoints, reporter, comms.control.get(), at.data_rank(), at.data_size(), s,
+             pipeline.get(), stage_model ? &pipeline_grads : nullptr},
             [&](int64_t step, int64_t first, float scale) { return task->micro_step(step, first, scale); }, validate,
             result);
-  if (return_params) result.final_params = engine.gather_master();
+  if (return_params) {
+    result.final_params = engine.gather_master();
+    if (stage_model)
+      result.final_params = gather_stages(result.final_params, at,
+                                          pipeline_grads.tied_is_replica ? pipeline_grads.tied : nullptr, blocks,
+                                          *stage_model);
+  }
   return result;
 }
 

@@ -2,9 +2,9 @@
 // (tensor innermost, then data, pipeline outermost: comm/topology.h), the device training.device
 // picks with its stream, the global batch, and the communicators over the topology's groups.
 //
-// Today every run is data-parallel only: the data group is all of the run's ranks, the tensor and
-// pipeline groups one rank each, so no configuration key sets them yet. The global batch is what the
-// data group processes per step.
+// pipeline.stages P splits the world into P stages of world / P data-parallel ranks each (issue 12);
+// the tensor group is one rank (no key sets it yet). The global batch is what the data group
+// processes per step: the stages of a pipeline work on the same samples.
 #pragma once
 #include <mpi.h>
 
@@ -14,6 +14,7 @@
 #include "comm/bootstrap.h"
 #include "comm/communicator.h"
 #include "comm/mpi_comm.h"
+#include "comm/stage_link.h"
 #include "comm/topology.h"
 #include "core/device.h"
 #include "runtime/train_config.h"
@@ -33,6 +34,9 @@ struct TrainingPlace {
   int world() const { return topology->layout().world_size(); }
   int data_rank() const { return topology->group_rank(comm::Group::Data); }
   int data_size() const { return topology->group_size(comm::Group::Data); }
+  int stage() const { return topology->group_rank(comm::Group::Pipeline); }
+  int stages() const { return topology->group_size(comm::Group::Pipeline); }
+  bool wraps = false;  // the last stage sends to the first (interleaved schedules)
 };
 
 // Lays out the ranks of `group` (MPI_COMM_NULL: the whole world; collective over it), picks the
@@ -40,10 +44,11 @@ struct TrainingPlace {
 TrainingPlace place_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group);
 
 // The run's communicators, one per group of the topology that has more than one rank (none for a
-// single rank): tensors on the device's backend (NCCL on GPUs, MPI on CPUs), and host scalars
-// (losses, stop signals) over MPI in the data group.
+// single rank): tensors on the device's backend (NCCL on GPUs, MPI on CPUs), the pipeline stage's
+// links to its neighbours, and host scalars (losses, stop signals) over MPI in the whole run.
 struct TrainingComms {
-  std::unique_ptr<comm::Communicator> data, tensor, pipeline;
+  std::unique_ptr<comm::Communicator> data, tensor;
+  std::unique_ptr<comm::StageLink> stages;
   std::unique_ptr<comm::MpiComm> control;
 };
 TrainingComms make_training_comms(const TrainingPlace& at);

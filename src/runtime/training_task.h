@@ -17,6 +17,7 @@
 #include "nn/block_access.h"
 #include "nn/parameter.h"
 #include "runtime/checkpoint.h"
+#include "runtime/pipeline_step.h"
 
 namespace zp::runtime {
 
@@ -58,6 +59,10 @@ class TrainingTask {
   // micro-batch at `first` (forward and objective only).
   virtual bool has_validation() const = 0;
   virtual double validation_loss(int64_t first) = 0;
+
+  // A family that can run as pipeline stages (issue 12) returns its stage's chunks; nullptr: the
+  // family cannot (pipeline.stages > 1 is refused for it).
+  virtual PipelineStageModel* pipeline_stage() { return nullptr; }
 };
 
 }  // namespace zp::runtime

@@ -1,0 +1,108 @@
+#include "runtime/pipeline_step.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+
+namespace zp::runtime {
+
+using comm::PipeChannel;
+using parallel::PipeAction;
+using parallel::PipeOp;
+
+namespace {
+
+constexpr int kMaxTag = 1 << 14;  // comm::StageLink's tag range
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+PipelineStep::PipelineStep(parallel::PipelineScheduleKind kind, parallel::PipelineShape shape, int stage,
+                           comm::StageLink& link, parallel::ZeroEngine& engine, PipelineStageModel& model)
+    : kind_(kind), shape_(shape), stage_(stage), link_(link), engine_(engine), model_(model) {
+  ZP_REQUIRE(int64_t(shape.micro_batches) * shape.chunks() < kMaxTag, "gradient_accumulation_steps ",
+             shape.micro_batches, " x ", shape.chunks(), " model chunks is too many pipeline messages per step (at most ",
+             kMaxTag - 1, ")");
+  train_passes_ = parallel::stage_schedule(kind, shape, stage);
+}
+
+double PipelineStep::train(int64_t step, const std::vector<int64_t>& firsts, float loss_scale) {
+  ZP_CHECK(int(firsts.size()) == shape_.micro_batches, "PipelineStep::train: ", firsts.size(), " micro-batches for ",
+           shape_.micro_batches);
+  return run(train_passes_, step, firsts, true, loss_scale) / double(firsts.size());
+}
+
+double PipelineStep::validate(const std::vector<int64_t>& firsts) {
+  // Groups of micro-batches small enough that their tags stay in range.
+  const size_t group = size_t(std::max(1, (kMaxTag - 1) / shape_.chunks()));
+  double sum = 0;
+  StageTimes total;
+  for (size_t b = 0; b < firsts.size(); b += group) {
+    const std::vector<int64_t> part(firsts.begin() + long(b), firsts.begin() + long(std::min(firsts.size(), b + group)));
+    parallel::PipelineShape sh = shape_;
+    sh.micro_batches = int(part.size());
+    sum += run(parallel::forward_schedule(sh), 0, part, false, 1.f);
+    total.busy += times_.busy;
+    total.waiting += times_.waiting;
+  }
+  times_ = total;
+  return firsts.empty() ? 0.0 : sum / double(firsts.size());
+}
+
+double PipelineStep::run(const std::vector<PipeAction>& passes, int64_t step, const std::vector<int64_t>& firsts,
+                         bool train, float loss_scale) {
+  const int P = shape_.stages, C = shape_.chunks(), M = int(firsts.size());
+  const int prev = (stage_ + P - 1) % P, next = (stage_ + 1) % P;
+  auto global = [&](const PipeAction& a) { return shape_.global_chunk(stage_, a.chunk); };
+  // Posts the receive pass k needs, if any: a forward's input from the previous chunk, a backward's
+  // output gradient from the next.
+  auto post = [&](size_t k) {
+    if (k >= passes.size()) return;
+    const PipeAction& a = passes[k];
+    const int g = global(a);
+    if (a.op == PipeOp::Forward && g > 0)
+      link_.post_recv(PipeChannel::Activations, model_.boundary_buffer(), prev, a.micro * C + g);
+    else if (a.op == PipeOp::Backward && g + 1 < C)
+      link_.post_recv(PipeChannel::Gradients, model_.boundary_buffer(), next, a.micro * C + g);
+  };
+  times_ = StageTimes();
+  link_.take_wait_seconds();
+  double busy = 0;
+  post(0);
+  for (size_t k = 0; k < passes.size(); ++k) {
+    post(k + 1);
+    const PipeAction& a = passes[k];
+    const int g = global(a);
+    if (a.op == PipeOp::Forward) {
+      Tensor in;
+      if (g > 0) in = link_.wait_recv(PipeChannel::Activations, a.micro * C + g);
+      const auto t0 = std::chrono::steady_clock::now();
+      Tensor out = model_.forward(a.chunk, a.micro, step, firsts[size_t(a.micro)], std::move(in), train, loss_scale);
+      busy += seconds_since(t0);
+      if (g + 1 < C) link_.send(PipeChannel::Activations, std::move(out), next, a.micro * C + g + 1);
+    } else {
+      Tensor dout;
+      if (g + 1 < C) dout = link_.wait_recv(PipeChannel::Gradients, a.micro * C + g);
+      // A chunk's last backward of the step completes its blocks' gradients (stages 0/1 reduce them
+      // as each block finishes; the other chunks' blocks go on accumulating).
+      engine_.begin_micro_step(a.micro == M - 1);
+      const auto t0 = std::chrono::steady_clock::now();
+      Tensor din = model_.backward(a.chunk, a.micro, std::move(dout));
+      busy += seconds_since(t0);
+      if (g > 0) link_.send(PipeChannel::Gradients, std::move(din), prev, a.micro * C + g - 1);
+    }
+  }
+  link_.finish();
+  times_.busy = busy;
+  times_.waiting = link_.take_wait_seconds();
+  double loss = 0;
+  if (last_stage())
+    for (int m = 0; m < M; ++m) loss += model_.loss(m);
+  return loss;
+}
+
+}  // namespace zp::runtime

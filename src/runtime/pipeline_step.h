@@ -1,0 +1,94 @@
+// A pipelined training step (issue 12): this rank is one stage of P; it runs its schedule's passes
+// (parallel/pipeline_schedule.h) over the step's M micro-batches, receiving each chunk's input from
+// the stage before and its output gradient from the stage after through the StageLink, and tells the
+// ZeRO engine which backward completes each chunk's gradients (stages 0/1 reduce them then). The
+// update itself is the driver's (runtime/optimizer_step.h finish_step with PipelineGradients).
+//
+// Receives are posted one pass ahead, so a message's transfer overlaps the pass before the one that
+// needs it; sends never wait.
+//
+// Messages carry tag micro * C + the global chunk that receives them (C = P x V chunks), unique per
+// channel within a step; validation runs its micro-batches in groups that keep tags in range.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "comm/stage_link.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/zero_engine.h"
+
+namespace zp::runtime {
+
+// What a model family brings to a pipelined step: the forward and backward of its local model
+// chunks, one micro-batch at a time. The family keeps each (micro, chunk)'s activations from the
+// forward to the backward, and the last chunk's objective.
+class PipelineStageModel {
+ public:
+  virtual ~PipelineStageModel() = default;
+  // A fresh buffer of the tensor that passes between chunks for one micro-batch (receives land in it).
+  virtual Tensor boundary_buffer() = 0;
+  // Local chunk `chunk`'s forward of the micro-batch at global sample `first` (`step` keys any
+  // per-step draws): `input` is the previous chunk's output, empty for the model's first chunk (which
+  // reads the batch). Returns the output for the next chunk; the model's last chunk applies the
+  // objective (its gradient scaled by `loss_scale` when training) and returns an empty tensor.
+  // `train` = false keeps nothing for a backward.
+  virtual Tensor forward(int chunk, int micro, int64_t step, int64_t first, Tensor input, bool train,
+                         float loss_scale) = 0;
+  // The backward of (micro, chunk): `output_grad` is the next chunk's input gradient (empty for the
+  // model's last chunk: the objective's). Returns this chunk's input gradient (empty for the model's
+  // first chunk).
+  virtual Tensor backward(int chunk, int micro, Tensor output_grad) = 0;
+  // The model's last chunk: micro-batch `micro`'s mean loss (read after its backward is queued).
+  virtual double loss(int micro) = 0;
+
+  // A block held by two stages (a tied embedding: the first stage's, and the last stage's replica
+  // for the head), whose gradients the update sums (runtime/optimizer_step.h PipelineGradients).
+  struct SharedBlock {
+    const nn::ParamBlock* block = nullptr;  // this stage's copy, if it holds one
+    bool replica = false;                   // the copy another stage's norm and checkpoint count
+  };
+  // Where block `b` sits in the whole model: blocks sorted by it are in the whole model's order.
+  virtual int64_t model_position(const nn::ParamBlock& b) const = 0;
+  // Whether the model has such a block (the same answer on every rank).
+  virtual bool has_shared_blocks() const = 0;
+  virtual SharedBlock shared_block() = 0;
+};
+
+// Host seconds of the stage's last step (or validation): passes enqueued or run, and blocked on the
+// link. On the CPU the passes run on the host, so `busy / (busy + waiting)` is the stage's measured
+// share of useful work and `waiting` its bubble plus transfers.
+struct StageTimes {
+  double busy = 0, waiting = 0;
+};
+
+class PipelineStep {
+ public:
+  PipelineStep(parallel::PipelineScheduleKind kind, parallel::PipelineShape shape, int stage, comm::StageLink& link,
+               parallel::ZeroEngine& engine, PipelineStageModel& model);
+
+  const parallel::PipelineShape& shape() const { return shape_; }
+  bool last_stage() const { return stage_ + 1 == shape_.stages; }
+
+  // Runs the step's passes; firsts[m] is micro-batch m's first global sample. Returns the mean loss
+  // over the micro-batches on the last stage, 0 on the others.
+  double train(int64_t step, const std::vector<int64_t>& firsts, float loss_scale);
+  // Forward passes only; the mean loss over `firsts` on the last stage, 0 on the others.
+  double validate(const std::vector<int64_t>& firsts);
+  StageTimes last_times() const { return times_; }
+
+ private:
+  // Runs `passes` over micro-batches whose first samples are `firsts`; returns the loss sum.
+  double run(const std::vector<parallel::PipeAction>& passes, int64_t step, const std::vector<int64_t>& firsts,
+             bool train, float loss_scale);
+
+  parallel::PipelineScheduleKind kind_;
+  parallel::PipelineShape shape_;
+  int stage_;
+  comm::StageLink& link_;
+  parallel::ZeroEngine& engine_;
+  PipelineStageModel& model_;
+  std::vector<parallel::PipeAction> train_passes_;
+  StageTimes times_;
+};
+
+}  // namespace zp::runtime
