@@ -393,3 +393,44 @@ TEST(ConfigRules, OffloadKeysAreDeepSpeeds) {
 }
 
 }  // namespace zp::test
+
+namespace zp::test {
+
+// The pipeline section (issue 12): what the configuration alone can tell.
+TEST(ConfigRules, PipelineKeys) {
+  io::Config c = keep_config(valid_user());
+  c.set("pipeline.stages=4");
+  c.set("gradient_accumulation_steps=8");
+  c.set("pipeline.partition=[2,5,7]");
+  TrainConfig t = TrainConfig::from(c);
+  EXPECT_EQ(t.pipeline_stages, 4);
+  EXPECT_EQ(t.pipeline_partition, "layers");
+  EXPECT_EQ(t.partition_layers, (std::vector<int64_t>{2, 5, 7}));
+  EXPECT_EQ(with_set("pipeline.partition=compute").pipeline_partition, "compute");
+  EXPECT_EQ(with_set("pipeline.stages=1").pipeline_partition, "parameters");  // the default
+  auto with = [](std::vector<std::string> sets) {
+    io::Config c = keep_config(valid_user());
+    for (const std::string& s : sets) c.set(s);
+    return TrainConfig::from(c);
+  };
+  expect_error([&] { with({"pipeline.schedule=zb-h1"}); }, {"pipeline.schedule", "zb-h1", "not implemented yet"});
+  expect_error([&] { with({"pipeline.schedule=gpipe"}); }, {"pipeline.schedule", "\"1f1b\""});
+  expect_error([&] { with({"pipeline.partition=balanced"}); }, {"pipeline.partition", "\"uniform\""});
+  expect_error([&] { with({"pipeline.stages=4", "gradient_accumulation_steps=4", "pipeline.partition=[3,2,5]"}); },
+               {"pipeline.partition", "strictly increasing"});
+  expect_error([&] { with({"pipeline.stages=4", "gradient_accumulation_steps=4", "pipeline.partition=[3]"}); },
+               {"pipeline.partition lists 1 layer boundaries", "need 3"});
+  expect_error([&] { with({"pipeline.stages=4", "gradient_accumulation_steps=2"}); },
+               {"gradient_accumulation_steps (the micro-batches per step, 2) >= pipeline.stages (4)"});
+  expect_error([&] { with({"pipeline.stages=4", "gradient_accumulation_steps=6", "pipeline.schedule=interleaved",
+                           "pipeline.virtual_stages=2"}); },
+               {"gradient_accumulation_steps (6) must be a multiple of it"});
+  expect_error([&] { with({"pipeline.stages=2", "gradient_accumulation_steps=2", "pipeline.virtual_stages=2"}); },
+               {"pipeline.virtual_stages = 2 needs pipeline.schedule = \"interleaved\""});
+  expect_error([&] { with({"pipeline.keep_gathered=true"}); }, {"pipeline.keep_gathered", "not implemented yet"});
+  expect_error([&] { with({"pipeline.stages=2", "gradient_accumulation_steps=2", "zero_optimization.stage=2",
+                           "gradient_clipping=0", "optimizer.step_in_backward=true"}); },
+               {"optimizer.step_in_backward with pipeline.stages > 1"});
+}
+
+}  // namespace zp::test

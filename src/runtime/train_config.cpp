@@ -42,7 +42,7 @@ const io::json& train_config_schema() {
                                             "buffer_count": 5, "buffer_size": 1e8, "max_in_cpu": 1e9},
                           "overlap_comm": true, "contiguous_gradients": true, "reduce_bucket_size": 5e8,
                           "allgather_bucket_size": 5e8, "stage3_prefetch_bucket_size": 5e8},
-    "pipeline": {"stages": 1, "schedule": "1f1b", "virtual_stages": 1, "partition": "parameters",
+    "pipeline": {"stages": 1, "schedule": "1f1b", "virtual_stages": 1, "partition": null,
                  "keep_gathered": false},
     "aio": {"block_size": 1048576, "queue_depth": 8, "thread_count": 1, "single_submit": false,
             "overlap_events": true},
@@ -161,8 +161,12 @@ void read_pipeline(io::ConfigReader& r, TrainConfig& t) {
                 "pipeline.partition lists " + std::to_string(t.partition_layers.size()) + " layer boundaries; " +
                     std::to_string(t.pipeline_stages) + " stages x " + std::to_string(t.virtual_stages) +
                     " virtual stages need " + std::to_string(want));
+  } else if (part.is_null()) {  // null (the default, so that a list is allowed too): "parameters"
+    t.pipeline_partition = "parameters";
+  } else if (!part.is_string() || (part != "parameters" && part != "uniform" && part != "compute")) {
+    r.reject("pipeline.partition", "must be \"parameters\", \"uniform\", \"compute\" or a list of layer indices");
   } else {
-    t.pipeline_partition = r.one_of("pipeline.partition", {"parameters", "uniform", "compute"});
+    t.pipeline_partition = part.get<std::string>();
   }
   r.require(!r.boolean("pipeline.keep_gathered"), "pipeline.keep_gathered = true is not implemented yet (each "
             "micro-batch gathers a ZeRO-3 stage's weights again)");

@@ -73,11 +73,16 @@ struct TrainingRun {
   std::string nvme_path;
   std::string offload_param = "none";  // zero_optimization.offload_param.device (stage 3)
   int grad_accum = 1;            // the micro-batch shrinks to keep the global batch
+  // pipeline.* (issue 12): `world` = stages x data-parallel size
+  int stages = 1, virtual_stages = 1;
+  std::string schedule = "1f1b";
+  io::json partition = "parameters";
+  int64_t layers = 2;  // the LMs' layers
 };
 
 // The LMs' config is written here; the UNet's is the demo config with the same overrides.
 inline io::Config user_config(const std::string& data, const TrainingRun& r) {
-  io::json user = {{"train_micro_batch_size_per_gpu", kGlobalBatch / (r.world * r.grad_accum)},
+  io::json user = {{"train_micro_batch_size_per_gpu", kGlobalBatch / (r.world / r.stages * r.grad_accum)},
                    {"gradient_accumulation_steps", r.grad_accum},
                    {"steps_per_print", 1000},
                    {"gradient_clipping", 0.5},
@@ -91,6 +96,8 @@ inline io::Config user_config(const std::string& data, const TrainingRun& r) {
                    {"model", {{"activation_checkpointing", r.activation_checkpointing}}},
                    {"data", {{"train_files", {data}}, {"val_fraction", 0.0}}},
                    {"checkpoint", {{"dir", r.dir}, {"save_every", r.save_every}, {"keep_last", 0}}},
+                   {"pipeline", {{"stages", r.stages}, {"schedule", r.schedule}, {"virtual_stages", r.virtual_stages},
+                                 {"partition", r.partition}}},
                    {"training", {{"max_steps", r.max_steps}, {"device", r.device}, {"eval_every", 0}}}};
   if (r.offload == "nvme")
     user["zero_optimization"]["offload_optimizer"]["nvme_path"] =
@@ -102,6 +109,7 @@ inline io::Config user_config(const std::string& data, const TrainingRun& r) {
     return io::Config(runtime::train_schema_with_diffusion(), demo, kUNetDemo);
   }
   user["model"]["config"] = model_json(r.model);
+  user["model"]["config"][r.model == "gpt2" ? "n_layer" : "num_hidden_layers"] = r.layers;
   user["data"]["seq_len"] = 16;
   return io::Config(runtime::train_config_schema(), user, "resume-test");
 }
