@@ -42,6 +42,7 @@
 #include "core/error.h"
 #include "io/nvme_swap_file.h"
 #include "kernels/host/host_adamw.h"
+#include "quiet_reporter.h"
 #ifdef ZP_WITH_CUDA
 #include <cmath>
 #include <random>
@@ -414,11 +415,6 @@ void BM_OffloadLlama7B(benchmark::State& st) {
 BENCHMARK(BM_OffloadLlama7B)->ArgNames({"offload"})->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond)
     ->Iterations(2);
 
-class Quiet : public benchmark::BenchmarkReporter {
- public:
-  bool ReportContext(const Context&) override { return true; }
-  void ReportRuns(const std::vector<Run>&) override {}
-};
 #endif  // ZP_WITH_CUDA
 
 std::string cpu_model() {

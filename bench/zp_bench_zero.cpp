@@ -21,6 +21,7 @@
 #include "parallel/zero_engine.h"
 #include "runtime/causal_lm_loss.h"
 #include "bench_common.h"
+#include "quiet_reporter.h"
 
 namespace zp::bench {
 
@@ -85,11 +86,6 @@ BENCHMARK(BM_ZeroStep)->ArgNames({"stage", "overlap", "in_backward"})
     ->ArgsProduct({{0, 1, 2, 3}, {1, 0}, {0}})->Args({2, 1, 1})->Args({3, 1, 1})
     ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
 
-class Quiet : public benchmark::BenchmarkReporter {
- public:
-  bool ReportContext(const Context&) override { return true; }
-  void ReportRuns(const std::vector<Run>&) override {}
-};
 
 }  // namespace zp::bench
 

@@ -22,34 +22,48 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 PipelineStep::PipelineStep(parallel::PipelineScheduleKind kind, parallel::PipelineShape shape, int stage,
-                           comm::StageLink& link, parallel::ZeroEngine& engine, PipelineStageModel& model)
-    : kind_(kind), shape_(shape), stage_(stage), link_(link), engine_(engine), model_(model) {
+                           comm::StageLink& link, parallel::ZeroEngine& engine, PipelineStageModel& model,
+                           StreamHandle s)
+    : kind_(kind), shape_(shape), stage_(stage), link_(link), engine_(engine), model_(model), s_(s) {
   ZP_REQUIRE(int64_t(shape.micro_batches) * shape.chunks() < kMaxTag, "gradient_accumulation_steps ",
              shape.micro_batches, " x ", shape.chunks(), " model chunks is too many pipeline messages per step (at most ",
              kMaxTag - 1, ")");
   train_passes_ = parallel::stage_schedule(kind, shape, stage);
+  if (s_)
+    for (size_t i = 0; i < 2 * train_passes_.size(); ++i) pass_events_.push_back(std::make_unique<Event>());
+}
+
+StageTimes PipelineStep::last_times() {
+  if (timed_) {  // the device's view: busy = the passes' event-timed durations
+    pass_events_.back()->synchronize();
+    times_.busy = 0;
+    for (size_t i = 0; i < pass_events_.size(); i += 2)
+      times_.busy += pass_events_[i + 1]->elapsed_ms_since(*pass_events_[i]) / 1e3;
+    times_.span = pass_events_.back()->elapsed_ms_since(*pass_events_.front()) / 1e3;
+    timed_ = false;
+  }
+  return times_;
 }
 
 double PipelineStep::train(int64_t step, const std::vector<int64_t>& firsts, float loss_scale) {
   ZP_CHECK(int(firsts.size()) == shape_.micro_batches, "PipelineStep::train: ", firsts.size(), " micro-batches for ",
            shape_.micro_batches);
-  return run(train_passes_, step, firsts, true, loss_scale) / double(firsts.size());
+  const double sum = run(train_passes_, step, firsts, true, loss_scale);
+  timed_ = s_ != nullptr;
+  return sum / double(firsts.size());
 }
 
 double PipelineStep::validate(const std::vector<int64_t>& firsts) {
   // Groups of micro-batches small enough that their tags stay in range.
   const size_t group = size_t(std::max(1, (kMaxTag - 1) / shape_.chunks()));
   double sum = 0;
-  StageTimes total;
   for (size_t b = 0; b < firsts.size(); b += group) {
     const std::vector<int64_t> part(firsts.begin() + long(b), firsts.begin() + long(std::min(firsts.size(), b + group)));
     parallel::PipelineShape sh = shape_;
     sh.micro_batches = int(part.size());
     sum += run(parallel::forward_schedule(sh), 0, part, false, 1.f);
-    total.busy += times_.busy;
-    total.waiting += times_.waiting;
   }
-  times_ = total;
+  timed_ = false;
   return firsts.empty() ? 0.0 : sum / double(firsts.size());
 }
 
@@ -71,33 +85,35 @@ double PipelineStep::run(const std::vector<PipeAction>& passes, int64_t step, co
   };
   times_ = StageTimes();
   link_.take_wait_seconds();
+  const bool events = train && s_;  // time the passes on the device
+  const auto start = std::chrono::steady_clock::now();
   double busy = 0;
   post(0);
   for (size_t k = 0; k < passes.size(); ++k) {
     post(k + 1);
     const PipeAction& a = passes[k];
     const int g = global(a);
-    if (a.op == PipeOp::Forward) {
-      Tensor in;
-      if (g > 0) in = link_.wait_recv(PipeChannel::Activations, a.micro * C + g);
-      const auto t0 = std::chrono::steady_clock::now();
-      Tensor out = model_.forward(a.chunk, a.micro, step, firsts[size_t(a.micro)], std::move(in), train, loss_scale);
-      busy += seconds_since(t0);
-      if (g + 1 < C) link_.send(PipeChannel::Activations, std::move(out), next, a.micro * C + g + 1);
-    } else {
-      Tensor dout;
-      if (g + 1 < C) dout = link_.wait_recv(PipeChannel::Gradients, a.micro * C + g);
-      // A chunk's last backward of the step completes its blocks' gradients (stages 0/1 reduce them
-      // as each block finishes; the other chunks' blocks go on accumulating).
-      engine_.begin_micro_step(a.micro == M - 1);
-      const auto t0 = std::chrono::steady_clock::now();
-      Tensor din = model_.backward(a.chunk, a.micro, std::move(dout));
-      busy += seconds_since(t0);
-      if (g > 0) link_.send(PipeChannel::Gradients, std::move(din), prev, a.micro * C + g - 1);
-    }
+    Tensor in;
+    if (a.op == PipeOp::Forward && g > 0) in = link_.wait_recv(PipeChannel::Activations, a.micro * C + g);
+    if (a.op == PipeOp::Backward && g + 1 < C) in = link_.wait_recv(PipeChannel::Gradients, a.micro * C + g);
+    // A chunk's last backward of the step completes its blocks' gradients (stages 0/1 reduce them
+    // as each block finishes; the other chunks' blocks go on accumulating).
+    if (a.op == PipeOp::Backward) engine_.begin_micro_step(a.micro == M - 1);
+    if (events) pass_events_[2 * k]->record(s_);
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor out = a.op == PipeOp::Forward
+                     ? model_.forward(a.chunk, a.micro, step, firsts[size_t(a.micro)], std::move(in), train, loss_scale)
+                     : model_.backward(a.chunk, a.micro, std::move(in));
+    busy += seconds_since(t0);
+    if (events) pass_events_[2 * k + 1]->record(s_);
+    if (a.op == PipeOp::Forward && g + 1 < C)
+      link_.send(PipeChannel::Activations, std::move(out), next, a.micro * C + g + 1);
+    if (a.op == PipeOp::Backward && g > 0)
+      link_.send(PipeChannel::Gradients, std::move(out), prev, a.micro * C + g - 1);
   }
   link_.finish();
   times_.busy = busy;
+  times_.span = seconds_since(start);
   times_.waiting = link_.take_wait_seconds();
   double loss = 0;
   if (last_stage())

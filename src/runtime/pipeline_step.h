@@ -11,6 +11,7 @@
 // channel within a step; validation runs its micro-batches in groups that keep tags in range.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "comm/stage_link.h"
@@ -54,19 +55,25 @@ class PipelineStageModel {
   virtual SharedBlock shared_block() = 0;
 };
 
-// Host seconds of the stage's last step (or validation): passes enqueued or run, and blocked on the
-// link. On the CPU the passes run on the host, so `busy / (busy + waiting)` is the stage's measured
-// share of useful work and `waiting` its bubble plus transfers.
+// What the stage's last training step spent: `span` seconds from its first pass's start to its last
+// pass's end, `busy` of them computing passes (on a GPU measured by events around each pass on the
+// compute stream, on the CPU on the host), and `waiting` blocked on the link (MPI; 0 on NCCL, where
+// the device waits). The stage's bubble is 1 - busy / span: idle time, transfers not hidden included.
 struct StageTimes {
-  double busy = 0, waiting = 0;
+  double busy = 0, span = 0, waiting = 0;
+  double bubble() const { return span > 0 ? 1.0 - busy / span : 0.0; }
 };
 
 class PipelineStep {
  public:
+  // `s`: the compute stream (GPUs; null on the CPU), for timing the passes.
   PipelineStep(parallel::PipelineScheduleKind kind, parallel::PipelineShape shape, int stage, comm::StageLink& link,
-               parallel::ZeroEngine& engine, PipelineStageModel& model);
+               parallel::ZeroEngine& engine, PipelineStageModel& model, StreamHandle s = nullptr);
+  // (P - 1) / (V M + P - 1): the bubble of this schedule in theory (parallel/pipeline_schedule.h).
+  double theoretical_bubble() const { return parallel::theoretical_bubble(kind_, shape_); }
 
   const parallel::PipelineShape& shape() const { return shape_; }
+  int stage() const { return stage_; }
   bool last_stage() const { return stage_ + 1 == shape_.stages; }
 
   // Runs the step's passes; firsts[m] is micro-batch m's first global sample. Returns the mean loss
@@ -74,7 +81,8 @@ class PipelineStep {
   double train(int64_t step, const std::vector<int64_t>& firsts, float loss_scale);
   // Forward passes only; the mean loss over `firsts` on the last stage, 0 on the others.
   double validate(const std::vector<int64_t>& firsts);
-  StageTimes last_times() const { return times_; }
+  // Of the last train() (waits for its passes to finish on a GPU).
+  StageTimes last_times();
 
  private:
   // Runs `passes` over micro-batches whose first samples are `firsts`; returns the loss sum.
@@ -88,6 +96,9 @@ class PipelineStep {
   parallel::ZeroEngine& engine_;
   PipelineStageModel& model_;
   std::vector<parallel::PipeAction> train_passes_;
+  StreamHandle s_;
+  std::vector<std::unique_ptr<Event>> pass_events_;  // GPUs: a start and an end per training pass
+  bool timed_ = false;    // the last run() recorded pass_events_
   StageTimes times_;
 };
 

@@ -73,6 +73,16 @@ void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t
       val = dp_mean(mean);
       result.val_losses.push_back(val);
     }
+    if (loop.pipeline) {
+      const StageTimes t = loop.pipeline->last_times();
+      double mean = t.bubble();
+      if (loop.ctrl) {
+        loop.ctrl->all_reduce(&mean, &mean, 1, DType::F64, comm::ReduceOp::Sum);
+        mean /= double(loop.ctrl->size());  // every pipeline has every stage once
+      }
+      loop.reporter.set_pipeline({loop.pipeline->stage(), t.busy * 1e3, t.span * 1e3, t.waiting * 1e3, t.bubble(),
+                                  mean, loop.pipeline->theoretical_bubble()});
+    }
     loop.reporter.report(step + 1, loss, upd.lr, upd.grad_norm, secs, upd.skipped, loss_scale, val);
 
     // Loss and norm are the same on every rank (averaged, global), so every rank decides alike. In

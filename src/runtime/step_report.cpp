@@ -47,6 +47,12 @@ void StepReporter::report(int64_t step, double loss, double lr, double grad_norm
                   unit_.c_str(), 100 * mfu, mem_gib, dev_.is_cuda() ? "" : " RSS", secs * 1e3,
                   skipped ? " | SKIPPED (overflow)" : "");
     std::string extra = std::isnan(val) ? "" : " | val loss " + std::to_string(val);
+    if (pipeline_) {
+      char b[96];
+      std::snprintf(b, sizeof(b), " | bubble %.1f%% (theory %.1f%%)", 100 * pipeline_->mean_bubble,
+                    100 * pipeline_->theory);
+      extra = b + extra;
+    }
     std::printf("%s%s\n", line, extra.c_str());
     std::fflush(stdout);
   }
@@ -56,6 +62,11 @@ void StepReporter::report(int64_t step, double loss, double lr, double grad_norm
                         {"step_ms", secs * 1e3},  {"skipped", skipped}, {"loss_scale", loss_scale}};
     j[rate_key_] = rate;
     if (!std::isnan(val)) j["val_loss"] = val;
+    if (pipeline_)
+      j["pipeline"] = {{"stage", pipeline_->stage},         {"busy_ms", pipeline_->busy_ms},
+                       {"idle_ms", pipeline_->span_ms - pipeline_->busy_ms},
+                       {"recv_wait_ms", pipeline_->wait_ms}, {"bubble", pipeline_->bubble},
+                       {"mean_bubble", pipeline_->mean_bubble}, {"theoretical_bubble", pipeline_->theory}};
     metrics_ << j.dump() << "\n";
     metrics_.flush();
   }

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "core/device.h"
@@ -19,6 +20,14 @@ class StepReporter {
   StepReporter(const std::string& metrics_file, int rank, int world, Device dev, const std::string& unit,
                int64_t items_per_step, double flops_per_item, int64_t max_steps, int64_t print_every, bool append);
 
+  // A pipeline stage's step (issue 12), for the next report(): its busy, idle and link-wait time,
+  // its bubble, the mean bubble over all stages (rank 0's progress line shows it) and the theory's.
+  struct PipelineTimes {
+    int stage = 0;
+    double busy_ms = 0, span_ms = 0, wait_ms = 0, bubble = 0, mean_bubble = 0, theory = 0;
+  };
+  void set_pipeline(const PipelineTimes& t) { pipeline_ = t; }
+
   // step is 1-based; val is NaN when no validation ran this step.
   void report(int64_t step, double loss, double lr, double grad_norm, double secs, bool skipped, float loss_scale,
               double val);
@@ -30,6 +39,7 @@ class StepReporter {
   std::string unit_, rate_key_;  // "tok" -> "tokens_per_s", "samples" -> "samples_per_s"
   int64_t items_per_step_, max_steps_, print_every_;
   double flops_per_item_, peak_tflops_;
+  std::optional<PipelineTimes> pipeline_;
 };
 
 }  // namespace zp::runtime

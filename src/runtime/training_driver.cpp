@@ -139,7 +139,7 @@ TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm gro
     pipeline = std::make_unique<PipelineStep>(
         parallel::schedule_kind_from(cfg.pipeline_schedule, "pipeline.schedule"),
         parallel::PipelineShape{at.stages(), int(cfg.grad_accum), int(cfg.virtual_stages)}, at.stage(), *comms.stages,
-        engine, *stage_model);
+        engine, *stage_model, s);
     stage_scalars = std::make_unique<comm::MpiComm>(at.topology->mpi_comm(comm::Group::Pipeline));
     pipeline_grads.stages = stage_scalars.get();
     if (stage_model->has_shared_blocks()) {
