@@ -73,6 +73,8 @@ struct TrainingRun {
   std::string nvme_path;
   std::string offload_param = "none";  // zero_optimization.offload_param.device (stage 3)
   int grad_accum = 1;            // the micro-batch shrinks to keep the global batch
+  bool delayed_update = false;   // zero_optimization.offload_optimizer.delayed_update
+  bool bf16 = false;             // bf16.enabled (else fp32)
 };
 
 // The LMs' config is written here; the UNet's is the demo config with the same overrides.
@@ -92,6 +94,8 @@ inline io::Config user_config(const std::string& data, const TrainingRun& r) {
                    {"data", {{"train_files", {data}}, {"val_fraction", 0.0}}},
                    {"checkpoint", {{"dir", r.dir}, {"save_every", r.save_every}, {"keep_last", 0}}},
                    {"training", {{"max_steps", r.max_steps}, {"device", r.device}, {"eval_every", 0}}}};
+  if (r.delayed_update) user["zero_optimization"]["offload_optimizer"]["delayed_update"] = true;
+  if (r.bf16) user["bf16"] = {{"enabled", true}};
   if (r.offload == "nvme")
     user["zero_optimization"]["offload_optimizer"]["nvme_path"] =
         r.nvme_path.empty() ? std::filesystem::temp_directory_path().string() : r.nvme_path;
