@@ -13,6 +13,7 @@
 #include "models/transformer.h"
 #include "models/unet.h"
 #include "runtime/diffusion_config.h"
+#include "runtime/optimizer_step.h"
 #include "runtime/train_config.h"
 #include "test_util.h"
 #include "tiny_llama_config.h"
@@ -390,6 +391,28 @@ TEST(ConfigRules, OffloadKeysAreDeepSpeeds) {
   EXPECT_NE(nvme_log.find("aio.thread_count"), std::string::npos) << nvme_log;
   EXPECT_EQ(nvme_log.find("aio.block_size"), std::string::npos) << nvme_log;
   EXPECT_EQ(nvme_log.find("aio.queue_depth"), std::string::npos) << nvme_log;
+}
+
+// The delayed update (ours: zero_optimization.offload_optimizer.delayed_update) is read where the
+// optimizer runs on the CPU and refused, naming the keys, where it cannot work.
+TEST(ConfigRules, DelayedUpdateNeedsAnOffloadedOptimizerAndOneUpdatePerStep) {
+  const std::string opt = "zero_optimization.offload_optimizer.", key = opt + "delayed_update";
+  EXPECT_FALSE(with_sets({"zero_optimization.stage=2", opt + "device=cpu"}).offload_optimizer_delayed_update);
+  EXPECT_TRUE(with_sets({"zero_optimization.stage=2", opt + "device=cpu", key + "=true"}).offload_optimizer_delayed_update);
+  EXPECT_TRUE(with_sets({"zero_optimization.stage=1", opt + "device=nvme", opt + "nvme_path=/tmp", key + "=true",
+                         "bf16.enabled=true"})
+                  .offload_optimizer_delayed_update);
+  EXPECT_TRUE(runtime::sharding_policy(with_sets({"zero_optimization.stage=3", opt + "device=cpu", key + "=true"}))
+                  .delays_update());
+
+  expect_error([&] { with_sets({"zero_optimization.stage=2", key + "=true"}); },
+               {key + " needs " + opt + "device = \"cpu\" or \"nvme\"", "got \"none\""});
+  expect_error([&] { with_sets({"zero_optimization.stage=2", opt + "device=cpu", key + "=true",
+                                "optimizer.step_in_backward=true", "gradient_clipping=0"}); },
+               {key + " and optimizer.step_in_backward cannot both be true"});
+  expect_error([&] { with_sets({"zero_optimization.stage=2", opt + "device=cpu", key + "=true", "fp16.enabled=true"}); },
+               {key + " cannot be combined with fp16.enabled", "use bf16.enabled or fp32"});
+  expect_error([&] { with_sets({"zero_optimization.stage=2", opt + "device=cpu", key + "=1"}); }, {key});
 }
 
 }  // namespace zp::test

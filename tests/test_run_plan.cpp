@@ -106,6 +106,24 @@ TEST(RunPlan, ModelStatesPerTierAreCountedExactly) {
   parallel::MemoryPlan s1 = parallel::plan_memory(m.blocks(), ShardingPolicy::zero_stage(1), world, false, true);
   EXPECT_DOUBLE_EQ(s1.device_bytes(), double(psi) * 2 + double(psi) * 4 + shard * 12);
   EXPECT_DOUBLE_EQ(s1.host_bytes(), 0);
+
+  // The delayed update's double buffers: the owned fp32 gradients on the device, the owned bf16
+  // weights beside the shards (host memory with the parameter tier, else the device), in the totals
+  // and in the banner line.
+  ShardingPolicy delayed = p;
+  delayed.set_delayed_update(true);
+  parallel::MemoryPlan dgpu = parallel::plan_memory(m.blocks(), delayed, world, false, /*gpu=*/true);
+  EXPECT_DOUBLE_EQ(dgpu.delayed_update_bytes, shard * 4);
+  EXPECT_DOUBLE_EQ(dgpu.host_delayed_update_bytes, shard * 2);
+  EXPECT_DOUBLE_EQ(dgpu.device_bytes(), gpu.device_bytes() + shard * 4);
+  EXPECT_DOUBLE_EQ(dgpu.host_bytes(), gpu.host_bytes() + shard * 2);
+  EXPECT_NE(dgpu.str().find("the delayed update's second gradient and weight buffers"), std::string::npos) << dgpu.str();
+  ShardingPolicy delayed_s2 = ShardingPolicy::from_config(2, "cpu", "none");
+  delayed_s2.set_delayed_update(true);
+  parallel::MemoryPlan d2 = parallel::plan_memory(m.blocks(), delayed_s2, world, false, /*gpu=*/true);
+  EXPECT_DOUBLE_EQ(d2.delayed_update_bytes, shard * (4 + 2));
+  EXPECT_DOUBLE_EQ(d2.host_delayed_update_bytes, 0);
+  EXPECT_EQ(gpu.delayed_update_bytes + gpu.host_delayed_update_bytes, 0) << "nothing without the delayed update";
 }
 
 TEST(RunPlan, MisfitsNameTheTierAndTheBytes) {

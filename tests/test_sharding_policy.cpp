@@ -91,3 +91,38 @@ TEST(ShardingPolicy, TiersNotImplementedYetAreRefusedByKey) {
 }
 
 }  // namespace zp::test
+
+namespace zp::test {
+
+// The delayed update is the CPU optimizer's: the engine refuses it with the optimizer state on the
+// device, naming both keys, before it allocates anything; its pool leaves the rank's own thread a core.
+TEST(ShardingPolicy, DelayedUpdateNeedsTheOptimizerOnTheCpu) {
+  ShardingPolicy on_device = ShardingPolicy::from_config(2, "none", "none");
+  on_device.set_delayed_update(true);
+  std::string m = error_message([&] { on_device.require_implemented(); });
+  EXPECT_NE(m.find("zero_optimization.offload_optimizer.delayed_update needs "
+                   "zero_optimization.offload_optimizer.device = \"cpu\" or \"nvme\""), std::string::npos) << m;
+  EXPECT_NE(m.find("got \"none\""), std::string::npos) << m;
+
+  auto cfg = models::TransformerConfig::from_hub_json(tiny_llama(), "policy-test");
+  models::Transformer lazy(cfg, Device::cpu(), DType::F32, nullptr, parallel::shard_pad_multiple(1),
+                           /*allocate=*/false);
+  int filled = 0;
+  m = error_message([&] {
+    parallel::ZeroEngine engine(lazy.blocks(), on_device, nullptr, {}, nullptr, [&](nn::ParamBlock&) { ++filled; });
+  });
+  EXPECT_NE(m.find("delayed_update"), std::string::npos) << m;
+  EXPECT_EQ(filled, 0);
+
+  ShardingPolicy offloaded = ShardingPolicy::from_config(2, "cpu", "none");
+  offloaded.set_host_threads(8);
+  EXPECT_EQ(offloaded.optimizer_threads(), 8);
+  offloaded.set_delayed_update(true);
+  EXPECT_EQ(offloaded.optimizer_threads(), 7);
+  offloaded.set_host_threads(1);
+  EXPECT_EQ(offloaded.optimizer_threads(), 1);
+  EXPECT_NE(offloaded.str().find("update delayed one step"), std::string::npos) << offloaded.str();
+  EXPECT_EQ(error_message([&] { offloaded.require_implemented(); }), "");
+}
+
+}  // namespace zp::test

@@ -90,6 +90,9 @@ void cuda_memory_info(int index, size_t& free, size_t& total) {
   ZP_CUDA_CHECK(cudaMemGetInfo(&free, &total));
   ZP_CUDA_CHECK(cudaSetDevice(current));
 }
+void set_current_device(Device d) {
+  if (d.is_cuda()) ZP_CUDA_CHECK(cudaSetDevice(d.index));
+}
 #else
 int cuda_device_count() { return 0; }
 void cuda_memory_info(int, size_t& free, size_t& total) { free = total = 0; }
@@ -107,6 +110,7 @@ void Event::wait_on(StreamHandle) const {}
 void Event::synchronize() const {}
 float Event::elapsed_ms_since(const Event&) const { return 0.f; }
 void device_synchronize() {}
+void set_current_device(Device d) { ZP_CHECK(!d.is_cuda(), "CUDA device requested in a CPU-only build"); }
 double cuda_peak_bf16_tflops(int) { return 0; }
 double cuda_peak_dram_gbs(int) { return 0; }
 std::string cuda_device_name(int) { return "none"; }

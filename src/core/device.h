@@ -74,6 +74,8 @@ double cuda_peak_dram_gbs(int index);
 std::string cuda_device_name(int index);
 
 void device_synchronize();
+// Makes `d` the calling thread's current CUDA device (a thread starts on device 0); nothing for the CPU.
+void set_current_device(Device d);
 void stream_synchronize(StreamHandle s);
 
 }  // namespace zp

@@ -10,11 +10,22 @@
 
 namespace zp::parallel {
 
+// The compute weights of a range where they lag the master weights (the delayed update,
+// parallel/delayed_update.h: the next step computes with the weights of one update before), widened
+// to fp32 on the way out and rounded to the compute dtype on the way in; offsets relative to the range.
+class LaggingWeights {
+ public:
+  virtual ~LaggingWeights() = default;
+  virtual void read(size_t range, int64_t offset, int64_t count, float* host) = 0;
+  virtual void write(size_t range, int64_t offset, int64_t count, const float* host) = 0;
+};
+
 class BlockState {
  public:
   BlockState(const OwnedRange& owned, int64_t shard_begin, int64_t shard_end, OptimizerStateStore& store,
-             size_t range, StreamHandle s)
-      : owned_(owned), shard_begin_(shard_begin), shard_end_(shard_end), store_(store), range_(range), s_(s) {}
+             size_t range, StreamHandle s, LaggingWeights* lagging = nullptr)
+      : owned_(owned), shard_begin_(shard_begin), shard_end_(shard_end), store_(store), range_(range), s_(s),
+        lagging_(lagging) {}
 
   // The block: its parameters (names, shapes, offsets in the flat buffer) and padded size.
   const nn::ParamBlock& block() const { return *owned_.block; }
@@ -41,6 +52,23 @@ class BlockState {
   }
   bool master_written() const { return written_; }
 
+  // With the delayed update: the weights the next step computes with, which are not the master
+  // weights' (see LaggingWeights), read and written like the states above. Writing them keeps
+  // them as the compute weights after a master-weight write, instead of the master weights'.
+  bool has_lagging_weights() const { return lagging_ != nullptr; }
+  void read_lagging_weights(int64_t begin, int64_t count, float* host) const {
+    check(begin, count);
+    ZP_CHECK(lagging_, "block ", owned_.block->name(), ": no lagging weights (no delayed update)");
+    lagging_->read(range_, begin - owned_.begin, count, host);
+  }
+  void write_lagging_weights(int64_t begin, int64_t count, const float* host) {
+    check(begin, count);
+    ZP_CHECK(lagging_, "block ", owned_.block->name(), ": no lagging weights (no delayed update)");
+    lagging_->write(range_, begin - owned_.begin, count, host);
+    lagging_written_ = true;
+  }
+  bool lagging_written() const { return lagging_written_; }
+
  private:
   void check(int64_t begin, int64_t count) const {
     ZP_CHECK(begin >= owned_.begin && count >= 0 && begin + count <= owned_.end, "block ", owned_.block->name(),
@@ -52,7 +80,8 @@ class BlockState {
   OptimizerStateStore& store_;
   size_t range_;
   StreamHandle s_;
-  bool written_ = false;
+  LaggingWeights* lagging_;
+  bool written_ = false, lagging_written_ = false;
 };
 
 // Called once per block, in block order.

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "parallel/delayed_update.h"
 #include "parallel/host_state_store.h"
 #include "parallel/nvme_state_store.h"
 
@@ -52,6 +53,10 @@ MemoryPlan plan_memory(std::span<nn::ParamBlock* const> blocks, const ShardingPo
     const int64_t largest_range = policy.shards_optimizer_state() ? largest / world : largest;
     if (on_gpu) p.host_staging_bytes = double(HostStateStore::staging_bytes_for(largest_range, dt));
   }
+  if (policy.delays_update() && policy.optimizer_tier() != StateTier::Device) {
+    p.delayed_update_bytes = double(DelayedUpdate::device_bytes_for(int64_t(owned), dt, params_on_host));
+    p.host_delayed_update_bytes = double(DelayedUpdate::host_bytes_for(int64_t(owned), dt, params_on_host));
+  }
   p.host_pinned = on_gpu && policy.pin_host_memory();
   return p;
 }
@@ -66,10 +71,17 @@ std::string MemoryPlan::str() const {
                 stage, world, world == 1 ? "" : "s", param_bytes / mib, grad_bytes / mib, optimizer_bytes / mib,
                 device_bytes() / mib, double(params) / 1e6, (4.0 * double(params) + 12.0 * double(params) / world) / mib);
   std::string s = buf;
+  if (delayed_update_bytes > 0 || host_delayed_update_bytes > 0) {
+    std::snprintf(buf, sizeof(buf), "; the delayed update's second gradient and weight buffers: %.1f MiB on the device "
+                  "(counted above) + %.1f MiB in host memory (counted below)", delayed_update_bytes / mib,
+                  host_delayed_update_bytes / mib);
+    s += buf;
+  }
   if (host_bytes() > 0) {
     std::snprintf(buf, sizeof(buf), "; offloaded to %s host memory: parameters %.1f MiB + optimizer %.1f MiB (fp32 "
-                  "master and moments) + staging %.1f MiB", host_pinned ? "pinned" : "pageable", host_param_bytes / mib,
-                  host_optimizer_bytes / mib, host_staging_bytes / mib);
+                  "master and moments) + staging %.1f MiB%s", host_pinned ? "pinned" : "pageable", host_param_bytes / mib,
+                  host_optimizer_bytes / mib, host_staging_bytes / mib,
+                  host_delayed_update_bytes > 0 ? " + the delayed update's weights" : "");
     s += buf;
   }
   if (nvme_optimizer_bytes > 0) {

@@ -26,9 +26,15 @@ struct MemoryPlan {
   // buffers count in host_staging_bytes.
   double nvme_optimizer_bytes = 0;
   std::string nvme_path;
+  // Per rank, the delayed update's double buffers (parallel/delayed_update.h): a copy of the owned
+  // fp32 gradients and of the owned compute weights, on the device (the weights in host memory
+  // where the parameter tier keeps the shards there).
+  double delayed_update_bytes = 0, host_delayed_update_bytes = 0;
 
-  double device_bytes() const { return param_bytes + grad_bytes + optimizer_bytes; }
-  double host_bytes() const { return host_param_bytes + host_optimizer_bytes + host_staging_bytes; }
+  double device_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + delayed_update_bytes; }
+  double host_bytes() const {
+    return host_param_bytes + host_optimizer_bytes + host_staging_bytes + host_delayed_update_bytes;
+  }
   // The banner's line: "memory plan (ZeRO stage 3, 2 ranks, per rank): parameters ... ".
   std::string str() const;
 };

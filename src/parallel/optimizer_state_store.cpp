@@ -15,11 +15,11 @@ std::unique_ptr<OptimizerStateStore> make_optimizer_state_store(const ShardingPo
     case StateTier::PinnedHost:
       // With the parameter tier the weights the update writes are the host shards.
       return std::make_unique<HostStateStore>(std::move(ranges), initial, s, policy.pin_host_memory(),
-                                              policy.host_threads(), HostStateStore::kBuffers,
+                                              policy.optimizer_threads(), HostStateStore::kBuffers,
                                               /*weights_on_host=*/policy.parameter_tier() == StateTier::PinnedHost);
     case StateTier::Nvme:
       return std::make_unique<NvmeStateStore>(std::move(ranges), initial, s, policy.optimizer_nvme(),
-                                              policy.pin_host_memory(), policy.host_threads(),
+                                              policy.pin_host_memory(), policy.optimizer_threads(),
                                               /*weights_on_host=*/policy.parameter_tier() == StateTier::PinnedHost);
   }
   ZP_FATAL("unknown optimizer tier");

@@ -23,6 +23,15 @@ class ShardedAdamW {
   // starts the step, then update() once for each range, on any stream.
   void advance() { ++step_; }
   void update(const RangeUpdate& u, float grad_scale, double lr, StreamHandle s);
+  // The same update run elsewhere (parallel/delayed_update.h, on a host thread): next_config()
+  // starts the step on the calling thread and gives its settings, update_with() applies them.
+  kernels::AdamWConfig next_config(float grad_scale, double lr) {
+    ++step_;
+    return config(grad_scale, lr);
+  }
+  void update_with(std::span<const RangeUpdate> updates, const kernels::AdamWConfig& cfg, StreamHandle s) {
+    store_->update(updates, h_, cfg, s);
+  }
   int64_t steps() const { return step_; }
   void set_steps(int64_t n) { step_ = n; }
   const std::vector<OwnedRange>& ranges() const { return store_->ranges(); }

@@ -1,5 +1,8 @@
 #include "parallel/sharding_policy.h"
 
+#include <algorithm>
+#include <thread>
+
 #include "core/error.h"
 
 namespace zp::parallel {
@@ -57,7 +60,16 @@ ShardingPolicy ShardingPolicy::from_config(int stage, const std::string& offload
   return p;
 }
 
+int ShardingPolicy::optimizer_threads() const {
+  if (!delayed_update_) return host_threads_;
+  const int all = host_threads_ > 0 ? host_threads_ : int(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, all - 1);
+}
+
 void ShardingPolicy::require_implemented() const {
+  ZP_REQUIRE(!delayed_update_ || optimizer_tier_ != StateTier::Device,
+             "zero_optimization.offload_optimizer.delayed_update needs ", kOptimizerKey,
+             " = \"cpu\" or \"nvme\" (the update it delays is the CPU's), got \"", device_of(optimizer_tier_), "\"");
   ZP_REQUIRE(parameter_tier_ != StateTier::Nvme, kParamKey, " = \"", device_of(parameter_tier_),
              "\": parameters in ", tier_name(parameter_tier_),
              " are not implemented yet (\"none\", the device, and \"cpu\" are)");
@@ -73,6 +85,7 @@ std::string ShardingPolicy::str() const {
   std::string s = "ZeRO stage " + std::to_string(stage_) + " (" + sharded[stage_] + "; optimizer state on " +
                   where(optimizer_tier_);
   if (shards_parameters()) s += ", parameters on " + where(parameter_tier_);
+  if (delayed_update_) s += ", update delayed one step";
   return s + ")";
 }
 

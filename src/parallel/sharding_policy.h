@@ -69,9 +69,18 @@ class ShardingPolicy {
   const NvmeSettings& optimizer_nvme() const { return optimizer_nvme_; }
   void set_optimizer_nvme(NvmeSettings s) { optimizer_nvme_ = std::move(s); }
   StateTier parameter_tier() const { return parameter_tier_; }
+  // The one-step delayed parameter update (zero_optimization.offload_optimizer.delayed_update, the
+  // ZeRO-Offload paper's DPU; parallel/delayed_update.h): the CPU update of step s runs on a host thread
+  // while step s+1 computes with the weights of update s-1. Only where the update runs on the CPU.
+  bool delays_update() const { return delayed_update_; }
+  void set_delayed_update(bool on) { delayed_update_ = on; }
+  // Threads for the CPU AdamW's pool: host_threads(), less one with the delayed update, whose pool
+  // runs while the rank's own thread drives the forward and backward (0: every hardware thread, or
+  // every one but one).
+  int optimizer_threads() const;
   // Throws a zp::Error naming the configuration key when a state lives on a tier this build cannot
-  // keep it on yet: optimizer state lives on the device, in host memory or on NVMe; parameter
-  // offload is not implemented yet.
+  // keep it on yet: optimizer state lives on the device, in host memory or on NVMe; parameters on
+  // the device or in host memory. Also refuses the delayed update without an offloaded optimizer.
   void require_implemented() const;
 
   // "ZeRO stage 2 (optimizer state and gradients sharded; optimizer state on device)": for logs.
@@ -82,6 +91,7 @@ class ShardingPolicy {
   StateTier optimizer_tier_ = StateTier::Device, parameter_tier_ = StateTier::Device;
   bool pin_host_memory_ = true;
   int host_threads_ = 0;
+  bool delayed_update_ = false;
   NvmeSettings optimizer_nvme_;
 };
 

@@ -13,6 +13,30 @@ using namespace zp::kernels;
 
 int64_t shard_pad_multiple(int world) { return int64_t(world) * nn::ParamBlock::kAlign; }
 
+// The compute weights of each owned range (weights_out), for checkpoints of a delayed-update run.
+class ZeroEngine::LaggingAccess final : public LaggingWeights {
+ public:
+  explicit LaggingAccess(ZeroEngine& e) : e_(e) {}
+  void read(size_t range, int64_t offset, int64_t count, float* host) override {
+    const DType dt = e_.blocks_.at(range)->dtype();
+    Tensor t = Tensor::empty({count}, dt, Device::cpu(), "checkpoint");
+    copy_bytes(t.data(), Device::cpu(), at(range, offset), e_.weights_device(), t.nbytes(), e_.s_);
+    cpu::cast(nullptr, DType::F32, host, dt, t.data(), count);
+  }
+  void write(size_t range, int64_t offset, int64_t count, const float* host) override {
+    const DType dt = e_.blocks_.at(range)->dtype();
+    Tensor t = Tensor::empty({count}, dt, Device::cpu(), "checkpoint");
+    cpu::cast(nullptr, dt, t.data(), DType::F32, host, count);
+    copy_bytes(at(range, offset), e_.weights_device(), t.data(), Device::cpu(), t.nbytes(), e_.s_);
+  }
+
+ private:
+  char* at(size_t range, int64_t offset) const {
+    return static_cast<char*>(e_.weights_out(range)) + size_t(offset) * dtype_size(e_.blocks_[range]->dtype());
+  }
+  ZeroEngine& e_;
+};
+
 ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, const ShardingPolicy& policy, comm::Communicator* dp,
                        const AdamWHyper& h, StreamHandle s)
     : ZeroEngine(std::move(blocks), policy, dp, h, s, BlockFill()) {}
@@ -21,6 +45,9 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, const ShardingPolicy
                        const AdamWHyper& h, StreamHandle s, const BlockFill& fill)
     : policy_(policy), dp_(dp), s_(s), hyper_(h), blocks_(std::move(blocks)), comm_(dp, s) {
   policy_.require_implemented();
+  ZP_REQUIRE(!h.step_in_backward || !policy_.delays_update(), "optimizer.step_in_backward and "
+             "zero_optimization.offload_optimizer.delayed_update cannot both be on: stepping in the backward updates "
+             "each block at once, there is no step-long update to delay");
   ZP_REQUIRE(!h.step_in_backward || policy_.shards_gradients(), "optimizer.step_in_backward needs "
              "zero_optimization.stage 2 or 3 (gradient buffers that live only while their block runs), got stage ",
              policy_.stage());
@@ -60,6 +87,12 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, const ShardingPolicy
              "cannot write pageable host memory");
   opt_ = std::make_unique<ShardedAdamW>(make_optimizer_state_store(policy_, std::move(ranges), initial, s),
                                         h, s);
+  if (policy_.delays_update()) {
+    const bool weights_on_host = gatherer_ && gatherer_->shards_on_host() && !blocks_.empty() &&
+                                 blocks_[0]->device().is_cuda();
+    delayed_ = std::make_unique<DelayedUpdate>(*opt_, weights_on_host, policy_.pin_host_memory(), s);
+    lagging_ = std::make_unique<LaggingAccess>(*this);
+  }
   reducer_->on_final_gradient([this](size_t i, const Tensor& grad, StreamHandle cs) { update_in_backward(i, grad, cs); });
   set_overlap_comm(true);
   if (!blocks_.empty() && h.step_in_backward)
@@ -67,6 +100,7 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, const ShardingPolicy
 }
 
 ZeroEngine::~ZeroEngine() {
+  delayed_.reset();     // waits for the update in flight, which uses the state store
   comm_.synchronize();  // nothing in flight into freed buffers
   gatherer_.reset();    // before the stream their buffers may be freed on
   reducer_.reset();
@@ -82,6 +116,11 @@ void* ZeroEngine::weights_out(size_t i) const {
   if (gatherer_) return gatherer_->shard(i).data();
   const OwnedRange& r = opt_->ranges()[i];
   return static_cast<char*>(r.block->values().data()) + size_t(r.begin) * dtype_size(r.block->dtype());
+}
+
+Device ZeroEngine::weights_device() const {
+  if (gatherer_ && gatherer_->shards_on_host()) return Device::cpu();
+  return blocks_.empty() ? Device::cpu() : blocks_[0]->device();
 }
 
 void ZeroEngine::acquire_params(nn::ParamBlock& b) {
@@ -155,12 +194,16 @@ double ZeroEngine::grad_norm_squared(const nn::ParamBlock* excluded) {
 }
 
 void ZeroEngine::refresh_compute_weights() {
+  for (size_t i = 0; i < blocks_.size(); ++i) opt_->state().write_weights(i, weights_out(i), s_);
+  all_gather_compute_weights();
+}
+
+void ZeroEngine::all_gather_compute_weights() {
+  if (!policy_.gathers_updated_weights() || !dp_) return;
   for (size_t i = 0; i < blocks_.size(); ++i) {
     nn::ParamBlock& b = *blocks_[i];
-    void* out = weights_out(i);
-    opt_->state().write_weights(i, out, s_);
-    if (policy_.gathers_updated_weights() && dp_)
-      dp_->all_gather(out, b.values().data(), opt_->ranges()[i].size(), b.dtype(), s_);
+    const int64_t n = opt_->ranges()[i].size();
+    comm_.timed(s_, [&] { dp_->all_gather(weights_out(i), b.values().data(), n, b.dtype(), s_); });
   }
 }
 
@@ -169,16 +212,16 @@ void ZeroEngine::step(float grad_scale, double lr) {
   if (gatherer_) gatherer_->drop_prefetches();  // they hold the weights before this update
   updates_.clear();
   for (size_t i = 0; i < blocks_.size(); ++i) updates_.push_back({i, reducer_->gradient(i), weights_out(i)});
+  if (delayed_) {
+    if (delayed_->step(updates_, opt_->next_config(grad_scale, lr))) all_gather_compute_weights();
+    return;
+  }
   opt_->step(updates_, grad_scale, lr);
-  if (policy_.gathers_updated_weights() && dp_)
-    for (size_t i = 0; i < blocks_.size(); ++i) {
-      nn::ParamBlock& b = *blocks_[i];
-      const int64_t n = opt_->ranges()[i].size();
-      comm_.timed(s_, [&] { dp_->all_gather(updates_[i].weights_out, b.values().data(), n, b.dtype(), s_); });
-    }
+  all_gather_compute_weights();
 }
 
 std::vector<float> ZeroEngine::gather_master() {
+  if (delayed_) delayed_->wait();
   std::vector<float> all;
   for (size_t i = 0; i < blocks_.size(); ++i) {
     nn::ParamBlock& b = *blocks_[i];
@@ -198,14 +241,25 @@ std::vector<float> ZeroEngine::gather_master() {
 }
 
 void ZeroEngine::visit_state(const EngineStateVisitor& visit, StreamHandle s) {
-  bool master_written = false;
+  if (delayed_) delayed_->wait();
+  bool master_written = false, lagging_written = false;
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const int64_t shard = blocks_[i]->padded() / world_;
-    BlockState st(opt_->ranges()[i], rank_ * shard, (rank_ + 1) * shard, opt_->state(), i, s);
+    BlockState st(opt_->ranges()[i], rank_ * shard, (rank_ + 1) * shard, opt_->state(), i, s, lagging_.get());
     visit(st);
     master_written = master_written || st.master_written();
+    lagging_written = lagging_written || st.lagging_written();
   }
-  if (master_written) refresh_compute_weights();
+  if (!master_written && !lagging_written) return;
+  if (gatherer_) gatherer_->drop_prefetches();  // they hold the weights before the visit
+  if (lagging_written) {
+    // The compute weights are the checkpoint's; the loaded master weights wait for the next step.
+    all_gather_compute_weights();
+    if (master_written) delayed_->stage_master_weights();
+    return;
+  }
+  refresh_compute_weights();
+  if (delayed_) delayed_->drop_pending();
 }
 
 MemoryPlan ZeroEngine::memory_plan() const {

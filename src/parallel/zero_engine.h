@@ -25,6 +25,10 @@
 // With optimizer.step_in_backward (stages 2 and 3), the last micro-step also runs AdamW on each
 // block's slice right after its reduce-scatter, so no step-long fp32 gradient exists at all (the
 // price: no clipping by the global norm, which is only known after the last block).
+// With zero_optimization.offload_optimizer.delayed_update (policy.delays_update()) step() starts the
+// CPU update on a host thread and returns; the next step computes with the weights of the update
+// before (parallel/delayed_update.h says exactly which). Everything that reads or writes the
+// optimizer state (gather_master, visit_state, the next step, the destructor) waits for it first.
 // Averaging over the data group makes the result independent of the world size for the same
 // global batch: the trajectories of stages 0-3 at any world size agree to rounding.
 #pragma once
@@ -35,6 +39,7 @@
 #include "comm/communicator.h"
 #include "nn/block_access.h"
 #include "parallel/collective_stream.h"
+#include "parallel/delayed_update.h"
 #include "parallel/engine_state.h"
 #include "parallel/gradient_reducer.h"
 #include "parallel/memory_plan.h"
@@ -94,8 +99,10 @@ class ZeroEngine : public nn::BlockAccess {
   // copy takes the same update. `c` joins the ranks holding the copies (same data coordinate).
   void sum_gradients_over(const nn::ParamBlock& b, comm::Communicator& c);
   // AdamW on the owned slices; then stages 1/2 all-gather the new compute weights. Not with
-  // step_in_backward (the backward has updated every block).
+  // step_in_backward (the backward has updated every block). With the delayed update: installs the
+  // previous update's weights (all-gathered where replicated) and starts this one in the background.
   void step(float grad_scale, double lr);
+  bool delays_update() const { return delayed_ != nullptr; }
   int64_t optimizer_steps() const { return opt_->steps(); }
   // A loaded checkpoint's count (bias correction and the LR schedule follow it).
   void set_optimizer_steps(int64_t n) { opt_->set_steps(n); }
@@ -107,7 +114,10 @@ class ZeroEngine : public nn::BlockAccess {
   // Visits every block's optimizer state (runtime/checkpoint.h saves and loads through this); the
   // visitor's copies are ordered on `s`. When the visitor wrote master weights, the compute weights
   // are rewritten from them afterwards (cast to the compute dtype, then all-gathered where they are
-  // replicated), so the next forward sees the loaded values.
+  // replicated), so the next forward sees the loaded values. With the delayed update the visit
+  // follows the update in flight (the state after every update started), the blocks offer their
+  // lagging compute weights (BlockState::has_lagging_weights), and where the visitor wrote those
+  // too they stay the compute weights and the loaded master weights wait for the next step().
   void visit_state(const EngineStateVisitor& visit, StreamHandle s = nullptr);
 
   // overlap_comm = false runs every collective on the compute stream (for measuring the overlap).
@@ -130,6 +140,10 @@ class ZeroEngine : public nn::BlockAccess {
   void update_in_backward(size_t i, const Tensor& grad, StreamHandle cs);
   void refresh_compute_weights();
   size_t index_of(const nn::ParamBlock& b) const;
+  void all_gather_compute_weights();
+  // Where weights_out() points: the blocks' device, or host memory for the parameter tier's shards.
+  Device weights_device() const;
+  class LaggingAccess;
 
   ShardingPolicy policy_;
   int world_ = 1, rank_ = 0;
@@ -141,6 +155,8 @@ class ZeroEngine : public nn::BlockAccess {
   std::unique_ptr<ParameterGatherer> gatherer_;  // with sharded parameters
   std::unique_ptr<GradientReducer> reducer_;
   std::unique_ptr<ShardedAdamW> opt_;
+  std::unique_ptr<DelayedUpdate> delayed_;       // with policy.delays_update(); uses opt_
+  std::unique_ptr<LaggingWeights> lagging_;      // the checkpoints' view of the compute weights then
   std::vector<RangeUpdate> updates_;       // reused: step()'s argument list
   float update_scale_ = 1.f;               // step_in_backward: this step's update
   double update_lr_ = -1.0;

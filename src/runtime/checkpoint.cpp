@@ -23,6 +23,7 @@ constexpr const char* kKind = "checkpoint";
 
 std::string model_ds(const std::string& name) { return "/model/" + name; }
 std::string moment_ds(const std::string& name, const char* which) { return "/optimizer/" + name + "/" + which; }
+std::string lagging_ds(const std::string& name) { return "/delayed_update/" + name; }
 
 int comm_rank(MPI_Comm comm) {
   int r = 0;
@@ -77,7 +78,8 @@ std::string dataset_of(int k, const std::string& name) {
 int64_t checkpoint_bytes(parallel::ZeroEngine& engine) {
   int64_t bytes = int64_t(1) << 20;  // attributes, checksums, HDF5's own metadata
   engine.visit_state([&](parallel::BlockState& st) {
-    for (const auto& p : st.block().params()) bytes += 3 * int64_t(sizeof(float)) * p->numel();
+    const int64_t states = st.has_lagging_weights() ? 4 : 3;
+    for (const auto& p : st.block().params()) bytes += states * int64_t(sizeof(float)) * p->numel();
   });
   return bytes;
 }
@@ -107,14 +109,20 @@ void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngin
   f.set_attr_int("/", "loss_scale_clean_steps", state.scaler.clean_steps);
   f.set_attr_int("/", "loss_scale_overflows_left", state.scaler.overflows_left);
   f.set_attr_int("/", "skipped_steps", state.scaler.skipped);
+  f.set_attr_int("/", "delayed_update", engine.delays_update() ? 1 : 0);
 
+  // The visit waits for a delayed update in flight: the file holds the state after every update.
   engine.visit_state([&](parallel::BlockState& st) {
     const int64_t begin = st.shard_begin(), end = st.shard_end(), share = end - begin;
     // One download per state of the block: the part this rank writes.
-    Tensor host[3];
+    Tensor host[3], lagging;
     for (int k = 0; k < 3; ++k) {
       host[k] = Tensor::empty({share}, DType::F32, Device::cpu(), "checkpoint");
       st.read(kStates[k].state, begin, share, host[k].data<float>());
+    }
+    if (st.has_lagging_weights()) {  // the same on every rank: every rank takes part in every write
+      lagging = Tensor::empty({share}, DType::F32, Device::cpu(), "checkpoint");
+      st.read_lagging_weights(begin, share, lagging.data<float>());
     }
     for (const auto& p : st.block().params()) {
       ZP_CHECK(p->name.find('/') == std::string::npos, "parameter name '", p->name, "' holds a '/'");
@@ -123,6 +131,9 @@ void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngin
       for (int k = 0; k < 3; ++k)
         w.write(dataset_of(k, p->name), DType::F32, p->shape, DType::F32,
                 host[k].data<float>() + (count ? lo - begin : 0), count ? lo - p->offset : 0, count);
+      if (lagging.defined())
+        w.write(lagging_ds(p->name), DType::F32, p->shape, DType::F32, lagging.data<float>() + (count ? lo - begin : 0),
+                count ? lo - p->offset : 0, count);
       if (p->file_transposed) f.set_attr_int(model_ds(p->name), "hub_transposed", 1);
     }
   }, s);
@@ -192,9 +203,36 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm comm, parallel::Zer
              ": inconsistent step attributes (step ", st.step, ", optimizer_steps ", st.optimizer_steps,
              ", data_position ", st.data_position, ")");
 
-  // The compute weights are rewritten from the loaded master weights when the visit ends.
+  // A run with the delayed update resumes computing with the weights the writer's next step would
+  // have used (the file's /delayed_update, one update behind /model), where the file has them.
+  const bool lagging = engine.delays_update() && f.has_attr("/", "delayed_update") &&
+                       f.attr_int("/", "delayed_update") != 0;
+  if (lagging)
+    for (const nn::Parameter* p : params) {
+      const std::string ds = lagging_ds(p->name);
+      ZP_REQUIRE(f.is_dataset(ds), path, ": dataset '", ds, "' is missing (the file says delayed_update = 1)");
+      const io::DatasetInfo info = f.dataset_info(ds);
+      ZP_REQUIRE(info.shape == p->shape && info.dtype == DType::F32, path, ": dataset '", ds, "' is ",
+                 dtype_name(info.dtype), shape_str(info.shape), ", expected f32", shape_str(p->shape));
+    }
+  else if (engine.delays_update())
+    ZP_LOG_INFO(path, " was written without the delayed update: the first step computes with its master weights");
+
+  // The compute weights are rewritten from the loaded master weights when the visit ends (with the
+  // delayed update and the file's lagging weights: from those, and the master weights go in next).
   engine.visit_state([&](parallel::BlockState& bs) {
     const int64_t begin = bs.owned_begin(), size = bs.owned_end() - begin;
+    if (lagging) {
+      Tensor host = Tensor::empty({size}, DType::F32, Device::cpu(), "checkpoint");
+      bs.read_lagging_weights(begin, size, host.data<float>());  // alignment gaps keep their values
+      for (const auto& p : bs.block().params()) {
+        const int64_t lo = std::max(begin, p->offset), hi = std::min(begin + size, p->offset + p->numel());
+        const int64_t count = std::max<int64_t>(0, hi - lo);
+        reader.read(lagging_ds(p->name), p->shape, DType::F32, host.data<float>() + (count ? lo - begin : 0),
+                    count ? lo - p->offset : 0, count);
+      }
+      bs.write_lagging_weights(begin, size, host.data<float>());
+    }
     for (int k = 0; k < 3; ++k) {
       Tensor host = Tensor::empty({size}, DType::F32, Device::cpu(), "checkpoint");
       bs.read(kStates[k].state, begin, size, host.data<float>());  // alignment gaps keep their values

@@ -19,6 +19,14 @@
 //                                      ([out, in]); weights the hub stores transposed (GPT-2's
 //                                      Conv1D) carry hub_transposed = 1, as in a weights file
 //   /optimizer/<name>/exp_avg, exp_avg_sq   fp32 Adam moments, same shape
+//   /delayed_update/<name>             with delayed_update = 1 (a root attribute; the run had
+//                                      zero_optimization.offload_optimizer.delayed_update on): the
+//                                      compute weights the next step uses, one update behind /model
+//                                      (parallel/delayed_update.h), widened to fp32, same shape. /model
+//                                      and /optimizer hold the state after `optimizer_steps` updates
+//                                      (the update in flight is waited for); a delayed run resumes
+//                                      computing with these weights and installs /model after its
+//                                      first step, as the uninterrupted run does. Others ignore them.
 //
 // Sharded I/O. Parameter p of a block occupies elements [p.offset, p.offset + numel) of the block's
 // padded flat buffer, and a rank owns a range of that buffer; the engine's state visitor

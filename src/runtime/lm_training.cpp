@@ -256,9 +256,12 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
 
 }  // namespace
 
+std::unique_ptr<TrainingTask> make_lm_task(const TrainConfig& cfg, const TrainingPlace& at) {
+  return std::make_unique<LmTask>(cfg, at);
+}
+
 TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, bool return_params) {
-  return run_training(cfg, rt, group, return_params,
-                      [&](const TrainingPlace& at) { return std::make_unique<LmTask>(cfg, at); });
+  return run_training(cfg, rt, group, return_params, [&](const TrainingPlace& at) { return make_lm_task(cfg, at); });
 }
 
 }  // namespace zp::runtime

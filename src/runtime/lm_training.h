@@ -5,9 +5,13 @@
 #pragma once
 #include <mpi.h>
 
+#include <memory>
+
 #include "comm/bootstrap.h"
 #include "runtime/train_config.h"
 #include "runtime/train_result.h"
+#include "runtime/training_place.h"
+#include "runtime/training_task.h"
 
 namespace zp::runtime {
 
@@ -15,5 +19,9 @@ namespace zp::runtime {
 // final fp32 master weights (tests; small models only).
 TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group = MPI_COMM_NULL,
                   bool return_params = false);
+
+// The LM's task for the training driver (run_training): for callers that wrap it (tests that watch
+// or steer the loop from inside a task).
+std::unique_ptr<TrainingTask> make_lm_task(const TrainConfig& cfg, const TrainingPlace& at);
 
 }  // namespace zp::runtime

@@ -37,7 +37,8 @@ const io::json& train_config_schema() {
              "hysteresis": 2, "min_loss_scale": 1.0},
     "zero_optimization": {"stage": 0,
                           "offload_optimizer": {"device": "none", "nvme_path": "", "pin_memory": true,
-                                                "buffer_count": 4, "ratio": 1.0, "fast_init": false},
+                                                "buffer_count": 4, "ratio": 1.0, "fast_init": false,
+                                                "delayed_update": false},
                           "offload_param": {"device": "none", "nvme_path": "", "pin_memory": true,
                                             "buffer_count": 5, "buffer_size": 1e8, "max_in_cpu": 1e9},
                           "overlap_comm": true, "contiguous_gradients": true, "reduce_bucket_size": 5e8,
@@ -95,6 +96,17 @@ void read_offload(io::ConfigReader& r, TrainConfig& t) {
               "stage 3 shards the parameters), got stage " + std::to_string(t.zero_stage));
   if (t.offload_optimizer == "nvme")
     r.require(!t.offload_optimizer_nvme_path.empty(), opt + "device = \"nvme\" needs " + opt + "nvme_path");
+  // The delayed update (the ZeRO-Offload paper's DPU; DeepSpeed has no key for it) overlaps the CPU's
+  // update with the next step, so it needs the update on the CPU and one update per step.
+  t.offload_optimizer_delayed_update = r.boolean(opt + "delayed_update");
+  if (t.offload_optimizer_delayed_update) {
+    r.require(t.offload_optimizer != "none", opt + "delayed_update needs " + opt + "device = \"cpu\" or \"nvme\" "
+              "(it overlaps the CPU's optimizer step with the next step), got \"none\"");
+    r.require(!t.step_in_backward, opt + "delayed_update and optimizer.step_in_backward cannot both be true: stepping "
+              "in the backward updates each block at once, there is no step-long update to delay");
+    r.require(!t.fp16, opt + "delayed_update cannot be combined with fp16.enabled: skipping an overflowed step is "
+              "not implemented with the update delayed (use bf16.enabled or fp32)");
+  }
   if (t.offload_param == "nvme")
     r.require(!t.offload_param_nvme_path.empty(), par + "device = \"nvme\" needs " + par + "nvme_path");
 

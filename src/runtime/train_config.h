@@ -39,6 +39,9 @@ struct TrainConfig {
   std::string offload_optimizer_nvme_path, offload_param_nvme_path;
   int64_t offload_optimizer_buffer_count = 4, offload_param_buffer_count = 5;
   int64_t aio_block_size = 1 << 20, aio_queue_depth = 8, aio_thread_count = 1;
+  // zero_optimization.offload_optimizer.delayed_update (ours): the CPU update of step s overlaps step
+  // s+1, which computes with the weights of update s-1 (parallel/delayed_update.h).
+  bool offload_optimizer_delayed_update = false;
   bool overlap_comm = true;  // collectives on a communication stream (GPUs)
   // pipeline (issue 12): stages P (world = P x data-parallel size), the schedule, model chunks per
   // stage (interleaved), and how layers are cut: "parameters" | "uniform" | "compute", or the first

@@ -78,6 +78,8 @@ struct TrainingRun {
   std::string schedule = "1f1b";
   io::json partition = "parameters";
   int64_t layers = 2;  // the LMs' layers
+  bool delayed_update = false;   // zero_optimization.offload_optimizer.delayed_update
+  bool bf16 = false;             // bf16.enabled (else fp32)
 };
 
 // The LMs' config is written here; the UNet's is the demo config with the same overrides.
@@ -99,6 +101,8 @@ inline io::Config user_config(const std::string& data, const TrainingRun& r) {
                    {"pipeline", {{"stages", r.stages}, {"schedule", r.schedule}, {"virtual_stages", r.virtual_stages},
                                  {"partition", r.partition}}},
                    {"training", {{"max_steps", r.max_steps}, {"device", r.device}, {"eval_every", 0}}}};
+  if (r.delayed_update) user["zero_optimization"]["offload_optimizer"]["delayed_update"] = true;
+  if (r.bf16) user["bf16"] = {{"enabled", true}};
   if (r.offload == "nvme")
     user["zero_optimization"]["offload_optimizer"]["nvme_path"] =
         r.nvme_path.empty() ? std::filesystem::temp_directory_path().string() : r.nvme_path;
