@@ -181,8 +181,8 @@ void ZeroEngine::sum_gradients_over(const nn::ParamBlock& b, comm::Communicator&
 
 double ZeroEngine::grad_norm_squared(const nn::ParamBlock* excluded) {
   if (blocks_.empty()) return 0;
-  if (update_norms_.defined()) {
-    ZP_CHECK(!excluded, "a block left out of the norm with optimizer.step_in_backward");  // stepping in the backward: each block's part was taken before its update
+  if (update_norms_.defined()) {  // stepping in the backward: each block's part was taken before its update
+    ZP_CHECK(!excluded, "a block left out of the norm with optimizer.step_in_backward");
     const int64_t n = update_norms_.numel();
     if (dp_) dp_->all_reduce(update_norms_.data(), update_norms_.data(), n, DType::F32, comm::ReduceOp::Sum, s_);
     Tensor h = update_norms_.to(Device::cpu(), s_);
