@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Failure test: SIGKILL one rank of a 3-rank training job mid-run; every rank must be gone and the
-# job must exit non-zero within 60 seconds. Usage: kill_rank_test.sh ZEROPIPE_BINARY SOURCE_DIR
+# job must exit non-zero within 60 seconds. Usage: kill_rank_test.sh ZEROPIPE_BINARY SOURCE_DIR [SET...]
+# (SET: further --set assignments, e.g. a pipeline of three stages, where the victim is stage 1)
 set -u
 bin=$1 src=$2
+shift 2
+extra=()
+for a in "$@"; do extra+=(--set "$a"); done
 tmp=$(mktemp -d /tmp/zp_kill.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 cd "$src"
 mpirun --oversubscribe --bind-to none -np 3 "$bin" train --config configs/demo-tiny.json \
   --set training.max_steps=1000000 --set train_micro_batch_size_per_gpu=2 --set training.device=cpu \
-  --set "training.metrics_file=\"$tmp/metrics.jsonl\"" > "$tmp/out.log" 2>&1 &
+  --set "training.metrics_file=\"$tmp/metrics.jsonl\"" "${extra[@]}" > "$tmp/out.log" 2>&1 &
 job=$!
 for _ in $(seq 1 600); do  # up to 60 s for three steps to complete
   [ -f "$tmp/metrics.jsonl" ] && [ "$(wc -l < "$tmp/metrics.jsonl")" -ge 3 ] && break
