@@ -502,6 +502,7 @@ int main(int argc, char** argv) {
           ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(2);
   }
   benchmark::Initialize(&nargs, args.data());
+  int rank = 0;
 #ifdef ZP_WITH_CUDA
   // The engine benchmark's ranks (mpirun -np 1|2); rank 0 reports.
   char** argv_left = args.data();
@@ -509,14 +510,8 @@ int main(int argc, char** argv) {
   g_rt = &rt;
   if (rt.device().is_cuda()) benchmark::AddCustomContext("device", zp::cuda_device_name(rt.device().index));
   benchmark::AddCustomContext("ranks", std::to_string(rt.world_size()));
-  if (rt.rank() != 0) {
-    Quiet quiet;
-    benchmark::RunSpecifiedBenchmarks(&quiet);
-    benchmark::Shutdown();
-    return 0;
-  }
+  rank = rt.rank();
 #endif
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
+  run_benchmarks_on_every_rank(rank);
   return 0;
 }

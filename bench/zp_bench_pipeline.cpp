@@ -137,13 +137,6 @@ int main(int argc, char** argv) {
   zp::bench::g_rt = &rt;
   benchmark::AddCustomContext("ranks", std::to_string(rt.world_size()));
   benchmark::Initialize(&argc, argv);
-  // Every rank runs every benchmark (they train together); rank 0 reports.
-  if (rt.rank() == 0) {
-    benchmark::RunSpecifiedBenchmarks();
-  } else {
-    zp::bench::Quiet quiet;
-    benchmark::RunSpecifiedBenchmarks(&quiet);
-  }
-  benchmark::Shutdown();
+  zp::bench::run_benchmarks_on_every_rank(rt.rank());
   return 0;
 }

@@ -99,12 +99,6 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("device", zp::cuda_device_name(rt.device().index));
   benchmark::AddCustomContext("ranks", std::to_string(rt.world_size()));
   benchmark::Initialize(&argc, argv);
-  if (rt.rank() == 0) {
-    benchmark::RunSpecifiedBenchmarks();
-  } else {
-    zp::bench::Quiet quiet;
-    benchmark::RunSpecifiedBenchmarks(&quiet);
-  }
-  benchmark::Shutdown();
+  zp::bench::run_benchmarks_on_every_rank(rt.rank());
   return 0;
 }

@@ -13,10 +13,8 @@
 namespace zp::comm {
 namespace {
 
-constexpr int kMaxTag = 1 << 14;
-
 int mpi_tag(PipeChannel ch, int tag) {
-  ZP_CHECK(tag >= 0 && tag < kMaxTag, "pipeline message tag ", tag, " out of range");
+  ZP_CHECK(tag >= 0 && tag < StageLink::kMaxTag, "pipeline message tag ", tag, " out of range");
   return tag * 2 + int(ch);
 }
 

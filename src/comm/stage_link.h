@@ -29,10 +29,13 @@ enum class PipeChannel : uint8_t { Activations, Gradients };
 
 class StageLink {
  public:
+  // Tags are in [0, kMaxTag).
+  static constexpr int kMaxTag = 1 << 14;
+
   virtual ~StageLink() = default;
 
   // Starts receiving `buf` (allocated by the caller; left untouched until wait_recv) from pipeline
-  // rank `peer`; `tag` (>= 0, < 2^14) names the message among the channel's. NCCL: posts must come
+  // rank `peer`; `tag` (in [0, kMaxTag)) names the message among the channel's. NCCL: posts must come
   // in the order the peer sends.
   virtual void post_recv(PipeChannel ch, Tensor buf, int peer, int tag) = 0;
   // The buffer posted with (ch, tag) may be read: the host waits (MPI) or `compute` is ordered after

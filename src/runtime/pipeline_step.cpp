@@ -13,7 +13,7 @@ using parallel::PipeOp;
 
 namespace {
 
-constexpr int kMaxTag = 1 << 14;  // comm::StageLink's tag range
+constexpr int kMaxTag = comm::StageLink::kMaxTag;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
