@@ -180,8 +180,10 @@ void read_pipeline(io::ConfigReader& r, TrainConfig& t) {
   } else {
     t.pipeline_partition = part.get<std::string>();
   }
-  r.require(!r.boolean("pipeline.keep_gathered"), "pipeline.keep_gathered = true is not implemented yet (each "
-            "micro-batch gathers a ZeRO-3 stage's weights again)");
+  t.keep_gathered = r.boolean("pipeline.keep_gathered");
+  if (t.keep_gathered && t.zero_stage < 3)
+    ZP_LOG_WARN("pipeline.keep_gathered has no effect at zero_optimization.stage ", t.zero_stage,
+                ": only stage 3 gathers the weights for each use");
   try {
     parallel::check_schedule(parallel::schedule_kind_from(t.pipeline_schedule, "pipeline.schedule"),
                              {int(t.pipeline_stages), int(t.grad_accum), int(t.virtual_stages)});

@@ -1,7 +1,8 @@
 // Pipeline parallelism (issue 12) on the CPU backend: a pipelined run follows the single-rank
 // trajectory within 1e-5 (fp32) for Llama and tied GPT-2, with ZeRO 0-3 inside each stage, 1F1B and
 // interleaved schedules, uneven partitions, several data-parallel pipelines (P2 x D2) and the
-// optimizer offloaded inside a stage; bad layouts are errors naming their keys. Pipelined
+// optimizer offloaded inside a stage, ZeRO-3 stages that keep their weights gathered for the step;
+// bad layouts are errors naming their keys. Pipelined
 // checkpoints resume bit for bit in their own layout and to rounding in any other, and a damaged
 // one is skipped by every stage together.
 #include <cstring>
@@ -71,6 +72,11 @@ TEST(Pipeline, StagesFollowTheSingleRankTrajectory) {
         r.virtual_stages = schedule == "interleaved" ? 2 : 1;
         expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), want,
                                model + " P" + std::to_string(P) + " ZeRO " + std::to_string(zero) + " " + schedule);
+        if (zero == 3) {  // each block gathered once per step instead of once per micro-batch
+          r.keep_gathered = true;
+          expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), want,
+                                 model + " P" + std::to_string(P) + " ZeRO 3 keep_gathered " + schedule);
+        }
       }
   }
 }
@@ -98,6 +104,10 @@ TEST(Pipeline, DataParallelPipelinesAndOffloadInsideAStage) {
       if (zero == 2) {
         r.offload = "cpu";
         expect_same_trajectory(run(data, r, rt, group, true), want, what + ", optimizer offloaded to the CPU");
+      }
+      if (zero == 3) {
+        r.keep_gathered = true;
+        expect_same_trajectory(run(data, r, rt, group, true), want, what + ", keep_gathered");
       }
     }
   }
