@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
-#include <sstream>
+#include <algorithm>
 #include <vector>
 
 #include "core/error.h"
@@ -29,10 +29,13 @@ void for_each_document(const TokenizeOptions& o, const std::function<void(std::s
   ZP_REQUIRE(in.good(), o.in, ": cannot open");
   const bool jsonl = ends_with(o.in, ".jsonl") || ends_with(o.in, ".ndjson");
   if (!jsonl && !o.per_line) {
-    std::ostringstream all;
-    all << in.rdbuf();
-    ZP_REQUIRE(!in.bad(), o.in, ": read error");
-    document(all.view());
+    std::string all;
+    in.seekg(0, std::ios::end);
+    all.resize(size_t(std::max<std::streamoff>(in.tellg(), 0)));
+    in.seekg(0);
+    in.read(all.data(), std::streamsize(all.size()));
+    ZP_REQUIRE(!in.fail() || all.empty(), o.in, ": read error");
+    document(all);
     return;
   }
   std::string line;
@@ -71,8 +74,7 @@ TokenizeReport tokenize_file(const TokenizeOptions& o) {
     if (r.documents > 0 || o.append_eos) ZP_REQUIRE(eos.has_value(), o.tokenizer, ": the tokenizer has no EOS token to separate documents with "
                                                                        "(tokenizer_config.json's eos_token)");
     if (r.documents > 0) tokens.push_back(*eos);
-    const std::vector<int32_t> ids = tokenizer.encode(text, options);
-    tokens.insert(tokens.end(), ids.begin(), ids.end());
+    tokenizer.encode(text, options, tokens);
     r.bytes += int64_t(text.size());
     ++r.documents;
   });

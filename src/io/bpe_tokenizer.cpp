@@ -116,6 +116,11 @@ BpeTokenizer::BpeTokenizer(BpeTokenizerParts parts)
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text, const EncodeOptions& options) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + prefix_.size() + suffix_.size() + 4);
+  encode(text, options, out);
+  return out;
+}
+
+void BpeTokenizer::encode(std::string_view text, const EncodeOptions& options, std::vector<int32_t>& out) const {
   if (options.add_special) out.insert(out.end(), prefix_.begin(), prefix_.end());
   size_t start = 0;  // of the text not yet encoded
   if (!added_.empty()) {
@@ -126,7 +131,7 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text, const EncodeOpt
         if (t.special && options.split_special) continue;
         if (text.size() - i < t.content.size() || std::memcmp(text.data() + i, t.content.data(), t.content.size()) != 0)
           continue;
-        encode_text(text.substr(start, i - start), out);
+        encode_text(text.substr(start, i - start), 0, out);
         out.push_back(t.id);
         start = i + t.content.size();
         i = start - 1;
@@ -134,23 +139,14 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text, const EncodeOpt
       }
     }
   }
-  encode_text(text.substr(start), out);
+  encode_text(text.substr(start), 0, out);
   if (options.add_special) out.insert(out.end(), suffix_.begin(), suffix_.end());
-  return out;
 }
 
-void BpeTokenizer::encode_text(std::string_view text, std::vector<int32_t>& out) const {
+void BpeTokenizer::encode_text(std::string_view text, size_t level, std::vector<int32_t>& out) const {
   if (text.empty()) return;
-  // Each pattern cuts the pieces of the one before; two buffers, swapped, serve every level.
-  thread_local std::vector<std::string_view> pieces, next;
-  pieces.assign(1, text);
-  for (const SplitPattern& p : patterns_) {
-    next.clear();
-    for (std::string_view s : pieces) p.split(s, next);
-    std::swap(pieces, next);
-  }
-  // encode_piece may not re-enter encode_text, so the thread's buffers stay valid through the loop.
-  for (std::string_view piece : pieces) encode_piece(piece, out);
+  if (level == patterns_.size()) return encode_piece(text, out);
+  patterns_[level].split(text, [&](std::string_view piece) { encode_text(piece, level + 1, out); });
 }
 
 void BpeTokenizer::no_byte_token(uint8_t b) const {
@@ -166,26 +162,28 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
     out.push_back(id);
     return;
   }
-  if (ignore_merges_) {
-    auto it = by_bytes_.find(std::string(piece));
-    if (it != by_bytes_.end()) {
-      out.push_back(it->second);
-      return;
-    }
-  }
-  {
+  const bool cacheable = piece.size() <= sizeof(CacheSlot::piece);
+  const uint64_t hash = std::hash<std::string_view>{}(piece);
+  CacheSlot& slot = cache_->slots[hash & (kCacheSlots - 1)];
+  if (cacheable) {
     std::lock_guard lock(cache_->mutex);
-    auto it = cache_->ids.find(std::string(piece));
-    if (it != cache_->ids.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
+    if (slot.hash == hash && slot.length == piece.size() && std::memcmp(slot.piece, piece.data(), piece.size()) == 0) {
+      out.insert(out.end(), slot.ids, slot.ids + slot.count);
       return;
     }
   }
   const size_t first = out.size();
-  merge_piece(piece, out);
+  auto whole = ignore_merges_ ? by_bytes_.find(piece) : by_bytes_.end();
+  if (whole != by_bytes_.end()) out.push_back(whole->second);
+  else merge_piece(piece, out);
+  const size_t count = out.size() - first;
+  if (!cacheable || count > std::size(slot.ids)) return;
   std::lock_guard lock(cache_->mutex);
-  if (cache_->ids.size() >= kCacheEntries) cache_->ids.clear();
-  cache_->ids.emplace(std::string(piece), std::vector<int32_t>(out.begin() + int64_t(first), out.end()));
+  slot.hash = hash;
+  slot.length = uint8_t(piece.size());
+  slot.count = uint8_t(count);
+  std::memcpy(slot.piece, piece.data(), piece.size());
+  std::copy(out.begin() + int64_t(first), out.end(), slot.ids);
 }
 
 void BpeTokenizer::merge_piece(std::string_view piece, std::vector<int32_t>& out) const {
@@ -248,7 +246,7 @@ std::string BpeTokenizer::decode(std::span<const int32_t> ids, bool skip_special
 }
 
 std::optional<int32_t> BpeTokenizer::token_to_id(std::string_view token) const {
-  auto it = by_name_.find(std::string(token));
+  auto it = by_name_.find(token);
   if (it == by_name_.end()) return std::nullopt;
   return it->second;
 }

@@ -52,7 +52,7 @@ SplitPattern::~SplitPattern() = default;
 SplitPattern::SplitPattern(SplitPattern&&) noexcept = default;
 SplitPattern& SplitPattern::operator=(SplitPattern&&) noexcept = default;
 
-void SplitPattern::split(std::string_view text, std::vector<std::string_view>& pieces) const {
+void SplitPattern::split(std::string_view text, const std::function<void(std::string_view)>& piece) const {
   thread_local ThreadMatchData md;
   ZP_CHECK(md.data != nullptr, "out of memory for PCRE2 match data");
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
@@ -74,11 +74,11 @@ void SplitPattern::split(std::string_view text, std::vector<std::string_view>& p
       while (from < n && (uint8_t(text[from]) & 0xC0) == 0x80) ++from;
       continue;
     }
-    if (begin > at) pieces.push_back(text.substr(at, begin - at));
-    pieces.push_back(text.substr(begin, end - begin));
+    if (begin > at) piece(text.substr(at, begin - at));
+    piece(text.substr(begin, end - begin));
     at = from = end;
   }
-  if (at < n) pieces.push_back(text.substr(at));
+  if (at < n) piece(text.substr(at));
 }
 
 }  // namespace zp::io
