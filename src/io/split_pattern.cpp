@@ -65,6 +65,8 @@ void SplitPattern::split(std::string_view text, const std::function<void(std::st
     if (rc == PCRE2_ERROR_NOMATCH) break;
     ZP_REQUIRE(rc >= 0, "split pattern '", pattern_, "' failed on a text of ", n, " bytes at byte ", from, ": ",
                pcre2_message(rc));
+    // Copied out before any piece is handed over: the callback may split again on this thread (the
+    // next pattern of a Sequence), reusing the thread's match data.
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.data);
     const size_t begin = ov[0], end = ov[1];
     if (end == begin) {
