@@ -77,10 +77,11 @@ struct TrainingRun {
   int stages = 1, virtual_stages = 1;
   std::string schedule = "1f1b";
   io::json partition = "parameters";
-  bool keep_gathered = false;    // pipeline.keep_gathered
   int64_t layers = 2;  // the LMs' layers
   bool delayed_update = false;   // zero_optimization.offload_optimizer.delayed_update
   bool bf16 = false;             // bf16.enabled (else fp32)
+  bool keep_gathered = false;    // pipeline.keep_gathered
+  // New fields go last: suites build runs with positional initialisers.
 };
 
 // The LMs' config is written here; the UNet's is the demo config with the same overrides.
