@@ -1,6 +1,7 @@
 #include "core/allocator.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <memory>
@@ -168,13 +169,21 @@ Allocator& device_allocator(int index) {
 #endif
 }
 
-double host_peak_rss_bytes() {
+namespace {
+
+double proc_status_bytes(const char* key) {  // "VmHWM:", in kB in the file
   std::ifstream in("/proc/self/status");
   std::string line;
+  const size_t n = std::strlen(key);
   while (std::getline(in, line))
-    if (line.starts_with("VmHWM:")) return std::stod(line.substr(6)) * 1024.0;  // kB
+    if (line.compare(0, n, key) == 0) return std::stod(line.substr(n)) * 1024.0;
   return 0;
 }
+
+}  // namespace
+
+double host_peak_rss_bytes() { return proc_status_bytes("VmHWM:"); }
+double host_current_rss_bytes() { return proc_status_bytes("VmRSS:"); }
 
 Allocator& allocator_for(Device d, bool pinned) {
   if (d.is_cuda()) return device_allocator(d.index);

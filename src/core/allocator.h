@@ -45,7 +45,9 @@ Allocator& device_allocator(int index);
 // The allocator that owns memory of `d` (pinned=true picks pinned host memory for the CPU).
 Allocator& allocator_for(Device d, bool pinned = false);
 
-// The process's peak resident host memory so far (VmHWM), in bytes; 0 where /proc is missing.
+// The process's peak resident host memory so far (VmHWM) and now (VmRSS), in bytes; 0 where /proc
+// is missing.
 double host_peak_rss_bytes();
+double host_current_rss_bytes();
 
 }  // namespace zp

@@ -1,5 +1,6 @@
-// Helpers for tests that run under mpirun: the world rank and size, and a scratch folder that rank 0
-// creates (named per process, so ctest's np2/np3/np5 runs cannot collide) and removes at the end.
+// Helpers for tests that run under mpirun: the world rank and size, whether every rank has a GPU, and
+// a scratch folder that rank 0 creates (named per process, so ctest's np2/np3/np5 runs cannot
+// collide) and removes at the end.
 #pragma once
 #include <mpi.h>
 #include <unistd.h>
@@ -8,7 +9,18 @@
 #include <filesystem>
 #include <string>
 
+#include "comm/bootstrap.h"
+#include "core/device.h"
+
 namespace zp::test {
+
+// Whether every rank of the world has a GPU of its own (the same answer on every rank).
+inline bool every_rank_has_a_gpu() {
+  comm::Runtime rt;
+  int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size(), all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all != 0;
+}
 
 inline int world_rank() {
   int r = 0;

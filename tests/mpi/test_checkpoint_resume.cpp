@@ -94,13 +94,7 @@ TEST(CheckpointResume, UNetStage3WithActivationCheckpointingBitwiseAtSameWorld) 
 
 // The same save and resume on GPUs with NCCL (one GPU per rank).
 TEST(CheckpointResumeGpu, Stages0And3OnGpus) {
-  int all = 0;
-  {  // one Runtime at a time: check_same_world makes its own
-    comm::Runtime rt;
-    int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size();
-    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  }
-  if (!all) GTEST_SKIP() << "needs one GPU per rank";
+  if (!every_rank_has_a_gpu()) GTEST_SKIP() << "needs one GPU per rank";
   check_same_world("llama", 0, "cuda");
   check_same_world("gpt2", 3, "cuda");
   check_same_world("unet", 3, "cuda", true);

@@ -230,20 +230,12 @@ TEST(DelayedUpdate, ResumesBitForBitMidRun) {
     }
 }
 
-// Whether every rank has a GPU of its own (the same answer on every rank).
-bool every_rank_has_a_gpu_for_delayed_update() {
-  comm::Runtime rt;
-  int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size(), all = 0;
-  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return all != 0;
-}
-
 // On GPUs the update runs on the host thread through the staging ring and the device double buffers.
 // fp32: against the reference on the same GPUs (its AdamW is the CUDA one, the delayed run's the
 // CPU's: 1e-5, as for the other offload tiers). bf16: the compute weights are rounded to bf16 on
 // both sides, at different places of each AdamW: within bf16's resolution.
 TEST(DelayedUpdateGpu, FollowsTheDelayedTrajectoryOnGpus) {
-  if (!every_rank_has_a_gpu_for_delayed_update()) GTEST_SKIP() << "needs one GPU per rank";
+  if (!every_rank_has_a_gpu()) GTEST_SKIP() << "needs one GPU per rank";
   expect_delayed_runs_follow_the_reference("cuda", false, 1e-5, 1e-5);
   expect_delayed_runs_follow_the_reference("cuda", true, 1e-2, 1e-2);
 }

@@ -9,17 +9,24 @@
 //    "cpu"), with the optimizer in host memory, on NVMe or on the device; on a CPU device that memory
 //    is the device's, so the transfers themselves are tested on GPUs (OffloadParamsGpu);
 //  - a checkpoint saved with the state on any tier resumes on any other, on the same trajectory;
-//  - an nvme_path that cannot hold the swap files stops every rank at start, naming the key.
+//  - an nvme_path that cannot hold the swap files stops every rank at start, naming the key;
+//  - on GPUs, start-up and a resume raise the peak host RSS by the rank's host state, not the model.
 // Every rank takes the same branches: no rank is ever left alone in a collective.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <sys/mount.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 
+#include "core/allocator.h"
 #include "core/cpu_share.h"
 #include "core/device.h"
+#include "models/transformer.h"
+#include "parallel/sharding_policy.h"
 #include "runtime/run_plan.h"
 #include "test_util.h"
 #include "training_runs.h"
@@ -148,13 +155,6 @@ TEST(OffloadOptimizer, NvmeDiskTooSmallFailsAtStartNamingTheBytes) {
 
 namespace {
 
-// Whether every rank has a GPU of its own (the same answer on every rank).
-bool every_rank_has_a_gpu() {
-  comm::Runtime rt;
-  int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size(), all = 0;
-  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return all != 0;
-}
 
 // The optimizer state on `tier` against the device, on GPUs: Llama at stage 1, GPT-2 at 2 with
 // accumulation, the UNet at 3 (with `params_too`, also with the parameters in host memory).
@@ -257,6 +257,76 @@ TEST(OffloadCpuShare, EachRankTakesItsShareOfTheNode) {
   }
   EXPECT_GE(share.cpus.size(), want);
   EXPECT_EQ(thread_cpus(), share.cpus) << "the calling thread runs on the share now";
+}
+
+}  // namespace zp::test
+
+namespace zp::test {
+
+namespace {
+
+// Resets this process's peak RSS (VmHWM) to its current RSS; false where the kernel refuses.
+bool reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  return bool(f);
+}
+
+}  // namespace
+
+// Item 6, "start-up stays shard-sized": a Llama of 0.6B parameters on GPUs, ZeRO-3 with the optimizer
+// and the parameters in host memory. Its start-up (every block allocated and initialised, one at a
+// time) and one step, then a resume from the checkpoint that run saved, each raise the rank's peak
+// host RSS by at most the host state the plan says it keeps (12 bytes of optimizer state and 2 of
+// weights per owned parameter) plus three fp32 blocks and 768 MiB of buffers and runtime; a
+// whole-model fp32 copy anywhere (2.5 GB) would not fit in that margin.
+TEST(OffloadStartupGpu, HostPeakStaysShardSized) {
+  if (!every_rank_has_a_gpu()) GTEST_SKIP() << "needs one GPU per rank";
+  comm::Runtime rt;
+  const int world = world_size();
+  SharedDir dir("offload_startup_rss");
+  const std::string data = data_file(dir, "llama");
+  TrainingRun r{"llama", 3, world, 1, 1, dir / "ckpt"};
+  r.device = "cuda";
+  r.offload = "cpu";
+  r.offload_param = "cpu";
+  r.bf16 = true;
+  io::Config c = user_config(data, r);
+  c.set("model.config.hidden_size=2048");
+  c.set("model.config.intermediate_size=5632");
+  c.set("model.config.num_hidden_layers=12");
+  c.set("model.config.num_attention_heads=16");
+  c.set("model.config.num_key_value_heads=16");
+  runtime::TrainConfig t = runtime::TrainConfig::from(c);
+
+  const auto mcfg = models::TransformerConfig::from_hub_json(c.at("model.config"), "rss-test");
+  const models::Transformer laid_out(mcfg, Device::cpu(), DType::BF16, nullptr, parallel::shard_pad_multiple(world),
+                                     /*allocate=*/false);
+  int64_t params = 0, largest = 0;
+  for (const nn::ParamBlock* b : const_cast<models::Transformer&>(laid_out).blocks()) {
+    params += b->padded();
+    largest = std::max(largest, b->padded());
+  }
+  const double state = 14.0 * double(params) / world, margin = 3.0 * 4.0 * double(largest) + double(768ull << 20);
+  ASSERT_GT(4.0 * double(params), margin) << "the model is too small for a whole-model copy to show";
+
+  for (const std::string resume : {"", "latest"}) {
+    t.resume = resume;
+    t.max_steps = resume.empty() ? 1 : 2;
+    const double rss = host_current_rss_bytes();
+    ASSERT_TRUE(reset_peak_rss()) << "/proc/self/clear_refs refused a reset of the peak RSS";
+    const runtime::TrainResult res = runtime::train(t, rt, MPI_COMM_WORLD, false);
+    const double rise = host_peak_rss_bytes() - rss;
+    EXPECT_EQ(res.resumed_from.empty(), resume.empty());
+    EXPECT_LE(rise, state + margin) << (resume.empty() ? "start-up and one step" : "resume and one step")
+                                    << ": the peak host RSS rose by " << rise / 1e9 << " GB; the host state is "
+                                    << state / 1e9 << " GB, the margin " << margin / 1e9 << " GB";
+    if (world_rank() == 0)
+      std::printf("[ MEASURED ] %s: peak host RSS +%.2f GB (host state %.2f GB, bound %.2f GB)\n",
+                  resume.empty() ? "start-up + 1 step" : "resume + 1 step", rise / 1e9, state / 1e9,
+                  (state + margin) / 1e9);
+  }
 }
 
 }  // namespace zp::test

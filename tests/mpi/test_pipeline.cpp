@@ -301,13 +301,7 @@ namespace zp::test {
 // inside, 1F1B and interleaved, follow one GPU within 1e-5 (fp32); a pipelined checkpoint resumes
 // data-parallel on the same GPUs and follows it too.
 TEST(PipelineGpu, StagesOnGpusFollowOneGpu) {
-  int all = 0;
-  {  // one Runtime at a time
-    comm::Runtime rt;
-    int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size();
-    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  }
-  if (!all) GTEST_SKIP() << "needs one GPU per rank";
+  if (!every_rank_has_a_gpu()) GTEST_SKIP() << "needs one GPU per rank";
   comm::Runtime rt;
   const int P = world_size();
   for (const std::string model : {"gpt2", "llama"}) {

@@ -12,6 +12,7 @@
 #include "comm/bootstrap.h"
 #include "core/device.h"
 #include "io/config.h"
+#include "mpi_test_util.h"
 #include "runtime/diffusion_training.h"
 #include "tiny_unet_config.h"
 
@@ -85,13 +86,6 @@ void check_unet(bool sdxl, const std::string& device = "cpu") {
     EXPECT_LE(rel_l2(r.final_params, ref.final_params), 1e-5)
         << what << " stage " << stage << " world " << world << ": final parameters";
   }
-}
-
-bool every_rank_has_a_gpu() {
-  comm::Runtime rt;
-  int ok = rt.device().is_cuda() && cuda_device_count() >= rt.local_size(), all = 0;
-  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return all != 0;
 }
 
 }  // namespace
