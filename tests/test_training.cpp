@@ -83,18 +83,6 @@ TEST(LossScaler, HalvesAfterHysteresisAndGrowsAfterWindow) {
   EXPECT_EQ(s.skipped(), 2);
 }
 
-TEST(LrSchedule, WarmupThenCosineAndLinear) {
-  LrSchedule c{"WarmupCosineLR", 1.0, 0.1, 10, 110};
-  EXPECT_DOUBLE_EQ(c.at(0), 0.1);
-  EXPECT_DOUBLE_EQ(c.at(9), 1.0);
-  EXPECT_NEAR(c.at(60), 0.55, 1e-12);  // halfway: min + (max - min) / 2
-  EXPECT_NEAR(c.at(110), 0.1, 1e-12);
-  LrSchedule l{"WarmupDecayLR", 1.0, 0.0, 0, 100};
-  EXPECT_NEAR(l.at(25), 0.75, 1e-12);
-  LrSchedule k{"WarmupLR", 1.0, 0.0, 0, 100};
-  EXPECT_DOUBLE_EQ(k.at(99), 1.0);
-}
-
 TEST(TrainConfig, ErrorsNameTheKey) {
   std::string data = token_file("zp_cfg.bin", 200, 64, 3);
   auto error = [&](const std::string& set) {
