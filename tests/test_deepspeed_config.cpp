@@ -120,6 +120,20 @@ TEST(DeepSpeedConfig, DocsAdamExampleInfersTheMicroBatchFromTheWorld) {
                 "train_micro_batch_size_per_gpu cannot be inferred"});
 }
 
+TEST(DeepSpeedConfig, Fp16FixedLossScaleNeitherGrowsNorHalves) {
+  const TrainConfig t = TrainConfig::from(deepspeed_file("docs_adam_warmuplr_fp16.json", {"fp16.loss_scale=128"}));
+  EXPECT_DOUBLE_EQ(t.initial_scale, 128);
+  EXPECT_DOUBLE_EQ(t.min_scale, 128);  // its own floor: an overflow skips the step, the scale stays
+  EXPECT_EQ(t.scale_window, INT64_MAX);
+  const TrainConfig dynamic = TrainConfig::from(deepspeed_file(
+      "docs_adam_warmuplr_fp16.json", {"fp16.initial_scale_power=12", "fp16.loss_scale_window=50",
+                                       "fp16.hysteresis=3", "fp16.min_loss_scale=0.25"}));
+  EXPECT_DOUBLE_EQ(dynamic.initial_scale, 4096);
+  EXPECT_EQ(dynamic.scale_window, 50);
+  EXPECT_EQ(dynamic.hysteresis, 3);
+  EXPECT_DOUBLE_EQ(dynamic.min_scale, 0.25);
+}
+
 TEST(DeepSpeedConfig, RefusedFeaturesAreErrorsNamingEachKey) {
   const std::string m = error_message([] { TrainConfig::from(deepspeed_file("docs_refused_features.json")); });
   for (const char* key : {"sparse_attention", "zero_optimization.zero_quantized_weights",

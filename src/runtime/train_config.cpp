@@ -254,11 +254,14 @@ void read_pipeline(io::ConfigReader& r, TrainConfig& t) {
   }
   r.require(!r.boolean("pipeline.keep_gathered"), "pipeline.keep_gathered = true is not implemented yet (each "
             "micro-batch gathers a ZeRO-3 stage's weights again)");
-  if (t.grad_accum > 0) try {  // else inferred when the run is placed, and checked there
-    parallel::check_schedule(parallel::schedule_kind_from(t.pipeline_schedule, "pipeline.schedule"),
-                             {int(t.pipeline_stages), int(t.grad_accum), int(t.virtual_stages)});
-  } catch (const Error& e) {
-    r.require(false, e.what());
+  // An accumulation inferred from train_batch_size is known, and checked, when the run is placed.
+  if (t.grad_accum > 0) {
+    try {
+      parallel::check_schedule(parallel::schedule_kind_from(t.pipeline_schedule, "pipeline.schedule"),
+                               {int(t.pipeline_stages), int(t.grad_accum), int(t.virtual_stages)});
+    } catch (const Error& e) {
+      r.require(false, e.what());
+    }
   }
   r.require(!t.step_in_backward || t.pipeline_stages == 1,
             "optimizer.step_in_backward with pipeline.stages > 1: a tied embedding's two copies must add their "
@@ -325,10 +328,13 @@ void read_precision(io::ConfigReader& r, TrainConfig& t) {
   // 2^63 and beyond do not fit the int64 the scale was once computed in, and no gradient needs them.
   const int64_t power = r.integer("fp16.initial_scale_power", 0, 63);
   const int64_t window = r.integer("fp16.loss_scale_window", 1);
+  t.hysteresis = r.integer("fp16.hysteresis", 1);
+  const double min_loss_scale = r.number("fp16.min_loss_scale", Range::above(0));
+  // A fixed scale (DeepSpeed's static scaler) never grows and, being its own floor, never halves:
+  // an overflowing step is skipped, and counts towards training.max_bad_steps.
   t.initial_scale = fixed > 0 ? fixed : std::ldexp(1.0, int(power));
   t.scale_window = fixed > 0 ? INT64_MAX : window;
-  t.hysteresis = r.integer("fp16.hysteresis", 1);
-  t.min_scale = r.number("fp16.min_loss_scale", Range::above(0));
+  t.min_scale = fixed > 0 ? fixed : min_loss_scale;
 }
 
 // scheduler.*: DeepSpeed's schedules and parameter names (runtime/lr_schedule.h). "auto" resolves as
@@ -463,7 +469,8 @@ TrainConfig TrainConfig::read(io::ConfigReader& r, const std::string& model_type
             "checkpoint.save_every = " + std::to_string(t.save_every) + " needs checkpoint.dir (where to save)");
   t.config_json = r.config().dump();
   t.warnings = r.warnings();
-  for (const std::string& w : t.warnings) ZP_LOG_WARN(w);
+  // Every rank reads the same configuration before MPI starts: rank 0 alone says what it found.
+  for (const std::string& w : t.warnings) log_line(LogLevel::Warn, /*all_ranks=*/false, w);
   return t;
 }
 
