@@ -4,9 +4,10 @@
 // the stages beside the schedule's theoretical one, and the bytes one step moves between ranks
 // (pipeline activations and their gradients; for ZeRO, its all-gathers and reduce-scatters), counted
 // from the shapes. P = 1 is plain ZeRO data parallelism over the world, the comparison.
-//   BM_Pipeline/<model>/<P>/<M>/<V>/<zero stage>   model 0 = a tiny GPT (10 layers, d=64: the CPU and
+//   BM_Pipeline/<model>/<P>/<M>/<V>/<zero stage>/<keep>   model 0 = a tiny GPT (10 layers, d=64: the CPU and
 //   the five-rank consumer shape), 1 = the 1.42B GPT of zp_bench_zero (bf16, B=8, T=1024 per micro-batch;
-//   GPUs). V > 1 runs the interleaved schedule. Steps 1-2 are warm-up; steps 3-8 are measured.
+//   GPUs). V > 1 runs the interleaved schedule; keep 1 sets pipeline.keep_gathered. Steps 1-2 are
+//   warm-up; steps 3-8 are measured.
 // Run: mpirun -np 5 zp_bench_pipeline --benchmark_filter='BM_Pipeline/0/5/'   (CPU, P5)
 //      mpirun -np 2 zp_bench_pipeline --benchmark_filter='BM_Pipeline/1/'     (2 GPUs)
 #include <benchmark/benchmark.h>
@@ -33,6 +34,7 @@ constexpr int kSteps = 8, kWarmup = 2;
 void BM_Pipeline(benchmark::State& st) {
   const bool big = st.range(0) != 0;
   const int P = int(st.range(1)), M = int(st.range(2)), V = int(st.range(3)), zero = int(st.range(4));
+  const bool keep = st.range(5) != 0;
   comm::Runtime& rt = *g_rt;
   const int world = rt.world_size(), D = world / P;
   if (world % P != 0 || (big && !rt.device().is_cuda())) {
@@ -65,7 +67,8 @@ void BM_Pipeline(benchmark::State& st) {
       {"steps_per_print", 1000},
       {"bf16", {{"enabled", big}}},
       {"zero_optimization", {{"stage", zero}}},
-      {"pipeline", {{"stages", P}, {"schedule", V > 1 ? "interleaved" : "1f1b"}, {"virtual_stages", V}}},
+      {"pipeline",
+       {{"stages", P}, {"schedule", V > 1 ? "interleaved" : "1f1b"}, {"virtual_stages", V}, {"keep_gathered", keep}}},
       {"model", {{"config", model}}},
       {"data", {{"train_files", {tokens}}, {"seq_len", T}}},
       {"training", {{"max_steps", kSteps}, {"metrics_file", metrics}, {"device", big ? "cuda" : "cpu"}}}};
@@ -106,26 +109,32 @@ void BM_Pipeline(benchmark::State& st) {
     // every stage reduces the fp32 gradients once.
     const double params = 12.0 * C * C * layers + double(vocab + T) * C;
     const double ring = D > 1 ? double(D - 1) / D : 0.0;
-    const double gather = zero == 3 ? 2.0 * M * params * (big ? 2 : 4) : (zero >= 1 ? params * (big ? 2 : 4) : 0.0);
+    // (once per step when it keeps them gathered)
+    const double gathers = keep ? 1.0 : 2.0 * M;
+    const double gather = zero == 3 ? gathers * params * (big ? 2 : 4) : (zero >= 1 ? params * (big ? 2 : 4) : 0.0);
     st.counters["zero_bytes_per_step"] = ring * (gather + params * 4) * world;
   }
   if (rt.rank() == 0) fs::remove_all(dir);
 }
 BENCHMARK(BM_Pipeline)
-    ->ArgNames({"model", "P", "M", "V", "zero"})
+    ->ArgNames({"model", "P", "M", "V", "zero", "keep"})
     // CPU: the five-rank consumer shape, 1F1B and interleaved bubbles against theory.
-    ->Args({0, 5, 5, 1, 1})
-    ->Args({0, 5, 10, 1, 1})
-    ->Args({0, 5, 10, 2, 1})
-    ->Args({0, 2, 4, 1, 1})
-    ->Args({0, 1, 4, 1, 3})
+    ->Args({0, 5, 5, 1, 1, 0})
+    ->Args({0, 5, 10, 1, 1, 0})
+    ->Args({0, 5, 10, 2, 1, 0})
+    ->Args({0, 2, 4, 1, 1, 0})
+    ->Args({0, 1, 4, 1, 3, 0})
     // 2 GPUs: P2 against ZeRO-3 D2 at M = 4, 8, 16.
-    ->Args({1, 2, 4, 1, 1})
-    ->Args({1, 2, 8, 1, 1})
-    ->Args({1, 2, 16, 1, 1})
-    ->Args({1, 1, 4, 1, 3})
-    ->Args({1, 1, 8, 1, 3})
-    ->Args({1, 1, 16, 1, 3})
+    ->Args({1, 2, 4, 1, 1, 0})
+    ->Args({1, 2, 8, 1, 1, 0})
+    ->Args({1, 2, 16, 1, 1, 0})
+    ->Args({1, 1, 4, 1, 3, 0})
+    ->Args({1, 1, 8, 1, 3, 0})
+    ->Args({1, 1, 16, 1, 3, 0})
+    // ZeRO-3 keeping each block gathered for the step's micro-batches (pipeline.keep_gathered).
+    ->Args({1, 1, 8, 1, 3, 1})
+    ->Args({1, 2, 8, 1, 3, 0})
+    ->Args({1, 2, 8, 1, 3, 1})
     ->UseManualTime()
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);

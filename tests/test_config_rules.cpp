@@ -450,7 +450,9 @@ TEST(ConfigRules, PipelineKeys) {
                {"gradient_accumulation_steps (6) must be a multiple of it"});
   expect_error([&] { with({"pipeline.stages=2", "gradient_accumulation_steps=2", "pipeline.virtual_stages=2"}); },
                {"pipeline.virtual_stages = 2 needs pipeline.schedule = \"interleaved\""});
-  expect_error([&] { with({"pipeline.keep_gathered=true"}); }, {"pipeline.keep_gathered", "not implemented yet"});
+  EXPECT_FALSE(with({}).keep_gathered);
+  EXPECT_TRUE(with({"pipeline.keep_gathered=true", "zero_optimization.stage=3"}).keep_gathered);
+  expect_error([&] { with({"pipeline.keep_gathered=yes"}); }, {"pipeline.keep_gathered"});
   expect_error([&] { with({"pipeline.stages=2", "gradient_accumulation_steps=2", "zero_optimization.stage=2",
                            "gradient_clipping=0", "optimizer.step_in_backward=true"}); },
                {"optimizer.step_in_backward with pipeline.stages > 1"});

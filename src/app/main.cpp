@@ -12,6 +12,7 @@
 #include "app/make_latents.h"
 #include "app/parity.h"
 #include "app/plan_command.h"
+#include "app/tokenize_command.h"
 #include "comm/bootstrap.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -40,6 +41,8 @@ const char* kUsage =
     "  inspect  list and check a checkpoint or weights file: zeropipe inspect FILE [--verify]\n"
     "  plan     memory per rank and node on each tier, whether it fits, and the cheapest change if not:\n"
     "           zeropipe plan --config FILE [--world N] [--gpu-memory 24GiB] [--host-memory 64GiB]\n"
+    "  tokenize text or JSONL -> a token file for train, through a Hugging Face or GPT-2 tokenizer:\n"
+    "           zeropipe tokenize --tokenizer DIR|tokenizer.json --in FILE --out FILE [--append-eos]\n"
     "  parity   run a reference folder (hub config, weights, io.safetensors) and hold every tensor to\n"
     "           the parity criterion (its reference_error.json); exit 0 exactly when all gated pass\n"
     "run `zeropipe <command> --help` for the command's options\n";
@@ -127,6 +130,30 @@ int cmd_plan(int argc, char** argv) {
   return zp::app::run_plan(o);
 }
 
+int cmd_tokenize(int argc, char** argv) {
+  zp::app::TokenizeOptions o;
+  po::options_description desc(
+      "zeropipe tokenize: text or JSONL in, a token file out (the layout train's data.train_files read).\n"
+      "Documents are separated by the tokenizer's EOS: a text file is one document (one per line with\n"
+      "--per-line), each JSONL record's field is one.\n"
+      "  zeropipe tokenize --tokenizer hub-folder/ --in corpus.jsonl --out train.bin\n"
+      "options");
+  desc.add_options()("help,h", "show this help")(
+      "tokenizer", po::value<std::string>(&o.tokenizer)->required(),
+      "tokenizer.json, or a folder holding it or GPT-2's vocab.json + merges.txt (encoder.json + vocab.bpe); "
+      "tokenizer_config.json beside it gives BOS and EOS")(
+      "in", po::value<std::string>(&o.in)->required(), "input: *.jsonl (or *.ndjson) is JSONL, anything else text")(
+      "out", po::value<std::string>(&o.out)->required(), "token file to write")(
+      "field", po::value<std::string>(&o.field)->default_value("text"), "JSONL: the records' text field")(
+      "per-line", po::bool_switch(&o.per_line), "text: each non-empty line is a document")(
+      "append-eos", po::bool_switch(&o.append_eos), "end the last document with EOS too")(
+      "add-special", po::bool_switch(&o.add_special),
+      "put the tokenizer's own tokens around each document (Llama 3: BOS), as add_special_tokens does");
+  po::variables_map vm;
+  if (!parse_options(argc, argv, desc, vm)) return 0;
+  return zp::app::run_tokenize(o);
+}
+
 int cmd_train(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> sets;
@@ -195,6 +222,7 @@ int main(int argc, char** argv) {
     if (cmd == "inspect") return cmd_inspect(argc - 1, argv + 1);
     if (cmd == "plan") return cmd_plan(argc - 1, argv + 1);
     if (cmd == "make-latents") return cmd_make_latents(argc - 1, argv + 1);
+    if (cmd == "tokenize") return cmd_tokenize(argc - 1, argv + 1);
     std::fprintf(stderr, "zeropipe: unknown command '%s'\n%s", cmd.c_str(), kUsage);
     return 2;
   } catch (const po::error& e) {

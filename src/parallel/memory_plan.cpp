@@ -24,9 +24,10 @@ MemoryPlan plan_memory(std::span<nn::ParamBlock* const> blocks, const ShardingPo
     dt = b->dtype();
   }
   const double psi = double(p.params), n = double(world), k = double(dtype_size(dt));
-  // Stage 3 keeps the shards plus up to two gathered blocks in flight (the current and the prefetch).
+  // Stage 3 keeps the shards plus up to two gathered blocks in flight (the current and the prefetch),
+  // or every block gathered once in the step when it keeps them.
   const double shards = policy.shards_parameters() ? psi / n : psi;
-  const double in_flight = policy.shards_parameters() ? 2.0 * double(largest) : 0.0;
+  const double in_flight = !policy.shards_parameters() ? 0.0 : policy.keeps_gathered() ? psi : 2.0 * double(largest);
   // Host shards exist only for GPU blocks: on a CPU device the device is host memory already.
   const bool params_on_host = on_gpu && policy.parameter_tier() == StateTier::PinnedHost;
   p.param_bytes = ((params_on_host ? 0.0 : shards) + in_flight) * k;

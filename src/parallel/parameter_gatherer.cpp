@@ -67,6 +67,10 @@ void ParameterGatherer::acquire_params(nn::ParamBlock& b) {
     }
     b.bind_values(std::move(full));
   }
+  if (keep_) {
+    u.kept = true;
+    ++u.refs;
+  }
   // Start gathering the block that came next in the previous step.
   if (prefetches() && order_pos_ < gather_order_.size() && gather_order_[order_pos_] == &u) {
     ++order_pos_;
@@ -132,6 +136,14 @@ void ParameterGatherer::release_params(nn::ParamBlock& b) {
   Sharded& u = of(b);
   ZP_CHECK(u.refs > 0, "block ", b.name(), ": params released more often than acquired");
   if (--u.refs == 0) b.bind_values(Tensor());
+}
+
+void ParameterGatherer::release_kept() {
+  for (Sharded& u : blocks_)
+    if (u.kept) {
+      u.kept = false;
+      release_params(*u.block);
+    }
 }
 
 void ParameterGatherer::begin_step() {

@@ -53,6 +53,10 @@ class ParameterGatherer : public nn::BlockAccess {
 
   // The block order of the last step (forward, backward, any evaluation) predicts this one's.
   void begin_step();
+  // With keep on, a block stays gathered after its last release until release_kept(), which the
+  // owner calls when the weights change (ShardingPolicy::keeps_gathered).
+  void set_keep_gathered(bool on) { keep_ = on; }
+  void release_kept();
   // Waits (on the compute stream) for every gather in flight and frees its buffer.
   void drop_prefetches();
 
@@ -62,6 +66,7 @@ class ParameterGatherer : public nn::BlockAccess {
     int64_t shard_size;                  // elements per rank
     Tensor shard;                        // the owned slice of the compute weights
     int refs = 0;
+    bool kept = false;                   // holds one of the refs (keep_)
     Tensor prefetched;                   // a full buffer being gathered on the comm stream
     std::shared_ptr<Event> prefetch_done;  // recorded on the comm stream after that gather
   };
@@ -83,6 +88,7 @@ class ParameterGatherer : public nn::BlockAccess {
   std::vector<Sharded> blocks_;
   std::vector<Sharded*> gather_order_, this_step_order_;
   size_t order_pos_ = 0;
+  bool keep_ = false;
 };
 
 }  // namespace zp::parallel

@@ -54,6 +54,12 @@ class ShardingPolicy {
   // Every rank holds the full compute weights but updates only its slice of them, so the updated
   // slices are all-gathered after each update (stages 1 and 2).
   bool gathers_updated_weights() const { return shards_optimizer_state() && !shards_parameters(); }
+  // Stage 3 (pipeline.keep_gathered): a block gathered in a step stays gathered until the weights
+  // change (the update, a checkpoint load), so a step's M micro-batches gather it once instead of
+  // M times in the forward and M in the backward; the device then holds the whole model's (the
+  // stage's) compute weights, as at stage 2.
+  bool keeps_gathered() const { return keep_gathered_ && shards_parameters(); }
+  void set_keep_gathered(bool on) { keep_gathered_ = on; }
 
   StateTier optimizer_tier() const { return optimizer_tier_; }
   // Whether host-tier state is page-locked (DeepSpeed's pin_memory): pinned memory makes the copies
@@ -92,6 +98,7 @@ class ShardingPolicy {
   bool pin_host_memory_ = true;
   int host_threads_ = 0;
   bool delayed_update_ = false;
+  bool keep_gathered_ = false;
   NvmeSettings optimizer_nvme_;
 };
 

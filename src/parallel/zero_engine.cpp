@@ -57,6 +57,7 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, const ShardingPolicy
   }
   if (policy_.shards_parameters())
     gatherer_ = std::make_unique<ParameterGatherer>(dp_, comm_, policy_.parameter_tier(), policy_.pin_host_memory());
+  if (gatherer_) gatherer_->set_keep_gathered(policy_.keeps_gathered());
   reducer_ = std::make_unique<GradientReducer>(policy_, dp_, comm_, h.step_in_backward);
   std::vector<OwnedRange> ranges;
   std::vector<const void*> initial;
@@ -209,7 +210,10 @@ void ZeroEngine::all_gather_compute_weights() {
 
 void ZeroEngine::step(float grad_scale, double lr) {
   ZP_CHECK(!hyper_.step_in_backward, "ZeroEngine::step with optimizer.step_in_backward (the backward updates)");
-  if (gatherer_) gatherer_->drop_prefetches();  // they hold the weights before this update
+  if (gatherer_) {  // they hold the weights before this update
+    gatherer_->drop_prefetches();
+    gatherer_->release_kept();
+  }
   updates_.clear();
   for (size_t i = 0; i < blocks_.size(); ++i) updates_.push_back({i, reducer_->gradient(i), weights_out(i)});
   if (delayed_) {
@@ -251,7 +255,10 @@ void ZeroEngine::visit_state(const EngineStateVisitor& visit, StreamHandle s) {
     lagging_written = lagging_written || st.lagging_written();
   }
   if (!master_written && !lagging_written) return;
-  if (gatherer_) gatherer_->drop_prefetches();  // they hold the weights before the visit
+  if (gatherer_) {  // they hold the weights before the visit
+    gatherer_->drop_prefetches();
+    gatherer_->release_kept();
+  }
   if (lagging_written) {
     // The compute weights are the checkpoint's; the loaded master weights wait for the next step.
     all_gather_compute_weights();

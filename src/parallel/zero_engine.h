@@ -74,6 +74,7 @@ class ZeroEngine : public nn::BlockAccess {
   int stage() const { return policy_.stage(); }
   int world() const { return world_; }
   int rank() const { return rank_; }
+  const std::vector<nn::ParamBlock*>& blocks() const { return blocks_; }
 
   // Before the first micro-step of a step: clears the gradient accumulators.
   void begin_step();

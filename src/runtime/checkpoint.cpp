@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <set>
 
 #include "core/error.h"
@@ -73,25 +74,85 @@ std::string dataset_of(int k, const std::string& name) {
   return k == 0 ? model_ds(name) : moment_ds(name, kStates[k].what);
 }
 
-}  // namespace
+// A parameter of the whole model as the file holds it, and its block's place in the model.
+struct FileParam {
+  std::string name;
+  Shape shape;
+  bool transposed = false;
+};
+struct FileBlock {
+  int64_t position = 0;
+  std::vector<FileParam> params;
+};
 
-int64_t checkpoint_bytes(parallel::ZeroEngine& engine) {
+int64_t position_of(const nn::ParamBlock& b, size_t index, const StageBlocks* stages) {
+  return stages ? stages->position(b) : int64_t(index);
+}
+
+// The whole model's blocks in order: this engine's, and with `stages` every stage's (collective
+// over stages->stages; each stage describes its blocks, the replica left out).
+std::vector<FileBlock> whole_model(const parallel::ZeroEngine& engine, const StageBlocks* stages) {
+  io::json mine = io::json::array();
+  for (size_t i = 0; i < engine.blocks().size(); ++i) {
+    const nn::ParamBlock& b = *engine.blocks()[i];
+    if (stages && &b == stages->replica) continue;
+    io::json params = io::json::array();
+    for (const auto& p : b.params()) params.push_back({p->name, p->shape, p->file_transposed});
+    mine.push_back({position_of(b, i, stages), params});
+  }
+  std::vector<io::json> parts{mine};
+  if (stages && stages->count > 1) {
+    const std::string text = mine.dump();
+    int len = int(text.size()), n = 1;
+    ZP_MPI_CHECK(MPI_Comm_size(stages->stages, &n));
+    std::vector<int> lens(static_cast<size_t>(n)), displs(static_cast<size_t>(n), 0);
+    ZP_MPI_CHECK(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, stages->stages));
+    for (size_t r = 1; r < lens.size(); ++r) displs[r] = displs[r - 1] + lens[r - 1];
+    std::string all(size_t(displs.back() + lens.back()), '\0');
+    ZP_MPI_CHECK(MPI_Allgatherv(text.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR,
+                                stages->stages));
+    parts.clear();
+    for (size_t r = 0; r < lens.size(); ++r) parts.push_back(io::json::parse(all.substr(size_t(displs[r]), size_t(lens[r]))));
+  }
+  std::vector<FileBlock> out;
+  for (const io::json& part : parts)
+    for (const io::json& b : part) {
+      FileBlock fb{b[0].get<int64_t>(), {}};
+      for (const io::json& p : b[1]) fb.params.push_back({p[0].get<std::string>(), p[1].get<Shape>(), p[2].get<bool>()});
+      out.push_back(std::move(fb));
+    }
+  std::stable_sort(out.begin(), out.end(), [](const FileBlock& a, const FileBlock& b) { return a.position < b.position; });
+  for (size_t i = 1; i < out.size(); ++i)
+    ZP_CHECK(out[i].position != out[i - 1].position, "two pipeline stages hold the block at model position ",
+             out[i].position);
+  return out;
+}
+
+// fp32 weights and two moments per parameter (and the lagging weights of a delayed update).
+int64_t file_bytes(const std::vector<FileBlock>& blocks, bool lagging) {
   int64_t bytes = int64_t(1) << 20;  // attributes, checksums, HDF5's own metadata
-  engine.visit_state([&](parallel::BlockState& st) {
-    const int64_t states = st.has_lagging_weights() ? 4 : 3;
-    for (const auto& p : st.block().params()) bytes += states * int64_t(sizeof(float)) * p->numel();
-  });
+  for (const FileBlock& b : blocks)
+    for (const FileParam& p : b.params) bytes += (lagging ? 4 : 3) * int64_t(sizeof(float)) * shape_numel(p.shape);
   return bytes;
 }
 
+}  // namespace
+
+int64_t checkpoint_bytes(parallel::ZeroEngine& engine, const StageBlocks* stages) {
+  return file_bytes(whole_model(engine, stages), engine.delays_update());
+}
+
 void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngine& engine, const CheckpointModel& model,
-                     TrainState state, StreamHandle s) {
-  state.world_size = engine.world();
+                     TrainState state, StreamHandle s, const StageBlocks* stages) {
+  state.world_size = stages ? comm_size(comm) : engine.world();
   state.zero_stage = engine.stage();
   state.optimizer_steps = engine.optimizer_steps();
+  state.pipeline_stages = stages ? stages->count : 1;
+  const std::vector<FileBlock> blocks = whole_model(engine, stages);
+  const bool lagging = engine.delays_update();  // the same on every stage
 
   io::CheckpointWriter w(path, comm);
-  w.reserve(checkpoint_bytes(engine));
+  w.reserve(file_bytes(blocks, lagging));
   io::H5File& f = w.file();
   f.set_attr_string("/", "kind", kKind);
   f.set_attr_string("/", "model_family", model.model_family);
@@ -109,39 +170,58 @@ void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngin
   f.set_attr_int("/", "loss_scale_clean_steps", state.scaler.clean_steps);
   f.set_attr_int("/", "loss_scale_overflows_left", state.scaler.overflows_left);
   f.set_attr_int("/", "skipped_steps", state.scaler.skipped);
-  f.set_attr_int("/", "delayed_update", engine.delays_update() ? 1 : 0);
+  f.set_attr_int("/", "delayed_update", lagging ? 1 : 0);
+  f.set_attr_int("/", "pipeline_stages", state.pipeline_stages);
+
+  // Every rank writes every parameter of the whole model in order, elements [offset, offset +
+  // count) of its states from `data` (nothing for another stage's parameters).
+  auto write_param = [&](const FileParam& p, const float* const data[4], int64_t offset, int64_t count) {
+    ZP_CHECK(p.name.find('/') == std::string::npos, "parameter name '", p.name, "' holds a '/'");
+    for (int k = 0; k < (lagging ? 4 : 3); ++k)
+      w.write(k < 3 ? dataset_of(k, p.name) : lagging_ds(p.name), DType::F32, p.shape, DType::F32,
+              data ? data[k] : nullptr, offset, count);
+    if (p.transposed) f.set_attr_int(model_ds(p.name), "hub_transposed", 1);
+  };
+  size_t next = 0;  // the whole model's next block to write
+  auto write_others_before = [&](int64_t position) {
+    for (; next < blocks.size() && blocks[next].position != position; ++next)
+      for (const FileParam& p : blocks[next].params) write_param(p, nullptr, 0, 0);
+  };
 
   // The visit waits for a delayed update in flight: the file holds the state after every update.
+  size_t index = 0;
   engine.visit_state([&](parallel::BlockState& st) {
+    const nn::ParamBlock& b = st.block();
+    const int64_t position = position_of(b, index++, stages);
+    if (stages && &b == stages->replica) return;
+    write_others_before(position);
+    ZP_CHECK(next < blocks.size(), "block ", b.name(), " is out of the model's order");
+    ++next;
     const int64_t begin = st.shard_begin(), end = st.shard_end(), share = end - begin;
     // One download per state of the block: the part this rank writes.
-    Tensor host[3], lagging;
-    for (int k = 0; k < 3; ++k) {
+    Tensor host[4];
+    for (int k = 0; k < (lagging ? 4 : 3); ++k) {
       host[k] = Tensor::empty({share}, DType::F32, Device::cpu(), "checkpoint");
-      st.read(kStates[k].state, begin, share, host[k].data<float>());
+      if (k < 3) st.read(kStates[k].state, begin, share, host[k].data<float>());
+      else st.read_lagging_weights(begin, share, host[k].data<float>());
     }
-    if (st.has_lagging_weights()) {  // the same on every rank: every rank takes part in every write
-      lagging = Tensor::empty({share}, DType::F32, Device::cpu(), "checkpoint");
-      st.read_lagging_weights(begin, share, lagging.data<float>());
-    }
-    for (const auto& p : st.block().params()) {
-      ZP_CHECK(p->name.find('/') == std::string::npos, "parameter name '", p->name, "' holds a '/'");
+    for (const auto& p : b.params()) {
       const int64_t lo = std::max(begin, p->offset), hi = std::min(end, p->offset + p->numel());
       const int64_t count = std::max<int64_t>(0, hi - lo);
-      for (int k = 0; k < 3; ++k)
-        w.write(dataset_of(k, p->name), DType::F32, p->shape, DType::F32,
-                host[k].data<float>() + (count ? lo - begin : 0), count ? lo - p->offset : 0, count);
-      if (lagging.defined())
-        w.write(lagging_ds(p->name), DType::F32, p->shape, DType::F32, lagging.data<float>() + (count ? lo - begin : 0),
-                count ? lo - p->offset : 0, count);
-      if (p->file_transposed) f.set_attr_int(model_ds(p->name), "hub_transposed", 1);
+      const float* data[4] = {};
+      for (int k = 0; k < (lagging ? 4 : 3); ++k) data[k] = host[k].data<float>() + (count ? lo - begin : 0);
+      write_param({p->name, p->shape, p->file_transposed}, data, count ? lo - p->offset : 0, count);
     }
   }, s);
+  write_others_before(std::numeric_limits<int64_t>::max());
   w.commit();
 }
 
-TrainState load_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngine& engine,
-                           const CheckpointModel& model, StreamHandle s) {
+namespace {
+
+// load_checkpoint on one stage: `comm` is its data group, `names` the whole model's parameters.
+TrainState load_stage(const std::string& path, MPI_Comm comm, parallel::ZeroEngine& engine,
+                      const CheckpointModel& model, StreamHandle s, const std::set<std::string>& names) {
   io::CheckpointReader reader(path, comm);
   const io::H5File& f = reader.file();
   auto string_attr = [&](const char* name) -> std::string {
@@ -167,9 +247,7 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm comm, parallel::Zer
   engine.visit_state([&](parallel::BlockState& st) {
     for (const auto& p : st.block().params()) params.push_back(p.get());
   });
-  std::set<std::string> names;
   for (const nn::Parameter* p : params) {
-    names.insert(p->name);
     for (int k = 0; k < 3; ++k) {
       const std::string ds = dataset_of(k, p->name);
       ZP_REQUIRE(f.is_dataset(ds), path, ": dataset '", ds, "' is missing (this model has parameter ", p->name,
@@ -194,6 +272,7 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm comm, parallel::Zer
   st.seed = uint64_t(f.attr_int("/", "seed"));
   st.world_size = int(f.attr_int("/", "world_size"));
   st.zero_stage = int(f.attr_int("/", "zero_stage"));
+  st.pipeline_stages = f.has_attr("/", "pipeline_stages") ? int(f.attr_int("/", "pipeline_stages")) : 1;
   st.scaler.enabled = f.attr_int("/", "loss_scaling") != 0;
   st.scaler.scale = f.attr_double("/", "loss_scale");
   st.scaler.clean_steps = f.attr_int("/", "loss_scale_clean_steps");
@@ -247,6 +326,30 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm comm, parallel::Zer
   }, s);
   engine.set_optimizer_steps(st.optimizer_steps);
   return st;
+}
+
+}  // namespace
+
+TrainState load_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngine& engine,
+                           const CheckpointModel& model, StreamHandle s, const StageBlocks* stages) {
+  std::set<std::string> names;
+  for (const FileBlock& b : whole_model(engine, stages))
+    for (const FileParam& p : b.params) names.insert(p.name);
+  if (!stages || stages->count == 1) return load_stage(path, comm, engine, model, s, names);
+  // Each stage reads on its own; then every rank learns whether any failed, and how.
+  TrainState st;
+  std::string problem;
+  try {
+    st = load_stage(path, stages->data, engine, model, s, names);
+  } catch (const io::DamagedFileError& e) {
+    problem = std::string("D") + e.what();
+  } catch (const Error& e) {
+    problem = std::string("E") + e.what();
+  }
+  problem = io::first_error(comm, problem);
+  if (problem.empty()) return st;
+  if (problem[0] == 'D') throw io::DamagedFileError(problem.substr(1));
+  throw Error(problem.substr(1));
 }
 
 std::string decided_by_rank0(MPI_Comm comm, const std::function<std::string()>& decide) {

@@ -38,6 +38,14 @@
 // with the range it owns now. Datasets hold whole logical tensors, so the intersections are just
 // flat ranges of them and the reading world size and stage need not be the writing ones. Nothing is
 // gathered on one rank; host memory is one block's range (times three) at a time.
+//
+// Pipelined runs (issue 12) write the same file: each stage's data group writes its own blocks'
+// datasets and every rank takes part in every write, with nothing to move for another stage's
+// blocks (the stages exchange the names and shapes of their parameters first). A copy of another
+// stage's block (the tied embedding's replica on the last stage) is never written; it loads from the
+// original's datasets. Each stage reads its blocks with its own data group. So a file written by P
+// stages of D ranks resumes on any other (P', D') and the reverse; root attribute pipeline_stages
+// says how it was written (informational, 1 when unpipelined).
 #pragma once
 #include <mpi.h>
 
@@ -66,7 +74,16 @@ struct TrainState {
   int64_t step = 0, optimizer_steps = 0, data_position = 0, global_batch = 0;
   uint64_t seed = 0;
   LossScalerState scaler;
-  int world_size = 1, zero_stage = 0;  // of the writer; filled in by save_checkpoint
+  int world_size = 1, zero_stage = 0, pipeline_stages = 1;  // of the writer; filled in by save_checkpoint
+};
+
+// A pipelined run's part of the model: the engine holds this stage's blocks, the file the whole model.
+struct StageBlocks {
+  int count = 1;                     // the pipeline's stages
+  MPI_Comm stages = MPI_COMM_NULL;   // this rank's peers in the other stages (comm::Group::Pipeline)
+  MPI_Comm data = MPI_COMM_NULL;     // this stage's data group (the engine's): it reads the stage's blocks
+  std::function<int64_t(const nn::ParamBlock&)> position;  // a block's place in the whole model
+  const nn::ParamBlock* replica = nullptr;  // another stage's block copied here: read, never written
 };
 
 // What a checkpoint says about the run that wrote it; a resumed run must have the same model_family
@@ -77,23 +94,27 @@ struct CheckpointModel {
   std::string model_family;  // "transformer" | "unet"
 };
 
-// About the size of a checkpoint of `engine`'s model: fp32 weights and two moments per parameter.
-int64_t checkpoint_bytes(parallel::ZeroEngine& engine);
+// About the size of a checkpoint of the whole model (collective over stages->stages when given):
+// fp32 weights and two moments per parameter.
+int64_t checkpoint_bytes(parallel::ZeroEngine& engine, const StageBlocks* stages = nullptr);
 
-// Collective over `comm` (the engine's data group; a null or one-rank communicator writes serially).
-// Writes `path` atomically; on any failure every rank throws the same zp::Error naming the file and
-// an existing file at `path` is left as it was.
+// Collective over `comm` (every rank of the run: the engine's data group, or with `stages` the
+// whole world; a null or one-rank communicator writes serially). Writes `path` atomically; on any
+// failure every rank throws the same zp::Error naming the file and an existing file at `path` is
+// left as it was.
 void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngine& engine, const CheckpointModel& model,
-                     TrainState state, StreamHandle s = nullptr);
+                     TrainState state, StreamHandle s = nullptr, const StageBlocks* stages = nullptr);
 
-// Collective over `comm`. Checks that `path` is a checkpoint of this model (kind "checkpoint"; the
-// same model_family; every parameter present as f32 with the model's shape, under /model and
-// /optimizer, and no other; the same hub config, keys starting with '_' and other metadata aside),
-// reads the owned ranges into the engine's master weights and moments, refreshes the compute weights
-// and sets the optimizer step count. Returns the loop state. Throws zp::Error naming the file (and
-// the model family, dataset or config key) on any mismatch, before anything is loaded.
+// Collective over `comm` (as for save_checkpoint). Checks that `path` is a checkpoint of this model
+// (kind "checkpoint"; the same model_family; every parameter of the whole model present as f32 with
+// its shape, under /model and /optimizer, and no other; the same hub config, keys starting with '_'
+// and other metadata aside), reads the owned ranges into the engine's master weights and moments,
+// refreshes the compute weights and sets the optimizer step count. Returns the loop state. Throws
+// zp::Error naming the file (and the model family, dataset or config key) on any mismatch, before
+// anything is loaded; a damaged file throws io::DamagedFileError. With `stages`, whatever one stage
+// finds every rank throws.
 TrainState load_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngine& engine,
-                           const CheckpointModel& model, StreamHandle s = nullptr);
+                           const CheckpointModel& model, StreamHandle s = nullptr, const StageBlocks* stages = nullptr);
 
 // What `--resume` names, newest first: for "latest", every complete checkpoint in `dir` (none in an
 // existing folder: start from step 0, said in the log; a folder that does not exist is an error,

@@ -24,9 +24,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 LoopCheckpoints::LoopCheckpoints(const TrainConfig& cfg, MPI_Comm group, parallel::ZeroEngine& engine,
-                                 CheckpointModel model, int64_t global_batch, StreamHandle s)
+                                 CheckpointModel model, int64_t global_batch, StreamHandle s,
+                                 std::optional<StageBlocks> stages)
     : cfg_(cfg), group_(group), engine_(engine), model_(std::move(model)), global_batch_(global_batch), s_(s),
-      bytes_per_checkpoint_(checkpoint_bytes(engine)) {}
+      stages_(std::move(stages)), bytes_per_checkpoint_(checkpoint_bytes(engine, stage_blocks())) {}
 
 // After k clean steps in a row the scaler's growth counter is k mod window and its hysteresis budget
 // is full; after j overflows in a row the growth counter is 0 and the budget is hysteresis - j mod
@@ -102,7 +103,7 @@ void LoopCheckpoints::resume(LossScaler& scaler, TrainResult& result) {
     try {
       const std::string problem = decided_by_rank0(group_, [&] { return io::probe_metadata(c); });
       if (!problem.empty()) throw io::DamagedFileError(problem);
-      st = load_checkpoint(c, group_, engine_, model_, s_);
+      st = load_checkpoint(c, group_, engine_, model_, s_, stage_blocks());
       from = c;
       break;
     } catch (const io::DamagedFileError& e) {
@@ -147,9 +148,16 @@ void LoopCheckpoints::resume(LossScaler& scaler, TrainResult& result) {
   }
   skipped_before_ = st.scaler.skipped - replayed;
 
+  auto layout = [](int world, int zero, int stages) {
+    return std::to_string(world) + " rank(s) at ZeRO stage " + std::to_string(zero) +
+           (stages > 1 ? " in " + std::to_string(stages) + " pipeline stages" : "");
+  };
+  int world = 1;
+  ZP_MPI_CHECK(MPI_Comm_size(group_, &world));
   ZP_LOG_INFO("resumed from ", from, " in ", seconds_since(t0), " s (checksums verified): step ", st.step, ", ",
-              st.optimizer_steps, " optimizer steps, sample ", st.data_position, " (written by ", st.world_size,
-              " rank(s) at ZeRO stage ", st.zero_stage, "; now ", engine_.world(), " at stage ", engine_.stage(), ")");
+              st.optimizer_steps, " optimizer steps, sample ", st.data_position, " (written by ",
+              layout(st.world_size, st.zero_stage, st.pipeline_stages), "; now ",
+              layout(world, engine_.stage(), stages_ ? stages_->count : 1), ")");
   if (st.global_batch != global_batch_)
     ZP_LOG_INFO("note: the checkpoint was trained with a global batch of ", st.global_batch, ", this run uses ",
                 global_batch_, "; the data continues from sample ", st.data_position);
@@ -184,7 +192,7 @@ void LoopCheckpoints::save(int64_t steps_done, const LossScaler& scaler, TrainRe
   st.seed = cfg_.seed;
   st.scaler = scaler_state(scaler);
   const std::string path = (fs::path(cfg_.checkpoint_dir) / io::checkpoint_filename(steps_done)).string();
-  save_checkpoint(path, group_, engine_, model_, st, s_);
+  save_checkpoint(path, group_, engine_, model_, st, s_, stage_blocks());
   std::vector<std::string> deleted;
   if (cfg_.keep_last > 0) deleted = io::keep_last_checkpoints(cfg_.checkpoint_dir, "step-", int(cfg_.keep_last), group_);
   result.saved.push_back(path);

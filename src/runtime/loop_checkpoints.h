@@ -17,6 +17,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "parallel/zero_engine.h"
@@ -29,9 +30,10 @@ namespace zp::runtime {
 
 class LoopCheckpoints {
  public:
-  // `model` names the model in every file written and is what a resumed file must match.
+  // `model` names the model in every file written and is what a resumed file must match. `group`:
+  // every rank of the run; `stages`: a pipelined run's part of the model (runtime/checkpoint.h).
   LoopCheckpoints(const TrainConfig& cfg, MPI_Comm group, parallel::ZeroEngine& engine, CheckpointModel model,
-                  int64_t global_batch, StreamHandle s);
+                  int64_t global_batch, StreamHandle s, std::optional<StageBlocks> stages = std::nullopt);
 
   // Before the first step: with cfg.resume naming a checkpoint, loads it into the engine, rebuilds
   // `scaler` and records the resume in `result` (first_step, resumed_from). Collective over the group.
@@ -56,6 +58,7 @@ class LoopCheckpoints {
     void record(bool overflow);
   };
   LossScalerState scaler_state(const LossScaler& sc) const;
+  const StageBlocks* stage_blocks() const { return stages_ ? &*stages_ : nullptr; }
   void save(int64_t steps_done, const LossScaler& scaler, TrainResult& result);
   // checkpoint.dir exists or can be created, is a writable directory and has room; rank 0 decides.
   void check_storage() const;
@@ -66,6 +69,7 @@ class LoopCheckpoints {
   CheckpointModel model_;
   int64_t global_batch_;
   StreamHandle s_;
+  std::optional<StageBlocks> stages_;
   int64_t start_step_ = 0, data_position_ = 0;  // where this run starts
   int64_t bytes_per_checkpoint_;
   int64_t skipped_before_ = 0;                  // skips before this run, less those of the scaler's replay

@@ -252,8 +252,10 @@ void read_pipeline(io::ConfigReader& r, TrainConfig& t) {
   } else {
     t.pipeline_partition = part.get<std::string>();
   }
-  r.require(!r.boolean("pipeline.keep_gathered"), "pipeline.keep_gathered = true is not implemented yet (each "
-            "micro-batch gathers a ZeRO-3 stage's weights again)");
+  t.keep_gathered = r.boolean("pipeline.keep_gathered");
+  if (t.keep_gathered && t.zero_stage < 3)
+    r.warn("pipeline.keep_gathered has no effect at zero_optimization.stage " + std::to_string(t.zero_stage) +
+           ": only stage 3 gathers the weights for each use");
   // An accumulation inferred from train_batch_size is known, and checked, when the run is placed.
   if (t.grad_accum > 0) {
     try {

@@ -50,6 +50,7 @@ struct TrainConfig {
   // layer of every chunk after the first (partition_layers).
   int64_t pipeline_stages = 1, virtual_stages = 1;
   std::string pipeline_schedule = "1f1b", pipeline_partition = "parameters";
+  bool keep_gathered = false;  // ZeRO-3: gather each block once per step (parallel::ShardingPolicy::keeps_gathered)
   std::vector<int64_t> partition_layers;
   // model
   std::string model_type = "transformer";

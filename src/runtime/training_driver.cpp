@@ -98,9 +98,6 @@ TrainResult run_training(const TrainConfig& given, comm::Runtime& rt, MPI_Comm g
   PipelineStageModel* stage_model = at.stages() > 1 ? task->pipeline_stage() : nullptr;
   ZP_REQUIRE(at.stages() == 1 || stage_model, "pipeline.stages = ", at.stages(), ": the ",
              task->checkpoint_model().model_family, " family cannot run in pipeline stages yet");
-  ZP_REQUIRE(at.stages() == 1 || (cfg.checkpoint_dir.empty() && cfg.resume.empty()),
-             "pipeline.stages = ", at.stages(), " with checkpoint.dir or --resume: pipelined checkpoints are not "
-             "implemented yet");
   const TrainingComms comms = make_training_comms(at);
   const StreamHandle s = at.s();
 
@@ -165,8 +162,15 @@ TrainResult run_training(const TrainConfig& given, comm::Runtime& rt, MPI_Comm g
   const LrSchedule& sched = cfg.schedule;
   LossScaler scaler(cfg.fp16, cfg.initial_scale, cfg.min_scale, cfg.scale_window, cfg.hysteresis);
   TrainResult result;
+  std::optional<StageBlocks> stage_blocks;
+  if (stage_model) {
+    stage_blocks = StageBlocks{at.stages(), at.topology->mpi_comm(comm::Group::Pipeline),
+                               at.topology->mpi_comm(comm::Group::Data),
+                               [stage_model](const nn::ParamBlock& b) { return stage_model->model_position(b); },
+                               pipeline_grads.tied_is_replica ? pipeline_grads.tied : nullptr};
+  }
   LoopCheckpoints checkpoints(cfg, at.topology->mpi_comm(comm::Group::World), engine, task->checkpoint_model(),
-                              at.global_batch, s);
+                              at.global_batch, s, stage_blocks);
   checkpoints.resume(scaler, result);
 
   // The verification banner: what is sharded and where each kind of state lives, the ranks and their

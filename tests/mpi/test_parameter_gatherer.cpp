@@ -65,6 +65,27 @@ TEST(ParameterGatherer, ServesAForwardAlone) {
     EXPECT_EQ(runtime::CausalLmLoss(got.logits, cfg.vocab, targets.data(), B * T).mean(), want_loss) << "pass " << pass;
     for (nn::ParamBlock* b : sharded.blocks()) EXPECT_FALSE(b->values().defined()) << b->name() << " released";
   }
+
+  // Kept gathered (pipeline.keep_gathered): the second micro-batch uses the buffers the first
+  // gathered, and they go only when the weights would change.
+  gatherer.set_keep_gathered(true);
+  gatherer.begin_step();
+  std::vector<const void*> buffers;
+  for (int micro = 0; micro < 2; ++micro) {
+    models::TransformerActivations got;
+    sharded.forward(ids.data(), B, T, got, models::ForwardMode::Inference);
+    EXPECT_EQ(std::vector<float>(got.logits.data<float>(), got.logits.data<float>() + got.logits.numel()),
+              std::vector<float>(want.logits.data<float>(), want.logits.data<float>() + want.logits.numel()))
+        << "micro-batch " << micro;
+    for (size_t i = 0; i < sharded.blocks().size(); ++i) {
+      const nn::ParamBlock& b = *sharded.blocks()[i];
+      ASSERT_TRUE(b.values().defined()) << b.name() << " kept after micro-batch " << micro;
+      if (micro == 0) buffers.push_back(b.values().data());
+      else EXPECT_EQ(b.values().data(), buffers[i]) << b.name() << ": gathered again";
+    }
+  }
+  gatherer.release_kept();
+  for (nn::ParamBlock* b : sharded.blocks()) EXPECT_FALSE(b->values().defined()) << b->name() << " released";
 }
 
 }  // namespace zp::test

@@ -77,6 +77,7 @@ struct TrainingRun {
   int stages = 1, virtual_stages = 1;
   std::string schedule = "1f1b";
   io::json partition = "parameters";
+  bool keep_gathered = false;    // pipeline.keep_gathered
   int64_t layers = 2;  // the LMs' layers
   bool delayed_update = false;   // zero_optimization.offload_optimizer.delayed_update
   bool bf16 = false;             // bf16.enabled (else fp32)
@@ -99,7 +100,7 @@ inline io::Config user_config(const std::string& data, const TrainingRun& r) {
                    {"data", {{"train_files", {data}}, {"val_fraction", 0.0}}},
                    {"checkpoint", {{"dir", r.dir}, {"save_every", r.save_every}, {"keep_last", 0}}},
                    {"pipeline", {{"stages", r.stages}, {"schedule", r.schedule}, {"virtual_stages", r.virtual_stages},
-                                 {"partition", r.partition}}},
+                                 {"partition", r.partition}, {"keep_gathered", r.keep_gathered}}},
                    {"training", {{"max_steps", r.max_steps}, {"device", r.device}, {"eval_every", 0}}}};
   if (r.delayed_update) user["zero_optimization"]["offload_optimizer"]["delayed_update"] = true;
   if (r.bf16) user["bf16"] = {{"enabled", true}};
