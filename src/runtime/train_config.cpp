@@ -479,8 +479,8 @@ TrainConfig TrainConfig::read(io::ConfigReader& r, const std::string& model_type
 TrainConfig TrainConfig::resolve_for_place(int data_parallel_size, int world_size, Device device) const {
   TrainConfig t = *this;
   const int64_t dp = data_parallel_size;
-  const std::string ranks = " (data-parallel size " + std::to_string(dp) + " = world size " +
-                            std::to_string(world_size) + " / pipeline.stages " + std::to_string(pipeline_stages) + ")";
+  const std::string ranks =
+      " (world size " + std::to_string(world_size) + " / pipeline.stages " + std::to_string(pipeline_stages) + ")";
   // DeepSpeed's inference (runtime/config.py, _set_batch_related_parameters): the missing keys from
   // the given ones, the accumulation 1 when only train_batch_size is given.
   if (t.train_batch_size > 0) {
