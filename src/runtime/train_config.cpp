@@ -279,17 +279,16 @@ void read_batch(io::ConfigReader& r, TrainConfig& t) {
   const io::Config& c = r.config();
   t.train_batch_size = r.integer_or_auto("train_batch_size", 1).value_or(0);
   const bool total_known = t.train_batch_size > 0;
-  auto read_one = [&](const char* key) -> int64_t {
-    if (c.given(key) && !c.is_auto(key)) return r.integer(key, 1);
-    if (!total_known && c.is_auto(key) && std::string(key) == "train_micro_batch_size_per_gpu") {
-      r.reject(key, "cannot be resolved: give it a number, or give train_batch_size (zeropipe has no "
-               "--per_device_train_batch_size to take it from)");
-      return 1;
-    }
-    return total_known ? 0 : c.default_at(key).get<int64_t>();  // 0: inferred when the run is placed
+  // A number given in the file or a --set; else inferred when the run is placed (0) when
+  // train_batch_size is known, and zeropipe's default (1) when it is not.
+  auto given_or_inferred = [&](const char* key) {
+    return c.given(key) && !c.is_auto(key) ? r.integer(key, 1) : total_known ? 0 : c.default_at(key).get<int64_t>();
   };
-  t.micro_batch = read_one("train_micro_batch_size_per_gpu");
-  t.grad_accum = read_one("gradient_accumulation_steps");
+  t.micro_batch = given_or_inferred("train_micro_batch_size_per_gpu");
+  t.grad_accum = given_or_inferred("gradient_accumulation_steps");
+  if (!total_known && c.is_auto("train_micro_batch_size_per_gpu"))
+    r.reject("train_micro_batch_size_per_gpu", "cannot be resolved: give it a number, or give train_batch_size "
+             "(zeropipe has no --per_device_train_batch_size to take it from)");
 }
 
 // optimizer.*: DeepSpeed's Adam and AdamW (its names in any case, as DeepSpeed lowercases them);
@@ -367,9 +366,12 @@ void read_schedule(io::ConfigReader& r, TrainConfig& t) {
     s.cycle_max_lr = max_lr.value_or(t.lr);
     s.decay_lr_rate = r.number(p + "decay_lr_rate", Range::at_least(0));
     s.cycle_first_step_size = double(r.integer(p + "cycle_first_step_size", 1));
-    s.cycle_second_step_size = double(r.integer_or_auto(p + "cycle_second_step_size", 0).value_or(int64_t(s.cycle_first_step_size)));
+    // Null (DeepSpeed's None): the second half of the cycle mirrors the first.
+    const auto second = r.integer_or_auto(p + "cycle_second_step_size", 0);
+    s.cycle_second_step_size = second ? double(*second) : s.cycle_first_step_size;
     s.cycle_first_stair_count = r.integer(p + "cycle_first_stair_count", 0);
-    s.cycle_second_stair_count = r.integer_or_auto(p + "cycle_second_stair_count", 0).value_or(s.cycle_first_stair_count);
+    s.cycle_second_stair_count =
+        r.integer_or_auto(p + "cycle_second_stair_count", 0).value_or(s.cycle_first_stair_count);
     s.decay_step_size = double(r.integer(p + "decay_step_size", 0));
     r.require(!r.boolean(p + "cycle_momentum"), "scheduler.params.cycle_momentum = true (OneCycle's default): cycling "
               "AdamW's beta1 is not implemented; set it to false to cycle the learning rate only");
@@ -483,16 +485,15 @@ TrainConfig TrainConfig::resolve_for_place(int data_parallel_size, int world_siz
       " (world size " + std::to_string(world_size) + " / pipeline.stages " + std::to_string(pipeline_stages) + ")";
   // DeepSpeed's inference (runtime/config.py, _set_batch_related_parameters): the missing keys from
   // the given ones, the accumulation 1 when only train_batch_size is given.
-  if (t.train_batch_size > 0) {
+  if (t.train_batch_size > 0 && (t.micro_batch == 0 || t.grad_accum == 0)) {
     if (t.micro_batch == 0 && t.grad_accum == 0) t.grad_accum = 1;
-    const int64_t known = t.micro_batch > 0 ? t.micro_batch : t.grad_accum;
-    const char* inferred = t.micro_batch > 0 ? "gradient_accumulation_steps" : "train_micro_batch_size_per_gpu";
-    if (t.micro_batch == 0 || t.grad_accum == 0) {
-      ZP_REQUIRE(t.train_batch_size % (known * dp) == 0, "train_batch_size ", t.train_batch_size, " is not divisible by ",
-                 t.micro_batch > 0 ? "train_micro_batch_size_per_gpu " : "gradient_accumulation_steps ", known,
-                 " x data-parallel size ", dp, ranks, ": ", inferred, " cannot be inferred");
-      (t.micro_batch == 0 ? t.micro_batch : t.grad_accum) = t.train_batch_size / (known * dp);
-    }
+    const bool micro_known = t.micro_batch > 0;
+    const int64_t known = micro_known ? t.micro_batch : t.grad_accum;
+    ZP_REQUIRE(t.train_batch_size % (known * dp) == 0, "train_batch_size ", t.train_batch_size,
+               " is not divisible by ", micro_known ? "train_micro_batch_size_per_gpu " : "gradient_accumulation_steps ",
+               known, " x data-parallel size ", dp, ranks, ": ",
+               micro_known ? "gradient_accumulation_steps" : "train_micro_batch_size_per_gpu", " cannot be inferred");
+    (micro_known ? t.grad_accum : t.micro_batch) = t.train_batch_size / (known * dp);
   }
   const int64_t global = t.micro_batch * t.grad_accum * dp;
   ZP_REQUIRE(t.train_batch_size == 0 || t.train_batch_size == global, "train_batch_size ", t.train_batch_size,
