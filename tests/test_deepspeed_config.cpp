@@ -13,6 +13,7 @@
 #include "io/config.h"
 #include "runtime/csv_monitor.h"
 #include "runtime/deepspeed_keys.h"
+#include "runtime/loss_scaler.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/train_config.h"
 #include "test_util.h"
@@ -109,7 +110,8 @@ TEST(DeepSpeedConfig, DocsAdamExampleInfersTheMicroBatchFromTheWorld) {
   EXPECT_EQ(t.print_every, 10);
   EXPECT_EQ(t.csv_monitor_dir, (fs::path("output/ds_logs/") / "train_bert").string());
   EXPECT_EQ(count_containing(t.warnings, "tensorboard"), 1u);
-  EXPECT_EQ(count_containing(t.warnings, "fp16.consecutive_hysteresis"), 1u);
+  EXPECT_FALSE(t.consecutive_hysteresis);
+  EXPECT_EQ(count_containing(t.warnings, "fp16"), 0u) << "every fp16 key of the example is honoured";
   EXPECT_EQ(count_containing(t.warnings, "activation_checkpointing"), 1u) << "the section tunes checkpointing, which is off";
   EXPECT_EQ(count_containing(t.warnings, "overlap_comm"), 0u) << "honoured, not warned";
 
@@ -340,6 +342,40 @@ TEST(LrSchedule, OneCycleAndRangeTestAsDeepSpeed) {
   r.range_test_staircase = true;
   EXPECT_DOUBLE_EQ(r.at(5), 1e-3);
   EXPECT_NEAR(r.at(10), 1e-3 * 3, 1e-15);
+}
+
+// DeepSpeed's DynamicLossScaler.update_scale, step by step (hysteresis 2, window 3).
+TEST(LossScaler, HysteresisAsDeepSpeedWithAndWithoutConsecutiveRefill) {
+  runtime::LossScaler ds(true, 1024, 1, 3, 2, /*consecutive_hysteresis=*/false);
+  EXPECT_TRUE(ds.update(true));
+  EXPECT_EQ(ds.scale(), 1024);  // absorbed: hysteresis 2 -> 1
+  EXPECT_FALSE(ds.update(false));  // a clean step does not refill it
+  EXPECT_TRUE(ds.update(true));
+  EXPECT_EQ(ds.scale(), 512);
+  EXPECT_TRUE(ds.update(true));
+  EXPECT_EQ(ds.scale(), 256);  // still at 1: every overflow halves
+  for (int i = 0; i < 3; ++i) ds.update(false);
+  EXPECT_EQ(ds.scale(), 512);  // the window doubles and refills
+  EXPECT_TRUE(ds.update(true));
+  EXPECT_EQ(ds.scale(), 512);
+  EXPECT_EQ(ds.overflows_left(), 1);
+
+  runtime::LossScaler consecutive(true, 1024, 1, 3, 2, /*consecutive_hysteresis=*/true);
+  consecutive.update(true);
+  consecutive.update(false);  // refilled
+  consecutive.update(true);
+  EXPECT_EQ(consecutive.scale(), 1024);
+  consecutive.update(true);
+  EXPECT_EQ(consecutive.scale(), 512);
+  consecutive.update(true);
+  EXPECT_EQ(consecutive.scale(), 256);
+
+  runtime::LossScaler restored(true, 65536, 1, 3, 2);  // a checkpoint's state goes back exactly
+  restored.restore(ds.scale(), ds.overflows_left(), ds.clean_steps());
+  restored.update(true);
+  ds.update(true);
+  EXPECT_EQ(restored.scale(), ds.scale());
+  EXPECT_EQ(restored.scale(), 256);
 }
 
 TEST(CsvMonitor, WritesDeepSpeedsFilesWithOneHeader) {

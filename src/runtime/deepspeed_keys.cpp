@@ -40,7 +40,7 @@ constexpr DeepSpeedKey kKeys[] = {
     {"fp16.initial_scale_power", Honoured, "the dynamic scale starts at 2^power"},
     {"fp16.loss_scale_window", Honoured, "clean steps before the scale doubles"},
     {"fp16.hysteresis", Honoured, "overflows in a row before the scale halves"},
-    {"fp16.consecutive_hysteresis", Warned, "the hysteresis refills after every clean step, as DeepSpeed does with true; false is not implemented"},
+    {"fp16.consecutive_hysteresis", Honoured, "true: every clean step refills the hysteresis; false: only a doubling does"},
     {"fp16.min_loss_scale", Honoured, "the dynamic scale's floor"},
     {"fp16.fp16_master_weights_and_grads", Refused, "master weights and gradients are always fp32"},
     {"bf16.enabled", Honoured, "bf16 compute with fp32 master weights; \"auto\": true on a GPU with bf16 (compute capability 8 or later)"},

@@ -56,7 +56,7 @@ const io::json& train_config_schema() {
     "bf16": {"enabled": false, "immediate_grad_update": true, "check_overflow": false,
              "bf16_master_weights_and_grads": false, "bf16_optimizer_states": false},
     "fp16": {"enabled": false, "auto_cast": false, "loss_scale": 0.0, "initial_scale_power": 16,
-             "loss_scale_window": 1000, "hysteresis": 2, "consecutive_hysteresis": true, "min_loss_scale": 1.0,
+             "loss_scale_window": 1000, "hysteresis": 2, "consecutive_hysteresis": false, "min_loss_scale": 1.0,
              "fp16_master_weights_and_grads": false},
     "bfloat16": null,
     "amp": null,
@@ -330,6 +330,7 @@ void read_precision(io::ConfigReader& r, TrainConfig& t) {
   const int64_t power = r.integer("fp16.initial_scale_power", 0, 63);
   const int64_t window = r.integer("fp16.loss_scale_window", 1);
   t.hysteresis = r.integer("fp16.hysteresis", 1);
+  t.consecutive_hysteresis = r.boolean("fp16.consecutive_hysteresis");
   const double min_loss_scale = r.number("fp16.min_loss_scale", Range::above(0));
   // A fixed scale (DeepSpeed's static scaler) never grows and, being its own floor, never halves:
   // an overflowing step is skipped, and counts towards training.max_bad_steps.

@@ -32,6 +32,7 @@ struct TrainConfig {
   bool bf16_auto = false, fp16_auto = false;
   double initial_scale = 65536, min_scale = 1;
   int64_t scale_window = 1000, hysteresis = 2;
+  bool consecutive_hysteresis = false;  // every clean step refills the hysteresis (runtime/loss_scaler.h)
   // ZeRO
   int zero_stage = 0;
   // zero_optimization.offload_optimizer / offload_param (DeepSpeed's keys): "none" | "cpu" | "nvme",

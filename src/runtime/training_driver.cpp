@@ -160,7 +160,8 @@ TrainResult run_training(const TrainConfig& given, comm::Runtime& rt, MPI_Comm g
   }
 
   const LrSchedule& sched = cfg.schedule;
-  LossScaler scaler(cfg.fp16, cfg.initial_scale, cfg.min_scale, cfg.scale_window, cfg.hysteresis);
+  LossScaler scaler(cfg.fp16, cfg.initial_scale, cfg.min_scale, cfg.scale_window, cfg.hysteresis,
+                    cfg.consecutive_hysteresis);
   TrainResult result;
   std::optional<StageBlocks> stage_blocks;
   if (stage_model) {
