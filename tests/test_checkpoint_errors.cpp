@@ -444,7 +444,7 @@ TEST(CheckpointErrors, DivergenceStopsAndKeepsTheHealthyCheckpoints) {
   TrainConfig bad = good;
   bad.max_steps = 20;
   bad.lr = 1e30;
-  bad.warmup_steps = 0;
+  bad.schedule = {.type = "WarmupLR", .lr = 1e30, .warmup_max_lr = 1e30};
   bad.max_bad_steps = 3;
   bad.resume = "latest";
   try {

@@ -73,8 +73,8 @@ TEST(ConfigRules, NullDefaultIntegersTakeAutoNullOrAPositiveInteger) {
   EXPECT_EQ(with_set("train_batch_size=auto").train_batch_size, 0);
   EXPECT_EQ(with_set("train_batch_size=null").train_batch_size, 0);
   EXPECT_EQ(with_set("train_batch_size=16").train_batch_size, 16);
-  EXPECT_EQ(with_set("scheduler.params.total_num_steps=500").total_steps, 500);
-  EXPECT_EQ(with_set("scheduler.params.total_num_steps=auto").total_steps, 100);  // training.max_steps
+  EXPECT_EQ(with_set("scheduler.params.total_num_steps=500").schedule.total_steps, 500);
+  EXPECT_EQ(with_set("scheduler.params.total_num_steps=auto").schedule.total_steps, 100);  // training.max_steps
   // A string other than "auto" used to be ignored silently.
   expect_error([] { with_set("train_batch_size=lots"); }, {"train_batch_size", "\"lots\"", "integer >= 1", "auto"});
   expect_error([] { with_set("scheduler.params.total_num_steps=\"1000\""); },
@@ -132,7 +132,7 @@ TEST(ConfigRules, NumbersOutOfRangeNameKeyValueAndRange) {
   EXPECT_EQ(with_set("training.eval_batches=1000000").eval_batches, 1000000);
   EXPECT_DOUBLE_EQ(with_set("fp16.initial_scale_power=63").initial_scale, std::ldexp(1.0, 63));
   EXPECT_EQ(with_set("seed=18446744073709551615").seed, UINT64_MAX);
-  EXPECT_DOUBLE_EQ(with_set("scheduler.params.cos_min_ratio=1").min_lr_ratio, 1.0);
+  EXPECT_DOUBLE_EQ(with_set("scheduler.params.cos_min_ratio=1").schedule.cos_min_ratio, 1.0);
   EXPECT_DOUBLE_EQ(with_set("optimizer.params.betas=[0,0.999]").beta1, 0.0);
 }
 

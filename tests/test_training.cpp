@@ -1,6 +1,8 @@
 // The training loop end to end on the CPU: a tiny model overfits one batch, fp16 loss scaling skips
 // overflowing steps and recovers, bad configurations are errors naming the key.
 #include <filesystem>
+#include <fstream>
+#include <string>
 
 #include "comm/bootstrap.h"
 #include "io/config.h"
@@ -59,6 +61,41 @@ TEST(Training, TinyModelOverfitsOneBatch) {
   }
 }
 
+// The HF Trainer's ds_config_zero2.json ("auto" everywhere, ZeRO-2 with the optimizer on the CPU)
+// trains as it is once the micro-batch is given, with DeepSpeed's learning rates update for update,
+// and csv_monitor writes DeepSpeed's files with the samples as the step.
+TEST(Training, HfZero2ConfigTrainsAndWritesDeepSpeedsCsv) {
+  const std::string data = token_file("zp_hf_zero2.bin", 4 * 16 + 1, 64, 4);
+  const fs::path csv = fs::temp_directory_path() / "zp_hf_zero2_csv";
+  fs::remove_all(csv);
+  io::Config c = io::Config::from_file(train_config_schema(), std::string(ZP_DEEPSPEED_CONFIGS) + "/hf_ds_config_zero2.json");
+  c.set("model.config=" + tiny_config(data).at("model.config").dump());
+  for (const std::string& s : {"data.train_files=[\"" + data + "\"]", std::string("data.seq_len=16"),
+                               std::string("train_micro_batch_size_per_gpu=2"), std::string("training.max_steps=4"),
+                               std::string("training.device=cpu"), std::string("scheduler.params.warmup_num_steps=4"),
+                               std::string("csv_monitor.enabled=true"), "csv_monitor.output_path=" + csv.string(),
+                               std::string("csv_monitor.job_name=run")})
+    c.set(s);
+  const TrainConfig cfg = TrainConfig::from(c);
+  const TrainResult r = train(cfg, runtime());
+  ASSERT_EQ(r.losses.size(), 4u);
+  std::ifstream in(csv / "run" / "Train_Samples_lr.csv");
+  std::string header;
+  ASSERT_TRUE(std::getline(in, header));
+  EXPECT_EQ(header, "step,lr");
+  // WarmupLR from "auto": 0 -> 6e-4 (our lr) over 4 iterations, linear; update k at iteration k - 1.
+  const double expected[] = {0.0, 0.0, 1.5e-4, 3e-4};
+  for (int k = 0; k < 4; ++k) {
+    std::string row;
+    ASSERT_TRUE(std::getline(in, row)) << k;
+    const size_t comma = row.find(',');
+    EXPECT_EQ(row.substr(0, comma), std::to_string(2 * (k + 1))) << "samples after update " << k;
+    EXPECT_NEAR(std::stod(row.substr(comma + 1)), expected[k], 1e-12) << row;
+  }
+  EXPECT_TRUE(fs::exists(csv / "run" / "Train_Samples_train_loss.csv"));
+  EXPECT_FALSE(fs::exists(csv / "run" / "Train_Samples_loss_scale.csv")) << "fp32 on the CPU: no loss scale";
+}
+
 TEST(Training, Fp16LossScalingSkipsOverflowAndRecovers) {
   std::string data = token_file("zp_fp16.bin", 4 * 16 + 1, 64, 2);
   io::Config c = tiny_config(data);
@@ -81,18 +118,6 @@ TEST(LossScaler, HalvesAfterHysteresisAndGrowsAfterWindow) {
   for (int i = 0; i < 3; ++i) EXPECT_FALSE(s.update(false));
   EXPECT_EQ(s.scale(), 1024);
   EXPECT_EQ(s.skipped(), 2);
-}
-
-TEST(LrSchedule, WarmupThenCosineAndLinear) {
-  LrSchedule c{"WarmupCosineLR", 1.0, 0.1, 10, 110};
-  EXPECT_DOUBLE_EQ(c.at(0), 0.1);
-  EXPECT_DOUBLE_EQ(c.at(9), 1.0);
-  EXPECT_NEAR(c.at(60), 0.55, 1e-12);  // halfway: min + (max - min) / 2
-  EXPECT_NEAR(c.at(110), 0.1, 1e-12);
-  LrSchedule l{"WarmupDecayLR", 1.0, 0.0, 0, 100};
-  EXPECT_NEAR(l.at(25), 0.75, 1e-12);
-  LrSchedule k{"WarmupLR", 1.0, 0.0, 0, 100};
-  EXPECT_DOUBLE_EQ(k.at(99), 1.0);
 }
 
 TEST(TrainConfig, ErrorsNameTheKey) {

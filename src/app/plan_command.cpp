@@ -87,8 +87,15 @@ int run_plan(const PlanOptions& o) {
   io::Config cfg = io::Config::from_file(runtime::train_schema_with_diffusion(), o.config, io::Config::OnProblem::Keep);
   for (const auto& s : o.sets) cfg.set(s);
   const bool unet = cfg.get<std::string>("model.type") == "unet";
-  const runtime::TrainConfig tc = unet ? runtime::UNetTrainConfig::from(cfg).common : runtime::TrainConfig::from(cfg);
+  runtime::TrainConfig given = unet ? runtime::UNetTrainConfig::from(cfg).common : runtime::TrainConfig::from(cfg);
   ZP_REQUIRE(o.world >= 1, "--world ", o.world, ": must be at least 1");
+  ZP_REQUIRE(o.world % given.pipeline_stages == 0, "pipeline.stages = ", given.pipeline_stages,
+             " does not divide --world ", o.world);
+  // A plan is for GPUs: "auto" precision plans bf16, as on Ampere and later.
+  if (given.bf16_auto && !given.fp16) given.dtype = DType::BF16;
+  given.bf16_auto = given.fp16_auto = false;
+  const runtime::TrainConfig tc =
+      given.resolve_for_place(o.world / int(given.pipeline_stages), o.world, Device::cpu());
   const int per_node = o.ranks_per_node > 0 ? o.ranks_per_node : o.world;
   ZP_REQUIRE(per_node <= o.world, "--ranks-per-node ", per_node, " exceeds --world ", o.world);
   runtime::NodeResources have;

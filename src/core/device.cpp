@@ -70,6 +70,12 @@ double cuda_peak_bf16_tflops(int index) {
   return sms * (clk_khz * 1e3) * per_clk / 1e12;
 }
 
+bool cuda_supports_bf16(int index) {
+  int major = 0;
+  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index));
+  return major >= 8;
+}
+
 double cuda_peak_dram_gbs(int index) {
   int mem_khz = 0, bus_bits = 0;
   ZP_CUDA_CHECK(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, index));
@@ -113,6 +119,7 @@ void device_synchronize() {}
 void set_current_device(Device d) { ZP_CHECK(!d.is_cuda(), "CUDA device requested in a CPU-only build"); }
 double cuda_peak_bf16_tflops(int) { return 0; }
 double cuda_peak_dram_gbs(int) { return 0; }
+bool cuda_supports_bf16(int) { return false; }
 std::string cuda_device_name(int) { return "none"; }
 void stream_synchronize(StreamHandle) {}
 #endif

@@ -71,6 +71,8 @@ class Event {
 // for), and its DRAM bandwidth in GB/s (2 x memory clock x bus width). Used for MFU and benchmarks.
 double cuda_peak_bf16_tflops(int index);
 double cuda_peak_dram_gbs(int index);
+// Whether device `index` computes in bf16 at full speed (Ampere, compute capability 8, and later).
+bool cuda_supports_bf16(int index);
 std::string cuda_device_name(int index);
 
 void device_synchronize();

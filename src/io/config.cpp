@@ -201,6 +201,17 @@ const json& Config::default_at(const std::string& path) const {
   return *cur;
 }
 
+bool Config::given(const std::string& path) const {
+  const std::string inside = path + ".";
+  if (auto it = origin_.lower_bound(inside); it != origin_.end() && it->first.starts_with(inside)) return true;
+  for (std::string p = path;;) {
+    if (origin_.count(p)) return true;
+    const size_t dot = p.rfind('.');
+    if (dot == std::string::npos) return false;
+    p.resize(dot);
+  }
+}
+
 const std::string& Config::origin(const std::string& path) const {
   // The longest prefix a user assigned: model.config.n_layer came with model.config.
   for (std::string p = path;;) {

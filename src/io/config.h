@@ -60,6 +60,9 @@ class Config {
 
   // The schema's default at `path` (null below a null-default key).
   const json& default_at(const std::string& path) const;
+  // Whether the file or a --set gave `path`, an object holding it, or a key inside it, rather than
+  // the schema leaving it at its default.
+  bool given(const std::string& path) const;
   // Where the value at `path` came from: the file, or the --set that last assigned it.
   const std::string& origin(const std::string& path) const;
   const std::string& source() const { return source_; }

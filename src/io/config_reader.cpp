@@ -1,5 +1,6 @@
 #include "io/config_reader.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -35,17 +36,32 @@ std::string Range::describe() const {
 
 ConfigReader::ConfigReader(const Config& c) : c_(c), problems_(c.problems()) {}
 
+const json& ConfigReader::value(const std::string& key) const {
+  if (auto it = resolved_.find(key); it != resolved_.end()) return it->second;
+  return c_.at(key);
+}
+
+bool ConfigReader::resolve_auto(const std::string& key, const json& resolved) {
+  if (!is_auto(c_.at(key))) return false;
+  resolved_[key] = resolved;
+  return true;
+}
+
+void ConfigReader::warn(const std::string& text) {
+  if (std::find(warnings_.begin(), warnings_.end(), text) == warnings_.end()) warnings_.push_back(text);
+}
+
 bool ConfigReader::require(bool ok, const std::string& what) {
   if (!ok) problems_.push_back(c_.source() + ": " + what);
   return ok;
 }
 
 void ConfigReader::reject(const std::string& key, const std::string& what) {
-  problems_.push_back(c_.origin(key) + ": key '" + key + "' = " + json_excerpt(c_.at(key)) + " " + what);
+  problems_.push_back(c_.origin(key) + ": key '" + key + "' = " + json_excerpt(value(key)) + " " + what);
 }
 
 int64_t ConfigReader::integer(const std::string& key, int64_t lo, int64_t hi) {
-  const json& v = c_.at(key);
+  const json& v = value(key);
   const std::string allowed = "an integer " + integer_range(lo, hi);
   if (is_auto(v)) {
     reject(key, "is not resolved for this key: give " + allowed);
@@ -62,7 +78,7 @@ int64_t ConfigReader::integer(const std::string& key, int64_t lo, int64_t hi) {
 }
 
 std::optional<int64_t> ConfigReader::integer_or_auto(const std::string& key, int64_t lo, int64_t hi) {
-  const json& v = c_.at(key);
+  const json& v = value(key);
   if (v.is_null() || is_auto(v)) return std::nullopt;
   const bool integral = v.is_number_integer() ||
                         (v.is_number_float() && std::isfinite(v.get<double>()) && v.get<double>() == std::trunc(v.get<double>()));
@@ -77,7 +93,7 @@ std::optional<int64_t> ConfigReader::integer_or_auto(const std::string& key, int
 }
 
 uint64_t ConfigReader::unsigned_integer(const std::string& key) {
-  const json& v = c_.at(key);
+  const json& v = value(key);
   if (v.is_number_unsigned()) return v.get<uint64_t>();
   if (v.is_number_integer() && v.get<int64_t>() >= 0) return uint64_t(v.get<int64_t>());
   reject(key, "is not allowed: must be an integer in [0, 2^64)");
@@ -85,7 +101,7 @@ uint64_t ConfigReader::unsigned_integer(const std::string& key) {
 }
 
 double ConfigReader::number(const std::string& key, const Range& allowed) {
-  const json& v = c_.at(key);
+  const json& v = value(key);
   if (!v.is_number() || is_auto(v))
     reject(key, "is not allowed: must be a number " + allowed.describe());
   else if (const double x = v.get<double>(); !std::isfinite(x) || !allowed.contains(x))
@@ -96,7 +112,7 @@ double ConfigReader::number(const std::string& key, const Range& allowed) {
 }
 
 std::optional<double> ConfigReader::number_or_null(const std::string& key, const Range& allowed) {
-  const json& v = c_.at(key);
+  const json& v = value(key);
   if (v.is_null()) return std::nullopt;
   if (v.is_number() && std::isfinite(v.get<double>()) && allowed.contains(v.get<double>())) return v.get<double>();
   reject(key, "is not allowed: must be a number " + allowed.describe() + " or null");
@@ -104,7 +120,7 @@ std::optional<double> ConfigReader::number_or_null(const std::string& key, const
 }
 
 std::vector<double> ConfigReader::numbers(const std::string& key, size_t count, const Range& allowed) {
-  const json& v = c_.at(key);
+  const json& v = value(key);
   bool ok = v.is_array() && v.size() == count;
   std::vector<double> out;
   for (size_t i = 0; ok && i < count; ++i) {
@@ -117,21 +133,21 @@ std::vector<double> ConfigReader::numbers(const std::string& key, size_t count, 
 }
 
 bool ConfigReader::boolean(const std::string& key) {
-  const json& v = c_.at(key);
+  const json& v = value(key);
   if (v.is_boolean()) return v.get<bool>();
   reject(key, "is not allowed: must be true or false");
   return fallback(key).get<bool>();
 }
 
 std::string ConfigReader::string(const std::string& key) {
-  const json& v = c_.at(key);
+  const json& v = value(key);
   if (v.is_string()) return v.get<std::string>();
   reject(key, "is not allowed: must be a string");
   return fallback(key).get<std::string>();
 }
 
 std::string ConfigReader::one_of(const std::string& key, const std::vector<std::string>& allowed, const std::string& why) {
-  const json& v = c_.at(key);
+  const json& v = value(key);
   if (v.is_string())
     for (const std::string& a : allowed)
       if (v == a) return a;
@@ -143,7 +159,7 @@ std::string ConfigReader::one_of(const std::string& key, const std::vector<std::
 }
 
 std::vector<std::string> ConfigReader::strings(const std::string& key) {
-  const json& v = c_.at(key);
+  const json& v = value(key);
   bool ok = v.is_array();
   for (size_t i = 0; ok && i < v.size(); ++i) ok = v[i].is_string();
   if (ok) return v.get<std::vector<std::string>>();

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,7 +50,10 @@ class ConfigReader {
   // One of `allowed`; `why` (optional) says why the others are not.
   std::string one_of(const std::string& key, const std::vector<std::string>& allowed, const std::string& why = "");
   std::vector<std::string> strings(const std::string& key);
-  const json& value(const std::string& key) const { return c_.at(key); }
+  const json& value(const std::string& key) const;
+  // From now on `key` reads as `resolved` where the configuration says "auto" (as the Hugging Face
+  // Trainer fills in DeepSpeed's "auto" from its own arguments); returns whether it said "auto".
+  bool resolve_auto(const std::string& key, const json& resolved);
   const Config& config() const { return c_; }
 
   // Records `what` (a sentence naming the keys involved) when `ok` is false; returns `ok`.
@@ -57,13 +61,18 @@ class ConfigReader {
   // Records "key '<key>' = <value> <what>".
   void reject(const std::string& key, const std::string& what);
   const std::vector<std::string>& problems() const { return problems_; }
+  // Records a warning (a key accepted with no effect, or one whose effect differs from DeepSpeed's);
+  // the same text is recorded once.
+  void warn(const std::string& text);
+  const std::vector<std::string>& warnings() const { return warnings_; }
   // Throws one zp::Error listing every problem (io::throw_problems); nothing when there are none.
   void throw_if_any() const { throw_problems(problems_); }
 
  private:
   const json& fallback(const std::string& key) const { return c_.default_at(key); }
   const Config& c_;
-  std::vector<std::string> problems_;
+  std::vector<std::string> problems_, warnings_;
+  std::map<std::string, json> resolved_;  // "auto" keys -> the value they read as
 };
 
 }  // namespace zp::io

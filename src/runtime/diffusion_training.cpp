@@ -55,8 +55,8 @@ struct DiffusionBatch {
 
 class DiffusionTask final : public TrainingTask {
  public:
-  DiffusionTask(const UNetTrainConfig& ucfg, const TrainingPlace& at)
-      : cfg_(ucfg.common), diffusion_(ucfg.diffusion), at_(at), noise_(ucfg.diffusion) {
+  DiffusionTask(const TrainConfig& common, const DiffusionConfig& diffusion, const TrainingPlace& at)
+      : cfg_(common), diffusion_(diffusion), at_(at), noise_(diffusion) {
     // Model config and data first: a bad config or file is reported before any model memory exists.
     std::string source;
     hub_ = cfg_.hub_config_json(source);
@@ -214,7 +214,9 @@ class DiffusionTask final : public TrainingTask {
 
 TrainResult train_unet(const UNetTrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, bool return_params) {
   return run_training(cfg.common, rt, group, return_params,
-                      [&](const TrainingPlace& at) { return std::make_unique<DiffusionTask>(cfg, at); });
+                      [&](const TrainConfig& placed, const TrainingPlace& at) {
+                        return std::make_unique<DiffusionTask>(placed, cfg.diffusion, at);
+                      });
 }
 
 }  // namespace zp::runtime

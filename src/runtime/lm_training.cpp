@@ -261,7 +261,8 @@ std::unique_ptr<TrainingTask> make_lm_task(const TrainConfig& cfg, const Trainin
 }
 
 TrainResult train(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, bool return_params) {
-  return run_training(cfg, rt, group, return_params, [&](const TrainingPlace& at) { return make_lm_task(cfg, at); });
+  return run_training(cfg, rt, group, return_params,
+                      [](const TrainConfig& placed, const TrainingPlace& at) { return make_lm_task(placed, at); });
 }
 
 }  // namespace zp::runtime

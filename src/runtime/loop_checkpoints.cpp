@@ -1,5 +1,7 @@
 #include "runtime/loop_checkpoints.h"
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -29,28 +31,13 @@ LoopCheckpoints::LoopCheckpoints(const TrainConfig& cfg, MPI_Comm group, paralle
     : cfg_(cfg), group_(group), engine_(engine), model_(std::move(model)), global_batch_(global_batch), s_(s),
       stages_(std::move(stages)), bytes_per_checkpoint_(checkpoint_bytes(engine, stage_blocks())) {}
 
-// After k clean steps in a row the scaler's growth counter is k mod window and its hysteresis budget
-// is full; after j overflows in a row the growth counter is 0 and the budget is hysteresis - j mod
-// hysteresis. A checkpoint records those, and replaying that many outcomes on a scaler built at the
-// saved scale restores it exactly (neither replay reaches a change of scale).
-void LoopCheckpoints::ScalerRuns::record(bool overflow) {
-  if (overflow) {
-    ++overflows;
-    clean = 0;
-  } else {
-    ++clean;
-    overflows = 0;
-  }
-}
-
 LossScalerState LoopCheckpoints::scaler_state(const LossScaler& sc) const {
   LossScalerState st;
   st.enabled = sc.enabled();
   st.scale = sc.scale();
   st.skipped = skipped_steps(sc);
-  st.clean_steps = sc.enabled() && cfg_.scale_window > 1 ? runs_.clean % cfg_.scale_window : 0;
-  st.overflows_left =
-      sc.enabled() && cfg_.hysteresis > 0 ? cfg_.hysteresis - runs_.overflows % cfg_.hysteresis : cfg_.hysteresis;
+  st.clean_steps = sc.clean_steps();
+  st.overflows_left = sc.overflows_left();
   return st;
 }
 
@@ -127,26 +114,14 @@ void LoopCheckpoints::resume(LossScaler& scaler, TrainResult& result) {
   result.first_step = start_step_;
   result.resumed_from = from;
 
-  // The loss scaler: rebuilt at the saved scale, then the current run of outcomes replayed.
-  runs_ = ScalerRuns();
-  int64_t replayed = 0;  // skips the replay adds to scaler.skipped()
+  // The loss scaler as it was: its scale, hysteresis left and clean steps towards the next doubling.
   if (cfg_.fp16 && !st.scaler.enabled) {
     ZP_LOG_INFO("the checkpoint was not trained with fp16 loss scaling: starting the scale at ", cfg_.initial_scale);
   } else if (cfg_.fp16) {
-    scaler = LossScaler(true, st.scaler.scale, cfg_.min_scale, cfg_.scale_window, cfg_.hysteresis);
-    if (st.scaler.overflows_left < cfg_.hysteresis) {
-      for (int64_t j = 0; j < cfg_.hysteresis - st.scaler.overflows_left; ++j, ++replayed) {
-        scaler.update(true);
-        runs_.record(true);
-      }
-    } else {
-      for (int64_t k = 0; k < st.scaler.clean_steps; ++k) {
-        scaler.update(false);
-        runs_.record(false);
-      }
-    }
+    scaler.restore(st.scaler.scale, std::clamp<int64_t>(st.scaler.overflows_left, 1, cfg_.hysteresis),
+                   cfg_.scale_window > 1 ? st.scaler.clean_steps % cfg_.scale_window : 0);
   }
-  skipped_before_ = st.scaler.skipped - replayed;
+  skipped_before_ = st.scaler.skipped;
 
   auto layout = [](int world, int zero, int stages) {
     return std::to_string(world) + " rank(s) at ZeRO stage " + std::to_string(zero) +
@@ -166,9 +141,8 @@ void LoopCheckpoints::resume(LossScaler& scaler, TrainResult& result) {
                 ": the data order changes");
 }
 
-void LoopCheckpoints::step_done(int64_t steps_done, bool skipped, bool healthy, bool stop, const LossScaler& scaler,
+void LoopCheckpoints::step_done(int64_t steps_done, bool healthy, bool stop, const LossScaler& scaler,
                                 TrainResult& result) {
-  runs_.record(skipped);
   if (cfg_.checkpoint_dir.empty()) return;
   const bool due = (cfg_.save_every > 0 && steps_done % cfg_.save_every == 0) || steps_done == cfg_.max_steps || stop;
   if (!due && !save_pending_) return;

@@ -42,21 +42,13 @@ class LoopCheckpoints {
   // Global position, in the seeded sample order, of the first sample that step `step` (0-based) reads.
   int64_t first_sample(int64_t step) const { return data_position_ + (step - start_step_) * global_batch_; }
 
-  // After step `steps_done` (1-based) of cfg.max_steps: records whether the update was skipped (the
-  // loss scaler's state) and saves when one is due (or `stop`: a signal ends the run), adding the
-  // file to result.saved, unless the step was not `healthy`. Collective.
-  void step_done(int64_t steps_done, bool skipped, bool healthy, bool stop, const LossScaler& scaler,
-                 TrainResult& result);
+  // After step `steps_done` (1-based) of cfg.max_steps: saves when one is due (or `stop`: a signal
+  // ends the run), adding the file to result.saved, unless the step was not `healthy`. Collective.
+  void step_done(int64_t steps_done, bool healthy, bool stop, const LossScaler& scaler, TrainResult& result);
   // Steps skipped for an fp16 overflow over the whole training, those before the resume included.
   int64_t skipped_steps(const LossScaler& scaler) const { return skipped_before_ + scaler.skipped(); }
 
  private:
-  // LossScaler keeps its growth and hysteresis counters to itself, but both follow from the current
-  // run of equal outcomes (the scale only changes at the end of one); see loop_checkpoints.cpp.
-  struct ScalerRuns {
-    int64_t clean = 0, overflows = 0;
-    void record(bool overflow);
-  };
   LossScalerState scaler_state(const LossScaler& sc) const;
   const StageBlocks* stage_blocks() const { return stages_ ? &*stages_ : nullptr; }
   void save(int64_t steps_done, const LossScaler& scaler, TrainResult& result);
@@ -72,9 +64,8 @@ class LoopCheckpoints {
   std::optional<StageBlocks> stages_;
   int64_t start_step_ = 0, data_position_ = 0;  // where this run starts
   int64_t bytes_per_checkpoint_;
-  int64_t skipped_before_ = 0;                  // skips before this run, less those of the scaler's replay
+  int64_t skipped_before_ = 0;                  // skips before this run
   bool save_pending_ = false;                   // a due save waits for a healthy step
-  ScalerRuns runs_;
 };
 
 }  // namespace zp::runtime

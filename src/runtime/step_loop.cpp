@@ -91,7 +91,7 @@ void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t
     const bool bad = !finite && (!loop.scaler.enabled() || loop.scaler.scale() <= loop.scaler.min_scale());
     bad_in_a_row = bad ? bad_in_a_row + 1 : 0;
     const int stop = agreed_signal(signals, loop.ctrl);
-    loop.checkpoints.step_done(step + 1, upd.skipped, std::isfinite(loss) && !bad, stop != 0, loop.scaler, result);
+    loop.checkpoints.step_done(step + 1, std::isfinite(loss) && !bad, stop != 0, loop.scaler, result);
     if (bad_in_a_row >= cfg.max_bad_steps) {
       const std::string& last = !result.saved.empty() ? result.saved.back() : result.resumed_from;
       throw TrainingDiverged(detail::cat(

@@ -32,6 +32,13 @@ StepReporter::StepReporter(const std::string& metrics_file, int rank, int world,
   ZP_REQUIRE(metrics_.good(), path, ": cannot write the metrics file");
 }
 
+void StepReporter::set_csv_monitor(const std::string& dir, int64_t samples_per_step, bool loss_scaling) {
+  if (rank_ != 0 || dir.empty()) return;
+  csv_.emplace(dir);
+  csv_samples_per_step_ = samples_per_step;
+  csv_loss_scale_ = loss_scaling;
+}
+
 void StepReporter::report(int64_t step, double loss, double lr, double grad_norm, double secs, bool skipped,
                           float loss_scale, double val) {
   const double rate = double(items_per_step_) / secs;
@@ -55,6 +62,12 @@ void StepReporter::report(int64_t step, double loss, double lr, double grad_norm
     }
     std::printf("%s%s\n", line, extra.c_str());
     std::fflush(stdout);
+  }
+  if (csv_) {
+    const int64_t samples = step * csv_samples_per_step_;
+    csv_->write("Train/Samples/train_loss", samples, loss);
+    csv_->write("Train/Samples/lr", samples, lr);
+    if (csv_loss_scale_) csv_->write("Train/Samples/loss_scale", samples, loss_scale);
   }
   if (metrics_.is_open()) {
     nlohmann::json j = {{"step", step},           {"loss", loss},       {"lr", lr},

@@ -1,7 +1,7 @@
 // What a training loop reports after each step, the same for every model: the progress line on
 // rank 0 (loss, lr, grad norm, throughput, MFU, peak memory, step time, skipped steps, validation)
 // and one JSON line per step and rank in training.metrics_file ("{rank}" is replaced by the rank;
-// without it, ranks other than 0 append ".<rank>").
+// without it, ranks other than 0 append ".<rank>"), and with csv_monitor DeepSpeed's CSV files.
 #pragma once
 #include <cstdint>
 #include <fstream>
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/device.h"
+#include "runtime/csv_monitor.h"
 
 namespace zp::runtime {
 
@@ -27,6 +28,9 @@ class StepReporter {
     double busy_ms = 0, span_ms = 0, wait_ms = 0, bubble = 0, mean_bubble = 0, theory = 0;
   };
   void set_pipeline(const PipelineTimes& t) { pipeline_ = t; }
+  // csv_monitor (rank 0 only): DeepSpeed's Train/Samples/train_loss and lr after every step, and
+  // loss_scale with fp16 loss scaling; `samples_per_step` is the global batch.
+  void set_csv_monitor(const std::string& dir, int64_t samples_per_step, bool loss_scaling);
 
   // step is 1-based; val is NaN when no validation ran this step.
   void report(int64_t step, double loss, double lr, double grad_norm, double secs, bool skipped, float loss_scale,
@@ -40,6 +44,9 @@ class StepReporter {
   int64_t items_per_step_, max_steps_, print_every_;
   double flops_per_item_, peak_tflops_;
   std::optional<PipelineTimes> pipeline_;
+  std::optional<CsvMonitor> csv_;
+  int64_t csv_samples_per_step_ = 0;
+  bool csv_loss_scale_ = false;
 };
 
 }  // namespace zp::runtime

@@ -5,31 +5,34 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "core/dtype.h"
 #include "io/config.h"
 #include "io/config_reader.h"
+#include "runtime/lr_schedule.h"
 
 namespace zp::runtime {
 
 const io::json& train_config_schema();
 
 struct TrainConfig {
-  // batch
+  // batch: DeepSpeed's three keys. Any of them may be left out or "auto" and is then inferred from
+  // the others and the data-parallel size when the run is placed (resolve_for_place); 0 = not yet.
   int64_t micro_batch = 1, grad_accum = 1, seq_len = 1024;
-  int64_t train_batch_size = 0;  // sequences per step over all ranks; 0 = micro * accum * world
+  int64_t train_batch_size = 0;  // sequences per step over all data-parallel ranks
   // optimizer
   double lr = 6e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, grad_clip = 1.0;
   bool decay_all = false;  // weight decay on norms, biases and embeddings too
   bool step_in_backward = false;  // update each block as its gradients complete (ZeRO 2/3, no clipping)
-  // schedule
-  std::string scheduler = "WarmupCosineLR";  // WarmupCosineLR | WarmupDecayLR | WarmupLR
-  int64_t warmup_steps = 0, total_steps = 0;
-  double min_lr_ratio = 0.1;
-  // precision
+  // schedule (scheduler.*; its lr and warmup_max_lr follow optimizer.params.lr unless given)
+  LrSchedule schedule;
+  // precision; bf16.enabled / fp16.enabled = "auto" are decided by the device (resolve_for_place)
   DType dtype = DType::F32;
   bool fp16 = false;
+  bool bf16_auto = false, fp16_auto = false;
   double initial_scale = 65536, min_scale = 1;
   int64_t scale_window = 1000, hysteresis = 2;
+  bool consecutive_hysteresis = false;  // every clean step refills the hysteresis (runtime/loss_scaler.h)
   // ZeRO
   int zero_stage = 0;
   // zero_optimization.offload_optimizer / offload_param (DeepSpeed's keys): "none" | "cpu" | "nvme",
@@ -67,12 +70,14 @@ struct TrainConfig {
   uint64_t seed = 1234;
   std::string device = "auto";  // auto | cpu | cuda
   std::string metrics_file;      // JSONL, "" = none; "{rank}" is replaced by the rank
+  std::string csv_monitor_dir;   // csv_monitor: <output_path>/<job_name> where rank 0 writes CSV; "" = none
   // checkpoints (runtime/checkpoint.h)
   std::string checkpoint_dir;    // where step-<N>.h5 files go; "" = no checkpoints
   int64_t save_every = 0;        // save after every N steps and after the last one; 0 = never
   int64_t keep_last = 3;         // keep the newest K checkpoints in checkpoint_dir; 0 = keep all
   std::string resume;            // not a config key (`zeropipe train --resume`): "" | "latest" | a file
   std::string config_json;       // the whole configuration as given, recorded in every checkpoint
+  std::vector<std::string> warnings;  // the reader's, each logged once when the configuration was read
 
   // The hub config.json object: model.config inline, model.hub_dir/config.json, or the config an .h5
   // model.hub_dir records. `source` names where it came from, for error messages.
@@ -85,6 +90,12 @@ struct TrainConfig {
   // of throwing, so that a caller with keys of its own (UNetTrainConfig::from) reports them all at
   // once. model.type must be `model_type`.
   static TrainConfig read(io::ConfigReader& r, const std::string& model_type);
+
+  // This configuration as it runs on `data_parallel_size` data-parallel ranks of `world_size` on
+  // `device`: the batch keys inferred as DeepSpeed infers them (and train_batch_size checked against
+  // micro x accumulation x data-parallel size), "auto" precision decided by the device. Throws
+  // zp::Error naming the keys.
+  TrainConfig resolve_for_place(int data_parallel_size, int world_size, Device device) const;
 };
 
 }  // namespace zp::runtime

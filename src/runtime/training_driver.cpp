@@ -87,12 +87,14 @@ std::vector<float> gather_stages(const std::vector<float>& mine, const TrainingP
 
 }  // namespace
 
-TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, bool return_params,
+TrainResult run_training(const TrainConfig& given, comm::Runtime& rt, MPI_Comm group, bool return_params,
                          const TrainingTaskFactory& make_task) {
-  const TrainingPlace at = place_training(cfg, rt, group);
+  TrainingPlace at = place_training(given, rt, group);
+  const TrainConfig cfg = given.resolve_for_place(at.data_size(), at.world(), at.dev);
+  at.global_batch = cfg.train_batch_size;
   // The task reads its data and model config first: a bad file is reported before any communicator
   // or model memory exists.
-  const std::unique_ptr<TrainingTask> task = make_task(at);
+  const std::unique_ptr<TrainingTask> task = make_task(cfg, at);
   PipelineStageModel* stage_model = at.stages() > 1 ? task->pipeline_stage() : nullptr;
   ZP_REQUIRE(at.stages() == 1 || stage_model, "pipeline.stages = ", at.stages(), ": the ",
              task->checkpoint_model().model_family, " family cannot run in pipeline stages yet");
@@ -157,8 +159,9 @@ TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm gro
     }
   }
 
-  LrSchedule sched{cfg.scheduler, cfg.lr, cfg.min_lr_ratio, cfg.warmup_steps, cfg.total_steps};
-  LossScaler scaler(cfg.fp16, cfg.initial_scale, cfg.min_scale, cfg.scale_window, cfg.hysteresis);
+  const LrSchedule& sched = cfg.schedule;
+  LossScaler scaler(cfg.fp16, cfg.initial_scale, cfg.min_scale, cfg.scale_window, cfg.hysteresis,
+                    cfg.consecutive_hysteresis);
   TrainResult result;
   std::optional<StageBlocks> stage_blocks;
   if (stage_model) {
@@ -182,6 +185,7 @@ TrainResult run_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm gro
   StepReporter reporter(cfg.metrics_file, at.rank(), at.world(), at.dev, unit.unit,
                         at.global_batch * unit.items_per_sample, unit.flops_per_item, cfg.max_steps, cfg.print_every,
                         !result.resumed_from.empty());
+  reporter.set_csv_monitor(cfg.csv_monitor_dir, at.global_batch, cfg.fp16);
   ZP_LOG_INFO(task->describe());
 
   std::function<double(int64_t)> validate;

@@ -26,8 +26,9 @@
 
 namespace zp::runtime {
 
-// Makes the family's task for a placed run (device, stream, global batch).
-using TrainingTaskFactory = std::function<std::unique_ptr<TrainingTask>(const TrainingPlace&)>;
+// Makes the family's task for a placed run (device, stream, global batch) from the configuration as
+// resolved for the place (which outlives the task).
+using TrainingTaskFactory = std::function<std::unique_ptr<TrainingTask>(const TrainConfig&, const TrainingPlace&)>;
 
 // Trains on the ranks of `group` (MPI_COMM_NULL: the world). With `return_params`, every rank gets
 // the final fp32 master weights (tests; small models only).

@@ -18,10 +18,6 @@ TrainingPlace place_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm
   at.dev = rt.device();
   if (cfg.device == "cpu") at.dev = Device::cpu();
   if (cfg.device == "cuda") ZP_REQUIRE(at.dev.is_cuda(), "training.device = \"cuda\": ", cuda_unavailable_reason());
-  at.global_batch = cfg.micro_batch * cfg.grad_accum * at.data_size();
-  ZP_REQUIRE(cfg.train_batch_size == 0 || cfg.train_batch_size == at.global_batch, "train_batch_size ",
-             cfg.train_batch_size, " != train_micro_batch_size_per_gpu ", cfg.micro_batch,
-             " x gradient_accumulation_steps ", cfg.grad_accum, " x world size ", at.data_size());
   if (at.dev.is_cuda()) at.stream = Stream(at.dev);
   return at;
 }

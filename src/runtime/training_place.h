@@ -25,7 +25,7 @@ struct TrainingPlace {
   std::unique_ptr<comm::Topology> topology;
   Device dev;
   Stream stream;  // none on the CPU
-  int64_t global_batch = 0;
+  int64_t global_batch = 0;  // set with the configuration resolved for this place (run_training)
 
   StreamHandle s() const { return stream.handle(); }
   // This rank in the run (rank 0 reports), and this rank's index and size of its data group (which
@@ -39,8 +39,9 @@ struct TrainingPlace {
   bool wraps = false;  // the last stage sends to the first (interleaved schedules)
 };
 
-// Lays out the ranks of `group` (MPI_COMM_NULL: the whole world; collective over it), picks the
-// device and checks the global batch against train_batch_size. Throws zp::Error naming the key.
+// Lays out the ranks of `group` (MPI_COMM_NULL: the whole world; collective over it) and picks the
+// device. Throws zp::Error naming the key. The configuration meets the world here: run_training
+// resolves it for the place (TrainConfig::resolve_for_place: batch keys, "auto" precision).
 TrainingPlace place_training(const TrainConfig& cfg, comm::Runtime& rt, MPI_Comm group);
 
 // The run's communicators, one per group of the topology that has more than one rank (none for a

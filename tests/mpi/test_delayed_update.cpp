@@ -97,8 +97,9 @@ runtime::TrainResult delayed_reference(const std::string& data, TrainingRun r, c
   r.offload = r.offload_param = "none";
   r.delayed_update = false;
   runtime::TrainConfig cfg = runtime::TrainConfig::from(user_config(data, r));
-  return runtime::run_training(cfg, rt, MPI_COMM_WORLD, true, [&](const runtime::TrainingPlace& at) {
-    return std::make_unique<LaggingWeightsTask>(runtime::make_lm_task(cfg, at), cfg.grad_accum);
+  return runtime::run_training(cfg, rt, MPI_COMM_WORLD, true,
+                               [](const runtime::TrainConfig& placed, const runtime::TrainingPlace& at) {
+    return std::make_unique<LaggingWeightsTask>(runtime::make_lm_task(placed, at), placed.grad_accum);
   });
 }
 
