@@ -64,11 +64,14 @@ int cmd_parity(int argc, char** argv) {
   zp::app::ParityOptions o;
   po::options_description desc("zeropipe parity options");
   desc.add_options()("help,h", "show this help")(
-      "model", po::value<std::string>(&o.model_dir)->required(), "reference folder (config.json, weights, io.safetensors)")(
+      "model", po::value<std::string>(&o.model_dir)->required(),
+      "reference folder (config.json, weights, io.safetensors); also as the one positional argument")(
       "device", po::value<std::string>(&o.device)->default_value("cpu"), "cpu | cuda")(
       "dtype", po::value<std::string>(&o.dtype)->default_value("fp32"), "fp32 | bf16 | fp64 (cpu only)");
+  po::positional_options_description pos;  // `zeropipe parity tests/golden/gpt2-tiny`, as `inspect FILE`
+  pos.add("model", 1);
   po::variables_map vm;
-  if (!parse_options(argc, argv, desc, vm)) return 0;
+  if (!parse_options(argc, argv, desc, vm, pos)) return 0;
   return zp::app::run_parity(o).finish();
 }
 
