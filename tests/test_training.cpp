@@ -96,6 +96,55 @@ TEST(Training, HfZero2ConfigTrainsAndWritesDeepSpeedsCsv) {
   EXPECT_FALSE(fs::exists(csv / "run" / "Train_Samples_loss_scale.csv")) << "fp32 on the CPU: no loss scale";
 }
 
+// The metrics JSONL that `zeropipe report` reads: a start event with the configuration and the
+// banner, every step's time breakdown (data, forward and backward, update, communication busy), and
+// an event per checkpoint with its bytes and GB/s.
+TEST(Training, MetricsHaveTheStepBreakdownAndEvents) {
+  const std::string data = token_file("zp_metrics.bin", 16 * 16 + 1, 64, 5);
+  const fs::path dir = fs::temp_directory_path() / "zp_metrics_events";
+  fs::remove_all(dir);
+  io::Config c = tiny_config(data);
+  for (const std::string& s : {std::string("training.max_steps=4"), "training.metrics_file=" + (dir / "m.jsonl").string(),
+                               std::string("wall_clock_breakdown=true"), "checkpoint.dir=" + (dir / "ck").string(),
+                               std::string("checkpoint.save_every=2")})
+    c.set(s);
+  const TrainResult r = train(TrainConfig::from(c), runtime());
+  ASSERT_EQ(r.saved.size(), 2u);
+  std::ifstream in(dir / "m.jsonl");
+  std::vector<io::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(io::json::parse(line));
+  ASSERT_EQ(lines.size(), 1u + 4u + 2u) << "a start event, 4 steps, 2 checkpoints";
+  EXPECT_EQ(lines[0].at("event"), "start");
+  EXPECT_EQ(lines[0].at("config").at("training").at("max_steps"), 4);
+  ASSERT_EQ(lines[0].at("banner").size(), 4u);
+  EXPECT_NE(lines[0].at("banner")[0].get<std::string>().find("ZeRO stage"), std::string::npos);
+  int steps = 0, checkpoints = 0;
+  double data_ms = 0;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const io::json& j = lines[i];
+    if (j.contains("event")) {
+      EXPECT_EQ(j.at("event"), "checkpoint");
+      const std::string path = r.saved.at(size_t(checkpoints++));
+      EXPECT_EQ(j.at("path"), path);
+      EXPECT_EQ(j.at("bytes").get<int64_t>(), int64_t(fs::file_size(path)));
+      EXPECT_GT(j.at("gb_per_s").get<double>(), 0.0);
+      continue;
+    }
+    ++steps;
+    const io::json& b = j.at("breakdown");
+    EXPECT_GT(b.at("forward_backward_ms").get<double>(), 0.0) << j.dump();
+    EXPECT_GT(b.at("optimizer_ms").get<double>(), 0.0) << j.dump();
+    EXPECT_GE(b.at("comm_busy_ms").get<double>(), 0.0) << j.dump();
+    EXPECT_LE(b.at("data_ms").get<double>() + b.at("forward_backward_ms").get<double>() + b.at("optimizer_ms").get<double>(),
+              j.at("step_ms").get<double>() * 1.001 + 1e-3)
+        << "the phases fit in the step: " << j.dump();
+    data_ms += b.at("data_ms").get<double>();
+  }
+  EXPECT_EQ(steps, 4);
+  EXPECT_EQ(checkpoints, 2);
+  EXPECT_GT(data_ms, 0.0) << "reading the batches takes some time";
+}
+
 TEST(Training, Fp16LossScalingSkipsOverflowAndRecovers) {
   std::string data = token_file("zp_fp16.bin", 4 * 16 + 1, 64, 2);
   io::Config c = tiny_config(data);

@@ -132,7 +132,7 @@ class DiffusionTask final : public TrainingTask {
   }
 
   double micro_step(int64_t step, int64_t first, float loss_scale) override {
-    return forward_backward(make_batch(*train_ds_, step, first, true), true, loss_scale);
+    return forward_backward(timed_read([&] { return make_batch(*train_ds_, step, first, true); }), true, loss_scale);
   }
   bool has_validation() const override { return val_ds_.has_value(); }
   // Draws keyed by step -1: the same noise every evaluation, so validation losses compare over training.

@@ -148,8 +148,9 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
                                                              : ForwardMode::Train;
     const bool first_chunk = m.span().embedding, last_chunk = m.span().head;
     if (first_chunk || last_chunk) {
-      const Batch b = train ? make_batch(train_ds_, cfg_.seed, cfg_.shuffle, first, cfg_.micro_batch)
-                            : make_batch(*val_ds_, cfg_.seed, false, first, cfg_.micro_batch);
+      const Batch b =
+          train ? timed_read([&] { return make_batch(train_ds_, cfg_.seed, cfg_.shuffle, first, cfg_.micro_batch); })
+                : make_batch(*val_ds_, cfg_.seed, false, first, cfg_.micro_batch);
       if (first_chunk) f.ids = b.ids.to(at_.dev, at_.s());
       if (last_chunk) {
         f.targets = b.targets.to(at_.dev, at_.s());
@@ -207,7 +208,9 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
   }
 
   double micro_step(int64_t, int64_t first, float loss_scale) override {
-    return forward_backward(make_batch(train_ds_, cfg_.seed, cfg_.shuffle, first, cfg_.micro_batch), true, loss_scale);
+    return forward_backward(
+        timed_read([&] { return make_batch(train_ds_, cfg_.seed, cfg_.shuffle, first, cfg_.micro_batch); }), true,
+        loss_scale);
   }
   bool has_validation() const override { return val_ds_.has_value(); }
   double validation_loss(int64_t first) override {

@@ -170,7 +170,10 @@ void LoopCheckpoints::save(int64_t steps_done, const LossScaler& scaler, TrainRe
   std::vector<std::string> deleted;
   if (cfg_.keep_last > 0) deleted = io::keep_last_checkpoints(cfg_.checkpoint_dir, "step-", int(cfg_.keep_last), group_);
   result.saved.push_back(path);
-  ZP_LOG_INFO("saved ", path, " in ", seconds_since(t0), " s",
+  std::error_code ec;
+  last_save_ = {seconds_since(t0), int64_t(fs::file_size(path, ec))};
+  if (ec) last_save_.bytes = 0;
+  ZP_LOG_INFO("saved ", path, " in ", last_save_.seconds, " s",
               deleted.empty() ? "" : " (deleted " + std::to_string(deleted.size()) + " older)");
 }
 

@@ -45,6 +45,12 @@ class LoopCheckpoints {
   // After step `steps_done` (1-based) of cfg.max_steps: saves when one is due (or `stop`: a signal
   // ends the run), adding the file to result.saved, unless the step was not `healthy`. Collective.
   void step_done(int64_t steps_done, bool healthy, bool stop, const LossScaler& scaler, TrainResult& result);
+  // The last save: its wall seconds and the file's bytes (for the metrics' checkpoint events).
+  struct SaveTiming {
+    double seconds = 0;
+    int64_t bytes = 0;
+  };
+  const SaveTiming& last_save() const { return last_save_; }
   // Steps skipped for an fp16 overflow over the whole training, those before the resume included.
   int64_t skipped_steps(const LossScaler& scaler) const { return skipped_before_ + scaler.skipped(); }
 
@@ -65,7 +71,8 @@ class LoopCheckpoints {
   int64_t start_step_ = 0, data_position_ = 0;  // where this run starts
   int64_t bytes_per_checkpoint_;
   int64_t skipped_before_ = 0;                  // skips before this run
-  bool save_pending_ = false;                   // a due save waits for a healthy step
+  bool save_pending_ = false;
+  SaveTiming last_save_;                   // a due save waits for a healthy step
 };
 
 }  // namespace zp::runtime

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "core/error.h"
@@ -37,8 +38,22 @@ void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t
   };
   StopSignals signals;
   int64_t bad_in_a_row = 0;
+  // The step-time breakdown: the forward-and-backward and update phases on the compute stream
+  // (events; waits for communication included) or the host clock on a CPU, the host's time reading
+  // batches, and the communication streams' busy time (not all of it exposed).
+  loop.engine.set_timing(true);
+  std::unique_ptr<Event> phase[3];  // start, forward and backward done, update done
+  if (loop.s)
+    for (auto& e : phase) e = std::make_unique<Event>();
+  using Clock = std::chrono::steady_clock;
+  auto ms_between = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  };
   for (int64_t step = loop.checkpoints.start_step(); step < cfg.max_steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    if (loop.data_seconds) loop.data_seconds();  // validation's reads are not this step's
+    loop.engine.comm_ms();
+    if (loop.s) phase[0]->record(loop.s);
     loop.engine.begin_step();
     const float loss_scale = float(loop.scaler.scale());
     double loss = 0;
@@ -53,10 +68,20 @@ void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t
         loss += train(step, first_of(m), loss_scale / float(cfg.grad_accum)) / double(cfg.grad_accum);
       }
     }
+    const auto t1 = Clock::now();
+    if (loop.s) phase[1]->record(loop.s);
     const StepUpdate upd =
         finish_step(loop.engine, loop.scaler, loop.schedule, cfg.grad_clip, loss_scale, loop.pipeline_grads);
+    if (loop.s) phase[2]->record(loop.s);
     if (loop.s) stream_synchronize(loop.s);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto t2 = Clock::now();
+    const double secs = std::chrono::duration<double>(t2 - t0).count();
+    StepReporter::Breakdown bd;
+    bd.data_ms = loop.data_seconds ? 1e3 * loop.data_seconds() : 0.0;
+    bd.forward_backward_ms = loop.s ? phase[1]->elapsed_ms_since(*phase[0]) : ms_between(t0, t1) - bd.data_ms;
+    bd.optimizer_ms = loop.s ? phase[2]->elapsed_ms_since(*phase[1]) : ms_between(t1, t2);
+    bd.comm_busy_ms = loop.engine.comm_ms();
+    loop.reporter.set_breakdown(bd);
     loss = dp_mean(loss);
     result.losses.push_back(loss);
     double val = NAN;
@@ -91,7 +116,11 @@ void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t
     const bool bad = !finite && (!loop.scaler.enabled() || loop.scaler.scale() <= loop.scaler.min_scale());
     bad_in_a_row = bad ? bad_in_a_row + 1 : 0;
     const int stop = agreed_signal(signals, loop.ctrl);
+    const size_t saved_before = result.saved.size();
     loop.checkpoints.step_done(step + 1, std::isfinite(loss) && !bad, stop != 0, loop.scaler, result);
+    if (result.saved.size() > saved_before)
+      loop.reporter.checkpoint_event(step + 1, result.saved.back(), loop.checkpoints.last_save().seconds,
+                                     loop.checkpoints.last_save().bytes);
     if (bad_in_a_row >= cfg.max_bad_steps) {
       const std::string& last = !result.saved.empty() ? result.saved.back() : result.resumed_from;
       throw TrainingDiverged(detail::cat(

@@ -35,6 +35,8 @@ struct StepLoop {
   // takes the stages' gradients together; only the last stage computes losses.
   PipelineStep* pipeline = nullptr;
   const PipelineGradients* pipeline_grads = nullptr;
+  // Host seconds spent reading training batches since the last call (TrainingTask::take_data_seconds).
+  std::function<double()> data_seconds;
 };
 
 // Position `first` is a global index into the sample order. train(step, first, loss_scale) runs one

@@ -54,6 +54,12 @@ void StepReporter::report(int64_t step, double loss, double lr, double grad_norm
                   unit_.c_str(), 100 * mfu, mem_gib, dev_.is_cuda() ? "" : " RSS", secs * 1e3,
                   skipped ? " | SKIPPED (overflow)" : "");
     std::string extra = std::isnan(val) ? "" : " | val loss " + std::to_string(val);
+    if (show_breakdown_ && breakdown_) {
+      char b[160];
+      std::snprintf(b, sizeof(b), " | data %.1f fwd+bwd %.1f opt %.1f comm busy %.1f ms", breakdown_->data_ms,
+                    breakdown_->forward_backward_ms, breakdown_->optimizer_ms, breakdown_->comm_busy_ms);
+      extra = b + extra;
+    }
     if (pipeline_) {
       char b[96];
       std::snprintf(b, sizeof(b), " | bubble %.1f%% (theory %.1f%%)", 100 * pipeline_->mean_bubble,
@@ -75,6 +81,13 @@ void StepReporter::report(int64_t step, double loss, double lr, double grad_norm
                         {"step_ms", secs * 1e3},  {"skipped", skipped}, {"loss_scale", loss_scale}};
     j[rate_key_] = rate;
     if (!std::isnan(val)) j["val_loss"] = val;
+    if (breakdown_)
+      j["breakdown"] = {{"data_ms", breakdown_->data_ms},
+                        {"forward_backward_ms", breakdown_->forward_backward_ms},
+                        {"optimizer_ms", breakdown_->optimizer_ms},
+                        {"comm_busy_ms", breakdown_->comm_busy_ms},
+                        {"other_ms", std::max(0.0, secs * 1e3 - breakdown_->data_ms - breakdown_->forward_backward_ms -
+                                                       breakdown_->optimizer_ms)}};
     if (pipeline_)
       j["pipeline"] = {{"stage", pipeline_->stage},         {"busy_ms", pipeline_->busy_ms},
                        {"idle_ms", pipeline_->span_ms - pipeline_->busy_ms},
@@ -83,6 +96,22 @@ void StepReporter::report(int64_t step, double loss, double lr, double grad_norm
     metrics_ << j.dump() << "\n";
     metrics_.flush();
   }
+}
+
+void StepReporter::start_event(const nlohmann::json& config, const std::vector<std::string>& banner) {
+  if (!metrics_.is_open()) return;
+  metrics_ << nlohmann::json{{"event", "start"}, {"rank", rank_}, {"world", world_}, {"config", config},
+                             {"banner", banner}}.dump()
+           << "\n";
+  metrics_.flush();
+}
+
+void StepReporter::checkpoint_event(int64_t step, const std::string& path, double seconds, int64_t bytes) {
+  if (!metrics_.is_open()) return;
+  metrics_ << nlohmann::json{{"event", "checkpoint"}, {"step", step}, {"path", path}, {"seconds", seconds},
+                             {"bytes", bytes}, {"gb_per_s", seconds > 0 ? double(bytes) / seconds / 1e9 : 0.0}}.dump()
+           << "\n";
+  metrics_.flush();
 }
 
 }  // namespace zp::runtime

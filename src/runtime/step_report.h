@@ -7,6 +7,9 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "core/device.h"
 #include "runtime/csv_monitor.h"
@@ -32,6 +35,21 @@ class StepReporter {
   // loss_scale with fp16 loss scaling; `samples_per_step` is the global batch.
   void set_csv_monitor(const std::string& dir, int64_t samples_per_step, bool loss_scaling);
 
+  // Where the step's time went on this rank, for the next report(): the host's reading of batches,
+  // the forward-and-backward phase and the update phase (on the compute stream on a GPU, waits for
+  // communication included; on the host clock on a CPU), and the busy time of the communication
+  // (mostly hidden behind compute when it overlaps). `show` puts it in rank 0's progress line
+  // (wall_clock_breakdown); the metrics JSONL always has it.
+  struct Breakdown {
+    double data_ms = 0, forward_backward_ms = 0, optimizer_ms = 0, comm_busy_ms = 0;
+  };
+  void set_breakdown(const Breakdown& b) { breakdown_ = b; }
+  void show_breakdown(bool on) { show_breakdown_ = on; }
+  // Event lines in the metrics JSONL, for `zeropipe report`: the run's start (its configuration, the
+  // start-up banner's lines and the world size) and every checkpoint saved (seconds, bytes, GB/s).
+  void start_event(const nlohmann::json& config, const std::vector<std::string>& banner);
+  void checkpoint_event(int64_t step, const std::string& path, double seconds, int64_t bytes);
+
   // step is 1-based; val is NaN when no validation ran this step.
   void report(int64_t step, double loss, double lr, double grad_norm, double secs, bool skipped, float loss_scale,
               double val);
@@ -44,6 +62,8 @@ class StepReporter {
   int64_t items_per_step_, max_steps_, print_every_;
   double flops_per_item_, peak_tflops_;
   std::optional<PipelineTimes> pipeline_;
+  std::optional<Breakdown> breakdown_;
+  bool show_breakdown_ = false;
   std::optional<CsvMonitor> csv_;
   int64_t csv_samples_per_step_ = 0;
   bool csv_loss_scale_ = false;

@@ -401,6 +401,7 @@ TrainConfig TrainConfig::read(io::ConfigReader& r, const std::string& model_type
   r.resolve_auto("gradient_clipping", r.config().default_at("gradient_clipping"));  // HF: --max_grad_norm
   t.grad_clip = r.number("gradient_clipping", Range::at_least(0));
   t.print_every = r.integer("steps_per_print", 1);
+  t.wall_clock_breakdown = r.boolean("wall_clock_breakdown");
   t.seed = r.unsigned_integer("seed");
   read_optimizer(r, t);
   read_precision(r, t);

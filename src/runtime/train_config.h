@@ -66,6 +66,7 @@ struct TrainConfig {
   bool shuffle = true;
   // loop
   int64_t max_steps = 100, eval_every = 0, eval_batches = 4, print_every = 1;
+  bool wall_clock_breakdown = false;  // the step-time breakdown in rank 0's progress line
   int64_t max_bad_steps = 20;  // non-finite steps in a row that stop the run (runtime/step_loop.h)
   uint64_t seed = 1234;
   std::string device = "auto";  // auto | cpu | cuda

@@ -10,6 +10,7 @@
 
 #include "core/cpu_share.h"
 #include "core/log.h"
+#include "io/bounded_json.h"
 #include "parallel/nvme_state_store.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/zero_engine.h"
@@ -177,21 +178,24 @@ TrainResult run_training(const TrainConfig& given, comm::Runtime& rt, MPI_Comm g
   // The verification banner: what is sharded and where each kind of state lives, the ranks and their
   // devices, and the bytes per tier.
   const std::string ranks = rank_device_map(at.topology->mpi_comm(comm::Group::World), at.dev);
-  ZP_LOG_INFO(engine.policy().str(), " | ", at.world(), " rank(s): ", ranks);
-  ZP_LOG_INFO(engine.memory_plan().str());
-  ZP_LOG_INFO(fit);
   const ProgressUnit unit = task->progress();
+  const std::vector<std::string> banner = {engine.policy().str() + " | " + std::to_string(at.world()) + " rank(s): " + ranks,
+                                           engine.memory_plan().str(), fit, task->describe()};
+  for (size_t i = 0; i + 1 < banner.size(); ++i) ZP_LOG_INFO(banner[i]);
   // A resumed run continues its metrics file.
   StepReporter reporter(cfg.metrics_file, at.rank(), at.world(), at.dev, unit.unit,
                         at.global_batch * unit.items_per_sample, unit.flops_per_item, cfg.max_steps, cfg.print_every,
                         !result.resumed_from.empty());
   reporter.set_csv_monitor(cfg.csv_monitor_dir, at.global_batch, cfg.fp16);
-  ZP_LOG_INFO(task->describe());
+  reporter.show_breakdown(cfg.wall_clock_breakdown);
+  const std::string& config = task->checkpoint_model().config_json;
+  reporter.start_event(config.empty() ? io::json() : io::parse_json_bounded(config, "the run's configuration"), banner);
+  ZP_LOG_INFO(banner.back());
 
   std::function<double(int64_t)> validate;
   if (task->has_validation()) validate = [&](int64_t first) { return task->validation_loss(first); };
   run_steps({cfg, engine, scaler, sched, checkpoints, reporter, comms.control.get(), at.data_rank(), at.data_size(), s,
-             pipeline.get(), stage_model ? &pipeline_grads : nullptr},
+             pipeline.get(), stage_model ? &pipeline_grads : nullptr, [&] { return task->take_data_seconds(); }},
             [&](int64_t step, int64_t first, float scale) { return task->micro_step(step, first, scale); }, validate,
             result);
   if (return_params) {

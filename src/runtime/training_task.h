@@ -10,8 +10,10 @@
 // constructor), set_block_access, checkpoint_model, progress, describe, and micro_step /
 // validation_loss for the rest of the run.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nn/block_access.h"
@@ -63,6 +65,23 @@ class TrainingTask {
   // A family that can run as pipeline stages (issue 12) returns its stage's chunks; nullptr: the
   // family cannot (pipeline.stages > 1 is refused for it).
   virtual PipelineStageModel* pipeline_stage() { return nullptr; }
+
+  // Host seconds spent reading and assembling training batches since the last call: the data part
+  // of the step-time breakdown.
+  double take_data_seconds() { return std::exchange(data_seconds_, 0.0); }
+
+ protected:
+  // Runs `read` (which returns a batch), adding its time to the data seconds.
+  template <class Read>
+  auto timed_read(Read&& read) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto batch = read();
+    data_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return batch;
+  }
+
+ private:
+  double data_seconds_ = 0;
 };
 
 }  // namespace zp::runtime
