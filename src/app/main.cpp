@@ -12,6 +12,7 @@
 #include "app/make_latents.h"
 #include "app/parity.h"
 #include "app/plan_command.h"
+#include "app/report_command.h"
 #include "app/tokenize_command.h"
 #include "comm/bootstrap.h"
 #include "core/error.h"
@@ -45,6 +46,8 @@ const char* kUsage =
     "           zeropipe tokenize --tokenizer DIR|tokenizer.json --in FILE --out FILE [--append-eos]\n"
     "  parity   run a reference folder (hub config, weights, io.safetensors) and hold every tensor to\n"
     "           the parity criterion (its reference_error.json); exit 0 exactly when all gated pass\n"
+    "  report   a run's metrics files as one HTML page with charts (loss, lr, speed, memory, time):\n"
+    "           zeropipe report metrics.jsonl [more.jsonl ...] [--out report.html]\n"
     "run `zeropipe <command> --help` for the command's options\n";
 
 // Parses argv against `desc` (and the positional `pos`) into `vm`; false when --help was given,
@@ -100,6 +103,24 @@ int cmd_inspect(int argc, char** argv) {
   po::variables_map vm;
   if (!parse_options(argc, argv, desc, vm, pos)) return 0;
   return zp::app::run_inspect(path, verify);
+}
+
+int cmd_report(int argc, char** argv) {
+  zp::app::ReportOptions o;
+  po::options_description desc(
+      "zeropipe report: metrics JSONL files of zeropipe train (training.metrics_file) -> one self-contained\n"
+      "HTML page with charts; each file is one series, labelled by its name.\n"
+      "  zeropipe report runs/metrics.jsonl runs/metrics.jsonl.1 --out report.html\n"
+      "options");
+  desc.add_options()("help,h", "show this help")(
+      "metrics", po::value<std::vector<std::string>>(&o.inputs)->required()->composing(),
+      "metrics JSONL files (the positional arguments)")(
+      "out", po::value<std::string>(&o.out), "HTML file to write (default: report.html beside the first file)");
+  po::positional_options_description pos;
+  pos.add("metrics", -1);
+  po::variables_map vm;
+  if (!parse_options(argc, argv, desc, vm, pos)) return 0;
+  return zp::app::run_report(o);
 }
 
 int cmd_make_latents(int argc, char** argv) {
@@ -224,6 +245,7 @@ int main(int argc, char** argv) {
     if (cmd == "convert") return cmd_convert(argc - 1, argv + 1);
     if (cmd == "inspect") return cmd_inspect(argc - 1, argv + 1);
     if (cmd == "plan") return cmd_plan(argc - 1, argv + 1);
+    if (cmd == "report") return cmd_report(argc - 1, argv + 1);
     if (cmd == "make-latents") return cmd_make_latents(argc - 1, argv + 1);
     if (cmd == "tokenize") return cmd_tokenize(argc - 1, argv + 1);
     std::fprintf(stderr, "zeropipe: unknown command '%s'\n%s", cmd.c_str(), kUsage);

@@ -1,0 +1,151 @@
+#include "runtime/run_report.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "core/error.h"
+
+namespace zp::runtime {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// Where a value came from, for errors: "<path>:<line>".
+struct Place {
+  const std::string& path;
+  int64_t line;
+};
+
+// A numeric field: absent or null (how nlohmann writes NaN and infinities) reads as NaN.
+double number(const json& o, const char* key, const Place& at) {
+  const auto it = o.find(key);
+  if (it == o.end() || it->is_null()) return kAbsent;
+  ZP_REQUIRE(it->is_number(), at.path, ":", at.line, ": \"", key, "\" is not a number: ", it->dump());
+  return it->get<double>();
+}
+
+std::vector<double> numbers(const json& o, const char* key, const Place& at) {
+  std::vector<double> v;
+  const auto it = o.find(key);
+  if (it == o.end() || it->is_null()) return v;
+  ZP_REQUIRE(it->is_array(), at.path, ":", at.line, ": \"", key, "\" is not an array: ", it->dump());
+  for (const json& x : *it) {
+    ZP_REQUIRE(x.is_number() || x.is_null(), at.path, ":", at.line, ": \"", key, "\" holds a non-number: ", x.dump());
+    v.push_back(x.is_null() ? kAbsent : x.get<double>());
+  }
+  return v;
+}
+
+const json* object(const json& o, const char* key, const Place& at) {
+  const auto it = o.find(key);
+  if (it == o.end() || it->is_null()) return nullptr;
+  ZP_REQUIRE(it->is_object(), at.path, ":", at.line, ": \"", key, "\" is not an object: ", it->dump());
+  return &*it;
+}
+
+StepRecord step_record(const json& o, RunFile& file, const Place& at) {
+  StepRecord r;
+  const double step = number(o, "step", at);
+  ZP_REQUIRE(!std::isnan(step), at.path, ":", at.line, ": a step record without a \"step\" number");
+  r.step = int64_t(step);
+  r.loss = number(o, "loss", at);
+  r.val_loss = number(o, "val_loss", at);
+  r.lr = number(o, "lr", at);
+  r.grad_norm = number(o, "grad_norm", at);
+  r.mfu = number(o, "mfu", at);
+  r.peak_mem_gib = number(o, "peak_mem_gib", at);
+  r.step_ms = number(o, "step_ms", at);
+  r.comm_busy_ms = number(o, "comm_busy_ms", at);
+  // The UNet counts samples, the language models tokens.
+  if (o.contains("samples_per_s")) {
+    file.unit = "samples";
+    r.items_per_s = number(o, "samples_per_s", at);
+  } else {
+    r.items_per_s = number(o, "tokens_per_s", at);
+  }
+  if (const auto it = o.find("skipped"); it != o.end() && it->is_boolean()) r.skipped = it->get<bool>();
+  if (const json* b = object(o, "breakdown", at)) {
+    auto ms = [&](const char* key) { const double v = number(*b, key, at); return std::isnan(v) ? 0.0 : v; };
+    r.breakdown = StepBreakdown{ms("data_ms"), ms("compute_ms"), ms("optimizer_ms"), ms("exposed_comm_ms"),
+                                ms("other_ms")};
+  }
+  if (const json* p = object(o, "per_rank", at)) {
+    r.rank_step_ms = numbers(*p, "step_ms", at);
+    r.rank_comm_busy_ms = numbers(*p, "comm_busy_ms", at);
+    r.rank_peak_mem_gib = numbers(*p, "peak_mem_gib", at);
+  }
+  if (const json* p = object(o, "pipeline", at)) {
+    r.bubble = number(*p, "bubble", at);
+    r.theoretical_bubble = number(*p, "theoretical_bubble", at);
+  }
+  return r;
+}
+
+void event(const json& o, RunFile& file, const Place& at) {
+  const json& kind = o["event"];
+  if (kind == "start") {
+    if (const auto it = o.find("config"); it != o.end()) file.config = *it;
+    if (const auto it = o.find("banner"); it != o.end() && it->is_array())
+      for (const json& l : *it) file.banner.push_back(l.is_string() ? l.get<std::string>() : l.dump());
+    const double world = number(o, "world", at);
+    if (!std::isnan(world)) file.world = int(world);
+  } else if (kind == "checkpoint") {
+    CheckpointEvent c;
+    c.step = int64_t(number(o, "step", at));
+    if (const auto it = o.find("path"); it != o.end() && it->is_string()) c.path = it->get<std::string>();
+    c.seconds = number(o, "seconds", at);
+    c.gb_per_s = number(o, "gb_per_s", at);
+    const double bytes = number(o, "bytes", at);
+    c.bytes = std::isnan(bytes) ? 0 : int64_t(bytes);
+    file.checkpoints.push_back(std::move(c));
+  }
+  // Other events (a later engine's) are not an error: the report shows what it knows.
+}
+
+}  // namespace
+
+RunFile read_metrics_file(const std::string& path) {
+  std::ifstream in(path);
+  ZP_REQUIRE(in.good(), path, ": cannot open the metrics file");
+  RunFile file;
+  file.path = path;
+  file.label = fs::path(path).filename().string();
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const Place at{path, n};
+    json o;
+    try {
+      o = json::parse(line);
+    } catch (const json::parse_error& e) {
+      throw Error(detail::cat(path, ":", n, ": not JSON (", e.what(), ")"));
+    }
+    ZP_REQUIRE(o.is_object(), path, ":", n, ": not a JSON object: ", line.substr(0, 80));
+    if (o.contains("event"))
+      event(o, file, at);
+    else
+      file.steps.push_back(step_record(o, file, at));
+  }
+  ZP_REQUIRE(!file.steps.empty(), path, ": no step records (is it a metrics file of zeropipe train, "
+                                        "training.metrics_file?)");
+  return file;
+}
+
+RunReport read_run_report(const std::vector<std::string>& paths) {
+  ZP_REQUIRE(!paths.empty(), "no metrics files given");
+  RunReport r;
+  std::map<std::string, int> names;
+  for (const std::string& p : paths) {
+    r.files.push_back(read_metrics_file(p));
+    ++names[r.files.back().label];
+  }
+  // metrics.jsonl from two runs' folders: the file names alone would not tell them apart.
+  for (RunFile& f : r.files)
+    if (names[f.label] > 1) f.label = f.path;
+  return r;
+}
+
+}  // namespace zp::runtime
