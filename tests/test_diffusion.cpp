@@ -19,6 +19,7 @@
 #include "runtime/diffusion_draws.h"
 #include "runtime/diffusion_training.h"
 #include "runtime/noise_schedule.h"
+#include "test_runtime.h"
 #include "test_util.h"
 #include "tiny_unet_config.h"
 
@@ -28,27 +29,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-// Runs f with the process's Runtime: the live one (another test file keeps one for the whole run), or
-// one made for this call. MPI can be initialised only once per process, so this file initialises it
-// itself (finalized at exit, after every Runtime is gone): a Runtime made here then never owns MPI,
-// and another file's Runtime can still be made later.
-void with_runtime(const std::function<void(comm::Runtime&)>& f) {
-  if (comm::Runtime* live = comm::Runtime::current()) return f(*live);
-  int inited = 0;
-  MPI_Initialized(&inited);
-  if (!inited) {
-    int provided = 0;
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-    std::atexit([] {
-      int done = 0;
-      MPI_Finalized(&done);
-      if (!done) MPI_Finalize();
-    });
-  }
-  comm::Runtime rt;
-  f(rt);
-}
 
 TrainResult train_with_runtime(const io::Config& c) {
   TrainResult r;

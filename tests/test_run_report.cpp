@@ -1,8 +1,6 @@
 // `zeropipe report`: metrics JSONL read back (known fields, unknown ones ignored, events), errors that
 // name file and line, decimation of long runs, escaping, every chart drawn with its data points, and
 // the report of a real tiny training run. The page in a real browser: tests/report_browser_test.sh.
-#include <mpi.h>
-
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -10,7 +8,6 @@
 #include <string>
 
 #include "app/report_command.h"
-#include "comm/bootstrap.h"
 #include "io/config.h"
 #include "io/token_dataset.h"
 #include "runtime/lm_training.h"
@@ -18,7 +15,9 @@
 #include "runtime/run_report_html.h"
 #include "runtime/svg_chart.h"
 #include "runtime/train_config.h"
+#include "test_runtime.h"
 #include "test_util.h"
+#include "tiny_llama_config.h"
 
 namespace zp::test {
 using namespace zp::runtime;
@@ -111,25 +110,6 @@ std::vector<std::string> full_run(const ScratchFolder& dir) {
 
 const std::vector<std::string> kLineCharts = {"loss-step", "loss-items", "lr",        "grad-norm", "throughput",
                                               "mfu",       "step-time",  "memory",    "bubble"};
-
-// MPI can be initialised once per process, and one Runtime be alive at a time: the Runtime another
-// test of this binary keeps, or one for the call.
-template <class F> void with_runtime(F&& f) {
-  if (comm::Runtime* rt = comm::Runtime::current()) return f(*rt);
-  int inited = 0;
-  MPI_Initialized(&inited);
-  if (!inited) {
-    int provided = 0;
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-    std::atexit([] {
-      int done = 0;
-      MPI_Finalized(&done);
-      if (!done) MPI_Finalize();
-    });
-  }
-  comm::Runtime rt;
-  f(rt);
-}
 
 }  // namespace
 
@@ -310,14 +290,11 @@ TEST(RunReport, ReportsARealTrainingRun) {
   std::vector<int32_t> tokens(64 * 16 + 1);
   for (auto& t : tokens) t = int32_t(g() % 64);
   io::write_token_file(dir / "tokens.bin", tokens, 64);
-  const io::json model = {{"model_type", "llama"}, {"vocab_size", 70}, {"hidden_size", 32}, {"intermediate_size", 64},
-                          {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-                          {"max_position_embeddings", 32}};
   const io::json user = {
       {"train_micro_batch_size_per_gpu", 4},
       {"steps_per_print", 1000},
       {"optimizer", {{"params", {{"lr", 1e-2}}}}},
-      {"model", {{"config", model}}},
+      {"model", {{"config", tiny_llama()}}},
       {"data", {{"train_files", {dir / "tokens.bin"}}, {"seq_len", 16}, {"val_fraction", 0.25}}},
       {"training",
        {{"max_steps", 12}, {"device", "cpu"}, {"eval_every", 4}, {"eval_batches", 1},
