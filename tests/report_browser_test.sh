@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `zeropipe report` in a real browser. A short real run (the demo GPT-2 on the CPU, two ranks as two
-# pipeline stages, so two metrics files and a bubble) is reported, and so is a file with every field
-# the telemetry writes (step-time breakdown, per-rank timings, events); the distribution's headless
+# pipeline stages, so two metrics files, a bubble, the step-time breakdown and the config) is reported,
+# and so is a file with every field the reader knows (per-rank arrays too); the distribution's headless
 # Chromium opens both pages with the network blocked. Fails on any console message (a script error,
 # a resource it tried to fetch), and unless the DOM Chromium built holds every chart as an <svg> with
 # data points. Keeps the pages and a screenshot of the real run's in ARTEFACT_DIR.
@@ -82,7 +82,8 @@ PY
 
 line_charts="loss-step loss-items lr grad-norm throughput mfu step-time memory bubble"
 open_page "$out/report.html" run --dump-dom
-charts "$tmp/run.dom" $line_charts || fail "the run's report"
+charts "$tmp/run.dom" $line_charts breakdown comm-per-rank || fail "the run's report"
+grep -q '<pre class="config">' "$tmp/run.dom" || fail "the run's config is not in the report"
 grep -q "metrics.jsonl.1" "$tmp/run.dom" || fail "the second rank's file is not in the report"
 open_page "$out/report-full.html" full --dump-dom
 charts "$tmp/full.dom" $line_charts breakdown comm-per-rank || fail "the full report"

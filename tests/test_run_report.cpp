@@ -122,7 +122,9 @@ TEST(RunReport, ReadsStepRecordsAndEventsIgnoringUnknownFields) {
                     R"("skipped":false,"step":1,"step_ms":159.9,"tokens_per_s":3200.5})",
                     "", R"({"event":"something_new","x":[1,2]})",
                     R"({"grad_norm":null,"loss":null,"lr":1e-4,"step":2,"step_ms":150,"tokens_per_s":3300,"skipped":true})"});
-  write_lines(unet, {R"({"loss":0.9,"lr":1e-4,"step":1,"step_ms":500,"samples_per_s":8.0})"});
+  // The engine's own breakdown: forward_backward_ms for the compute, the communication's busy time inside.
+  write_lines(unet, {R"({"loss":0.9,"lr":1e-4,"step":1,"step_ms":500,"samples_per_s":8.0,"breakdown":)"
+                     R"({"data_ms":1,"forward_backward_ms":400,"optimizer_ms":50,"comm_busy_ms":30,"other_ms":49}})"});
   const RunReport r = read_run_report({paths[0], paths[1], old, unet});
   ASSERT_EQ(r.files.size(), 4u);
   const RunFile& f = r.files[0];
@@ -160,6 +162,10 @@ TEST(RunReport, ReadsStepRecordsAndEventsIgnoringUnknownFields) {
   EXPECT_TRUE(o.steps[1].skipped);
   EXPECT_EQ(r.files[3].unit, "samples");
   EXPECT_DOUBLE_EQ(r.files[3].steps[0].items_per_s, 8.0);
+  ASSERT_TRUE(r.files[3].steps[0].breakdown);
+  EXPECT_DOUBLE_EQ(r.files[3].steps[0].breakdown->compute_ms, 400.0);
+  EXPECT_DOUBLE_EQ(r.files[3].steps[0].breakdown->exposed_comm_ms, 0.0);
+  EXPECT_DOUBLE_EQ(r.files[3].steps[0].comm_busy_ms, 30.0);
 }
 
 TEST(RunReport, SameFileNamesAreLabelledByPath) {
@@ -308,6 +314,9 @@ TEST(RunReport, ReportsARealTrainingRun) {
   const std::string html((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_EQ(polyline_points(chart(html, "loss-step")), (std::vector<size_t>{12, 3})) << "12 steps, 3 validations";
   EXPECT_EQ(polyline_points(chart(html, "loss-items")), (std::vector<size_t>{12, 3}));
+  EXPECT_GE(bars(chart(html, "breakdown")), 12u) << "the engine's step-time breakdown, a bar per step";
+  EXPECT_GE(bars(chart(html, "comm-per-rank")), 1u) << "one rank, one file: its bar";
+  EXPECT_NE(html.find("<pre class=\"config\">"), std::string::npos) << "the start event's config";
   for (const char* id : {"lr", "grad-norm", "throughput", "mfu", "step-time", "memory"})
     EXPECT_EQ(polyline_points(chart(html, id)), (std::vector<size_t>{12})) << id;
 }

@@ -69,8 +69,11 @@ StepRecord step_record(const json& o, RunFile& file, const Place& at) {
   if (const auto it = o.find("skipped"); it != o.end() && it->is_boolean()) r.skipped = it->get<bool>();
   if (const json* b = object(o, "breakdown", at)) {
     auto ms = [&](const char* key) { const double v = number(*b, key, at); return std::isnan(v) ? 0.0 : v; };
-    r.breakdown = StepBreakdown{ms("data_ms"), ms("compute_ms"), ms("optimizer_ms"), ms("exposed_comm_ms"),
-                                ms("other_ms")};
+    // The engine writes forward_backward_ms for the compute, and the communication's busy time (which
+    // overlaps the compute, so it is no part of the stack) inside the breakdown.
+    r.breakdown = StepBreakdown{ms("data_ms"), ms(b->contains("compute_ms") ? "compute_ms" : "forward_backward_ms"),
+                                ms("optimizer_ms"), ms("exposed_comm_ms"), ms("other_ms")};
+    if (std::isnan(r.comm_busy_ms)) r.comm_busy_ms = number(*b, "comm_busy_ms", at);
   }
   if (const json* p = object(o, "per_rank", at)) {
     r.rank_step_ms = numbers(*p, "step_ms", at);
@@ -94,7 +97,8 @@ void event(const json& o, RunFile& file, const Place& at) {
     if (!std::isnan(world)) file.world = int(world);
   } else if (kind == "checkpoint") {
     CheckpointEvent c;
-    c.step = int64_t(number(o, "step", at));
+    const double step = number(o, "step", at);
+    c.step = std::isnan(step) ? 0 : int64_t(step);
     if (const auto it = o.find("path"); it != o.end() && it->is_string()) c.path = it->get<std::string>();
     c.seconds = number(o, "seconds", at);
     c.gb_per_s = number(o, "gb_per_s", at);

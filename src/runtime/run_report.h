@@ -16,7 +16,8 @@ namespace zp::runtime {
 
 constexpr double kAbsent = std::numeric_limits<double>::quiet_NaN();
 
-// Where a step's time went on this rank (the "breakdown" object), in milliseconds.
+// Where a step's time went on this rank (the "breakdown" object), in milliseconds; the parts add up
+// to the step. compute_ms is the forward and backward ("forward_backward_ms" in the engine's files).
 struct StepBreakdown {
   double data_ms = 0, compute_ms = 0, optimizer_ms = 0, exposed_comm_ms = 0, other_ms = 0;
 };
@@ -25,7 +26,8 @@ struct StepRecord {
   int64_t step = 0;
   double loss = kAbsent, val_loss = kAbsent, lr = kAbsent, grad_norm = kAbsent, mfu = kAbsent;
   double items_per_s = kAbsent;  // tokens_per_s or samples_per_s (RunFile::unit says which)
-  double peak_mem_gib = kAbsent, step_ms = kAbsent, comm_busy_ms = kAbsent;
+  double peak_mem_gib = kAbsent, step_ms = kAbsent;
+  double comm_busy_ms = kAbsent;  // "comm_busy_ms", or the breakdown's
   double bubble = kAbsent, theoretical_bubble = kAbsent;  // pipeline runs only
   bool skipped = false;
   std::optional<StepBreakdown> breakdown;
