@@ -26,6 +26,7 @@
 #include "runtime/diffusion_training.h"
 #include "runtime/lm_training.h"
 #include "runtime/train_config.h"
+#include "test_runtime.h"
 #include "test_util.h"
 #include "tiny_unet_config.h"
 
@@ -34,32 +35,6 @@ using namespace zp::runtime;
 namespace fs = std::filesystem;
 
 namespace {
-
-// One comm::Runtime may live at a time, and MPI initialises once per process. Another test file may
-// keep a Runtime alive for the whole binary; use it when it exists. Otherwise MPI is initialised here
-// (finalised at exit), so that a Runtime made for one test does not finalise it when it goes.
-class RuntimeLease {
- public:
-  RuntimeLease() {
-    if (comm::Runtime::current()) return;
-    int init = 0;
-    MPI_Initialized(&init);
-    if (!init) {
-      int provided = 0;
-      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-      std::atexit([] {
-        int fin = 0;
-        MPI_Finalized(&fin);
-        if (!fin) MPI_Finalize();
-      });
-    }
-    own_ = std::make_unique<comm::Runtime>();
-  }
-  comm::Runtime& operator*() const { return *comm::Runtime::current(); }
-
- private:
-  std::unique_ptr<comm::Runtime> own_;
-};
 
 // Scratch folders <temp>/zp_ckpt_err_<name>_<pid>.
 struct Dir : ScratchFolder {

@@ -188,7 +188,7 @@ TEST(RunReport, BadInputNamesFileAndLine) {
   write_lines(nostep, {R"({"loss":1})"});
   write_lines(array, {"[1,2]"});
   expect_error([&] { read_run_report({dir / "missing.jsonl"}); }, {"missing.jsonl", "cannot open"});
-  expect_error([&] { read_run_report({bad}); }, {bad + ":3:", "not JSON"});
+  expect_error([&] { read_run_report({bad}); }, {bad + ":3: not valid JSON"});
   expect_error([&] { read_run_report({type}); }, {type + ":1:", "\"loss\"", "not a number"});
   expect_error([&] { read_run_report({none}); }, {none + ":", "no step records"});
   expect_error([&] { read_run_report({nostep}); }, {nostep + ":1:", "\"step\""});

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "io/bounded_json.h"
 
 namespace zp::runtime {
 namespace fs = std::filesystem;
@@ -121,12 +122,8 @@ RunFile read_metrics_file(const std::string& path) {
   for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const Place at{path, n};
-    json o;
-    try {
-      o = json::parse(line);
-    } catch (const json::parse_error& e) {
-      throw Error(detail::cat(path, ":", n, ": not JSON (", e.what(), ")"));
-    }
+    // Bounded like every reader of users' JSON: a line nested thousands deep is an error, not a crash.
+    const json o = io::parse_json_bounded(line, detail::cat(path, ":", n));
     ZP_REQUIRE(o.is_object(), path, ":", n, ": not a JSON object: ", line.substr(0, 80));
     if (o.contains("event"))
       event(o, file, at);

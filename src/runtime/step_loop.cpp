@@ -51,8 +51,7 @@ void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t
   };
   for (int64_t step = loop.checkpoints.start_step(); step < cfg.max_steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (loop.data_seconds) loop.data_seconds();  // validation's reads are not this step's
-    loop.engine.comm_ms();
+    loop.engine.comm_ms();  // validation's and checkpoints' collectives are not this step's
     if (loop.s) phase[0]->record(loop.s);
     loop.engine.begin_step();
     const float loss_scale = float(loop.scaler.scale());

@@ -301,10 +301,10 @@ TEST(OffloadStartupGpu, HostPeakStaysShardSized) {
   runtime::TrainConfig t = runtime::TrainConfig::from(c);
 
   const auto mcfg = models::TransformerConfig::from_hub_json(c.at("model.config"), "rss-test");
-  const models::Transformer laid_out(mcfg, Device::cpu(), DType::BF16, nullptr, parallel::shard_pad_multiple(world),
-                                     /*allocate=*/false);
+  models::Transformer laid_out(mcfg, Device::cpu(), DType::BF16, nullptr, parallel::shard_pad_multiple(world),
+                               /*allocate=*/false);
   int64_t params = 0, largest = 0;
-  for (const nn::ParamBlock* b : const_cast<models::Transformer&>(laid_out).blocks()) {
+  for (const nn::ParamBlock* b : laid_out.blocks()) {
     params += b->padded();
     largest = std::max(largest, b->padded());
   }
