@@ -422,7 +422,8 @@ TEST(UNet, CrossAttentionMatchesFiniteDifferences) {
   };
   fill(q, 1), fill(k, 2), fill(v, 3), fill(ow, 4), fill(ob, 5);
   nn::CrossAttention attn(nn::Linear(q, nullptr), nn::Linear({k, v}, {}), nn::Linear(ow, ob), H);
-  const nn::Ctx c{Device::cpu(), nullptr, DType::F64};
+  nn::Ctx c;
+  c.dt = DType::F64;
   auto xr = randn(size_t(B * T * C), 6), cr = randn(size_t(B * L * Cc), 7), gr = randn(size_t(B * T * C), 8);
   std::vector<double> x(xr.begin(), xr.end()), ctx(cr.begin(), cr.end()), g(gr.begin(), gr.end());
   auto loss = [&] {

@@ -126,9 +126,42 @@ bool TransformerConfig::hub_transposed(const std::string& name) const {
 
 int64_t TransformerConfig::num_parameters() const { return count_parameters<int64_t>(*this); }
 
+double LoraSpec::scale() const { return rslora ? alpha / std::sqrt(double(r)) : alpha / double(r); }
+
+std::vector<std::string> LoraSpec::modules_of(const std::string& model_type) {
+  if (model_type == "gpt2") return {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"};
+  return {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+          "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+}
+
+namespace {
+
+// "model.layers.0.self_attn.q_proj" of "model.layers.0.self_attn.q_proj.weight".
+std::string module_of(const std::string& weight) { return weight.substr(0, weight.size() - std::string(".weight").size()); }
+
+// PEFT's rule for a list of target modules: the module's name is a target or ends with "." + target.
+bool lora_targets(const LoraSpec& lora, const std::string& module) {
+  for (const std::string& t : lora.target_modules)
+    if (module == t || module.ends_with("." + t)) return true;
+  return false;
+}
+
+}  // namespace
+
 Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t pad_multiple,
-                         bool allocate, LayerSpan span)
-    : cfg_(cfg), span_(span) {
+                         bool allocate, LayerSpan span, const LoraSpec& lora)
+    : cfg_(cfg), span_(span), lora_(lora) {
+  if (lora_.enabled()) {
+    ZP_REQUIRE(!lora_.target_modules.empty(), "lora.target_modules is empty: name the modules to adapt (",
+               nlohmann::json(LoraSpec::modules_of(cfg.model_type)).dump(), ")");
+    const std::vector<std::string> offered = LoraSpec::modules_of(cfg.model_type);
+    for (const std::string& t : lora_.target_modules) {
+      bool found = false;
+      for (const std::string& m : offered) found = found || lora_targets(LoraSpec{1, 1, 0, {t}}, "model.layers.0." + m);
+      ZP_REQUIRE(found, "lora.target_modules: '", t, "' names no module of a ", cfg.model_type, " layer (its linear "
+                 "modules: ", nlohmann::json(offered).dump(), ")");
+    }
+  }
   if (span_.end < 0) span_.end = cfg.layers;
   ZP_CHECK(0 <= span_.begin && span_.begin <= span_.end && span_.end <= cfg.layers, "layer span [", span_.begin, ", ",
            span_.end, ") of a model with ", cfg.layers, " layers");
@@ -140,12 +173,15 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
     else
       b.layout(dev, dt, pad_multiple);
   };
-  ctx_ = Ctx{dev, s, dt};
+  ctx_.dev = dev;
+  ctx_.s = s;
+  ctx_.dt = dt;
   vpad_ = (cfg.vocab + 63) / 64 * 64;  // aligned rows for the logits GEMM and the loss
   const int64_t C = cfg.hidden, D = cfg.head_dim, F = cfg.ffn;
   const bool gpt2 = cfg.model_type == "gpt2";
   const std::string pre = gpt2 ? "transformer." : "model.";
   embed_ = std::make_unique<ParamBlock>("embed");
+  if (lora_.enabled()) embed_->freeze();
   wte_ = embed_->add(pre + (gpt2 ? "wte.weight" : "embed_tokens.weight"), {cfg.vocab, C}, false);
   if (cfg.tied) embed_->add_gap((vpad_ - cfg.vocab) * C);  // the head GEMM reads vpad rows
   if (cfg.learned_positions) wpe_ = embed_->add(pre + "wpe.weight", {cfg.max_positions, C}, false);
@@ -203,14 +239,52 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
     place(b);
     l.ln1 = Norm(cfg.norm, n1w, n1b, cfg.norm_eps);
     l.ln2 = Norm(cfg.norm, n2w, n2b, cfg.norm_eps);
+    Linear qkv(qkv_w, qkv_b), o(ow, ob), up(up_w, up_b), down(dw, db);
+    if (lora_.enabled()) {
+      b.freeze();
+      l.adapters = std::make_unique<ParamBlock>(b.name() + ".lora");
+      ParamBlock& ab = *l.adapters;
+      // Per Linear: the targeted modules' A matrices packed back to back (one GEMM for them all), then
+      // their B matrices; a module's adapter adds into its own rows of the packed weight.
+      struct Targeted {
+        Parameter* base;
+        int64_t col;
+        Parameter *a = nullptr, *b = nullptr;
+      };
+      std::vector<std::pair<Linear*, std::vector<Targeted>>> linears;
+      using Group = std::pair<Linear*, std::vector<Parameter*>>;
+      for (const auto& [linear, weights] :
+           std::vector<Group>{{&qkv, qkv_w}, {&o, {ow}}, {&up, up_w}, {&down, {dw}}}) {
+        std::vector<Targeted> hit;
+        int64_t col = 0;
+        for (Parameter* w : weights) {
+          if (lora_targets(lora_, module_of(w->name))) hit.push_back({w, col});
+          col += w->shape[0];
+        }
+        if (!hit.empty()) linears.push_back({linear, std::move(hit)});
+      }
+      for (auto& [linear, hit] : linears) {
+        for (size_t k = 0; k < hit.size(); ++k)
+          hit[k].a = ab.add(module_of(hit[k].base->name) + ".lora_A.weight", {lora_.r, hit[k].base->shape[1]}, true,
+                            k > 0);
+        for (Targeted& t : hit) t.b = ab.add(module_of(t.base->name) + ".lora_B.weight", {t.base->shape[0], lora_.r}, true);
+      }
+      place(ab);
+      for (auto& [linear, hit] : linears) {
+        std::vector<LowRankAdapter> adapters;
+        for (const Targeted& t : hit) adapters.push_back({t.a, t.b, t.col});
+        linear->set_adapters(std::move(adapters), float(lora_.scale()), float(lora_.dropout));
+      }
+    }
     AttentionShape ash{cfg.heads, cfg.kv_heads, D, !gpt2, cfg.rope_theta};
-    l.attn = SelfAttention(Linear(qkv_w, qkv_b), Linear(ow, ob), ash);
-    l.mlp = Mlp(cfg.mlp, Linear(up_w, up_b), Linear(dw, db));
+    l.attn = SelfAttention(qkv, o, ash);
+    l.mlp = Mlp(cfg.mlp, up, down);
     layers_.push_back(std::move(l));
   }
 
   if (!span_.head) return;
   head_ = std::make_unique<ParamBlock>("head");
+  if (lora_.enabled()) head_->freeze();
   Parameter* nw = head_->add(pre + (gpt2 ? "ln_f.weight" : "norm.weight"), {C}, false);
   Parameter* nb = cfg.norm == NormKind::LayerNorm ? head_->add(pre + "ln_f.bias", {C}, false) : nullptr;
   if (!cfg.tied) {
@@ -225,8 +299,25 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
 std::vector<ParamBlock*> Transformer::blocks() {
   std::vector<ParamBlock*> b;
   if (embed_) b.push_back(embed_.get());
-  for (auto& l : layers_) b.push_back(l.block.get());
+  for (auto& l : layers_) {
+    b.push_back(l.block.get());
+    if (l.adapters) b.push_back(l.adapters.get());
+  }
   if (head_) b.push_back(head_.get());
+  return b;
+}
+
+std::vector<ParamBlock*> Transformer::trainable_blocks() {
+  std::vector<ParamBlock*> b;
+  for (ParamBlock* x : blocks())
+    if (!x->frozen()) b.push_back(x);
+  return b;
+}
+
+std::vector<ParamBlock*> Transformer::frozen_blocks() {
+  std::vector<ParamBlock*> b;
+  for (ParamBlock* x : blocks())
+    if (x->frozen()) b.push_back(x);
   return b;
 }
 
@@ -242,7 +333,11 @@ void Transformer::init_block_random(ParamBlock& b, uint64_t seed, double std) {
   const double proj_std = std / std::sqrt(2.0 * double(cfg_.layers));
   for (auto& owned : b.params()) {
     Parameter* p = owned.get();
-    if (p->shape.size() == 1) {
+    if (p->name.ends_with(".lora_A.weight")) {
+      init_uniform(*p, seed, 1.0 / std::sqrt(double(p->shape[1])), ctx_.s);
+    } else if (p->name.ends_with(".lora_B.weight")) {
+      init_constant(*p, 0.f, ctx_.s);
+    } else if (p->shape.size() == 1) {
       const bool norm_weight = p->name.ends_with(".weight");  // every 1-d weight is a norm's
       init_constant(*p, norm_weight ? 1.f : 0.f, ctx_.s);
     } else {
@@ -292,9 +387,8 @@ void Transformer::layer_forward(const Ctx& c, const Layer& l, const Tensor& x_in
   l.mlp.forward(c, x_out.data(), sv.a2.data(), N, sv.mlp, sv.x_mid.data());
 }
 
-void Transformer::layer_backward(const Layer& l, const Tensor& x_in, Tensor& dres, LayerSaved& sv, int64_t B,
-                                 int64_t T) {
-  const Ctx& c = ctx_;
+void Transformer::layer_backward(const Ctx& c, const Layer& l, const Tensor& x_in, Tensor& dres, LayerSaved& sv,
+                                 int64_t B, int64_t T) {
   const int64_t N = B * T, C = cfg_.hidden;
   Tensor da = c.act({N, C});
   // dres holds d(x_out); each branch's input gradient is added into it on the way down.
@@ -304,22 +398,23 @@ void Transformer::layer_backward(const Layer& l, const Tensor& x_in, Tensor& dre
   l.ln1.backward(c, dres.data(), da.data(), x_in.data(), N, sv.n1, true);
 }
 
-void Transformer::forward(const int32_t* ids, int64_t B, int64_t T, TransformerActivations& a, ForwardMode mode) {
+void Transformer::forward(const int32_t* ids, int64_t B, int64_t T, TransformerActivations& a, ForwardMode mode,
+                          nn::DropoutDraw dropout) {
   ZP_CHECK(span_.embedding, "forward from token ids on a pipeline stage without the embedding (forward_hidden)");
-  forward_from(ids, Tensor(), B, T, a, mode);
+  forward_from(ids, Tensor(), B, T, a, mode, dropout);
 }
 
 void Transformer::forward_hidden(Tensor hidden_in, int64_t B, int64_t T, TransformerActivations& a,
-                                 ForwardMode mode) {
+                                 ForwardMode mode, nn::DropoutDraw dropout) {
   ZP_CHECK(!span_.embedding, "forward_hidden on the stage with the embedding (forward from token ids)");
   ZP_CHECK(hidden_in.defined() && hidden_in.shape() == Shape({B * T, cfg_.hidden}) && hidden_in.dtype() == ctx_.dt,
            "forward_hidden: the input must be ", dtype_name(ctx_.dt), "[", B * T, ", ", cfg_.hidden, "], got ",
            hidden_in.defined() ? hidden_in.str() : std::string("none"));
-  forward_from(nullptr, std::move(hidden_in), B, T, a, mode);
+  forward_from(nullptr, std::move(hidden_in), B, T, a, mode, dropout);
 }
 
 void Transformer::forward_from(const int32_t* ids, Tensor x_in, int64_t B, int64_t T, TransformerActivations& a,
-                               ForwardMode mode) {
+                               ForwardMode mode, nn::DropoutDraw dropout) {
   const int64_t N = B * T, C = cfg_.hidden, V = cfg_.vocab;
   ZP_REQUIRE(T <= cfg_.max_positions || !cfg_.learned_positions, "sequence length ", T, " exceeds the model's ",
              cfg_.max_positions, " positions");
@@ -329,9 +424,11 @@ void Transformer::forward_from(const int32_t* ids, Tensor x_in, int64_t B, int64
   Ctx kept = ctx_, transient = ctx_;
   kept.saves = true;
   transient.saves = false;
+  kept.dropout = transient.dropout = train ? dropout : nn::DropoutDraw{};
   const Ctx& streams = train ? kept : transient;                         // residual streams, final norm
   const Ctx& layer_ctx = mode == ForwardMode::Train ? kept : transient;  // inside a layer
   a.mode_ = mode;
+  a.dropout_ = kept.dropout;
   a.B_ = B;
   a.T_ = T;
   a.ids_ = ids;
@@ -353,6 +450,8 @@ void Transformer::forward_from(const int32_t* ids, Tensor x_in, int64_t B, int64
     LayerSaved sv;
     {
       ParamsInUse use(access_, *l.block);
+      std::optional<ParamsInUse> adapters;
+      if (l.adapters) adapters.emplace(access_, *l.adapters);
       layer_forward(layer_ctx, l, x, y, sv, B, T);
     }
     // Checkpointing and inference drop sv here; the backward re-runs the layer from its input.
@@ -392,8 +491,11 @@ Tensor Transformer::backward(TransformerActivations& a, Tensor dout) {
   ZP_CHECK(a.awaiting_backward_, a.mode_ == ForwardMode::Inference && (a.logits.defined() || a.hidden.defined())
                                      ? "backward after an inference forward (it keeps nothing for one)"
                                      : "backward without a training forward (or a second one of the same forward)");
-  const Ctx& c = ctx_;
+  Ctx c = ctx_;
+  c.dropout = a.dropout_;  // the forward's masks
   const int64_t B = a.B_, T = a.T_, N = B * T, C = cfg_.hidden, V = cfg_.vocab;
+  // A frozen embedding (LoRA) takes no gradient from the head or the lookup.
+  const bool embed_grads = embed_ && !embed_->frozen() && access_;
   const Shape want = span_.head ? Shape({N, vpad_}) : Shape({N, C});
   ZP_CHECK(dout.defined() && dout.shape() == want && dout.dtype() == c.dt, "backward: ",
            span_.head ? "dlogits" : "the output gradient", " must be ", dtype_name(c.dt), shape_str(want),
@@ -405,26 +507,32 @@ Tensor Transformer::backward(TransformerActivations& a, Tensor dout) {
     dres = c.act({N, C});
     // The tied embedding receives gradients from the head now and, on this stage, from the lookup
     // at the end; a replica only from the head.
-    if (cfg_.tied && access_) {
-      access_->acquire_params(*embed_);
-      access_->acquire_grads(*embed_);
-    }
+    if (cfg_.tied && access_) access_->acquire_params(*embed_);
+    if (cfg_.tied && embed_grads) access_->acquire_grads(*embed_);
     {
       ParamsInUse use(access_, *head_);
-      GradsInUse grads(access_, *head_);
+      std::optional<GradsInUse> grads;
+      if (!head_->frozen()) grads.emplace(access_, *head_);
       head_linear_.backward(c, daf.data(), dout.data(), a.af_.data(), N, false, vpad_);
       dout = Tensor();
       lnf_.backward(c, dres.data(), daf.data(), a.residual_.back().data(), N, a.nf_, false);
     }
     if (cfg_.tied && access_) access_->release_params(*embed_);
-    if (replica_ && access_) access_->release_grads(*embed_);
+    if (replica_ && embed_grads) access_->release_grads(*embed_);
   } else {
     a.hidden = Tensor();
     dres = std::move(dout);  // the next stage's input gradient becomes this stage's residual gradient
   }
   for (size_t i = layers_.size(); i-- > 0;) {
-    ParamsInUse use(access_, *layers_[i].block);
-    GradsInUse grads(access_, *layers_[i].block);
+    const Layer& l = layers_[i];
+    ParamsInUse use(access_, *l.block);
+    std::optional<ParamsInUse> adapters;
+    std::optional<GradsInUse> grads, adapter_grads;
+    if (l.adapters) {
+      adapters.emplace(access_, *l.adapters);
+      adapter_grads.emplace(access_, *l.adapters);
+    }
+    if (!l.block->frozen()) grads.emplace(access_, *l.block);
     LayerSaved rerun;
     LayerSaved& sv = a.mode_ == ForwardMode::Train ? a.layers_[i] : rerun;
     if (a.mode_ == ForwardMode::TrainCheckpointed) {
@@ -433,7 +541,7 @@ Tensor Transformer::backward(TransformerActivations& a, Tensor dout) {
       Tensor out = c.act({N, C});
       layer_forward(working, layers_[i], a.residual_[i], out, sv, B, T);
     }
-    layer_backward(layers_[i], a.residual_[i], dres, sv, B, T);
+    layer_backward(c, layers_[i], a.residual_[i], dres, sv, B, T);
     sv = LayerSaved();
     a.residual_[i + 1] = Tensor();
   }
@@ -441,12 +549,12 @@ Tensor Transformer::backward(TransformerActivations& a, Tensor dout) {
     a = TransformerActivations();
     return dres;  // the gradient of this stage's input
   }
-  {
+  if (!embed_->frozen()) {
     GradsInUse grads(access_, *embed_);
     ZP_KERNEL_CALL(c.dev, embedding_backward, c.s, c.dt, wte_->g(), wpe_ ? wpe_->g() : nullptr, dres.data(), a.ids_,
                    N, C, V, T, 0);
   }
-  if (tied_here_ && access_) access_->release_grads(*embed_);
+  if (tied_here_ && embed_grads) access_->release_grads(*embed_);
   a = TransformerActivations();
   return Tensor();
 }

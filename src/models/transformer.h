@@ -66,6 +66,24 @@ struct LayerSpan {
   bool embedding = true, head = true;
 };
 
+// LoRA (issue 14): low-rank adapters on the named linear modules of every layer, the rest of the
+// model frozen. target_modules are matched as PEFT matches them: a module whose name equals a target
+// or ends with "." + target (the hub's names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
+// down_proj; GPT-2's c_attn, c_fc and c_proj, which is both attn.c_proj and mlp.c_proj, or one of them
+// by its longer name). Each targeted module gets <module>.lora_A.weight [r, in] (PEFT's init:
+// uniform within 1/sqrt(in)) and <module>.lora_B.weight [out, r] (zeros), in one extra block per
+// layer ("layer<i>.lora"), and adds scale * B A dropout(x) to its output (nn::Linear's adapters).
+struct LoraSpec {
+  int64_t r = 0;  // 0: no LoRA, every parameter trains
+  double alpha = 8, dropout = 0;
+  std::vector<std::string> target_modules;
+  bool rslora = false;  // scale alpha / sqrt(r) (rank-stabilised) instead of alpha / r
+  bool enabled() const { return r > 0; }
+  double scale() const;
+  // The module names a layer of `cfg` offers to LoRA (without the layer prefix): for messages.
+  static std::vector<std::string> modules_of(const std::string& model_type);
+};
+
 // What a forward keeps for the backward.
 enum class ForwardMode {
   Train,              // every layer's activations
@@ -109,6 +127,7 @@ class TransformerActivations {
   };
   ForwardMode mode_ = ForwardMode::Inference;
   bool awaiting_backward_ = false;
+  nn::DropoutDraw dropout_;  // the forward's, for its backward
   int64_t B_ = 0, T_ = 0;
   const int32_t* ids_ = nullptr;  // the caller's; the embedding's backward reads them again
   std::vector<Tensor> residual_;  // training: L+1 residual streams [N, C], the layer inputs and the final output
@@ -124,8 +143,10 @@ class Transformer {
   // allocate = false only lays the blocks out: the ZeRO engine then allocates and fills them one at a
   // time (init_block_random / load_block), so no rank ever holds the whole model.
   // span: the layers this pipeline stage holds (the whole model by default).
+  // lora: adapters on the named modules, every base block frozen (nn::ParamBlock::freeze); throws
+  // zp::Error when a target names no module of this family.
   Transformer(const TransformerConfig& cfg, Device dev, DType dt, StreamHandle s = nullptr, int64_t pad_multiple = 1,
-              bool allocate = true, LayerSpan span = {});
+              bool allocate = true, LayerSpan span = {}, const LoraSpec& lora = {});
   // The engine told about every block's use (ZeRO); nullptr = blocks always resident.
   void set_block_access(nn::BlockAccess* a) { access_ = a; }
   const TransformerConfig& config() const { return cfg_; }
@@ -133,13 +154,19 @@ class Transformer {
   const LayerSpan& span() const { return span_; }
   // The embedding block when this stage holds it only as the tied head's replica, else nullptr.
   nn::ParamBlock* embedding_replica() { return replica_ ? embed_.get() : nullptr; }
+  // Every block (frozen or not) in model order; with LoRA each layer's adapter block follows it.
   std::vector<nn::ParamBlock*> blocks();
+  // The blocks that train (all without LoRA; the adapter blocks with it) and those that do not.
+  std::vector<nn::ParamBlock*> trainable_blocks();
+  std::vector<nn::ParamBlock*> frozen_blocks();
+  const LoraSpec& lora() const { return lora_; }
   std::vector<nn::Parameter*> parameters();
   nn::Parameter* find(const std::string& name);  // nullptr when absent
   int64_t padded_vocab() const { return vpad_; }
 
   // From-scratch initialisation (GPT-2 style): linear weights and embeddings Normal(0, std), the
-  // projections into the residual stream Normal(0, std / sqrt(2 * layers)), norm weights 1, biases 0.
+  // projections into the residual stream Normal(0, std / sqrt(2 * layers)), norm weights 1, biases 0;
+  // LoRA's A uniform within 1/sqrt(in), B zero (PEFT's).
   // Values depend only on (seed, parameter name, element), see nn/init.h.
   void init_random(uint64_t seed, double std);
   void init_block_random(nn::ParamBlock& b, uint64_t seed, double std);
@@ -156,12 +183,14 @@ class Transformer {
   // ids: device int32 [B*T] (B sequences of T tokens). Fills `acts` (dropping whatever it held) with
   // the logits and what `mode` keeps for the backward; the ids are read again by the backward, so
   // they must live until then. Nothing is synchronised.
+  // dropout: where a training forward's dropout masks come from (LoRA's dropout; nn/context.h); the
+  // backward reuses it.
   void forward(const int32_t* ids, int64_t B, int64_t T, TransformerActivations& acts,
-               ForwardMode mode = ForwardMode::Train);
+               ForwardMode mode = ForwardMode::Train, nn::DropoutDraw dropout = {});
   // A stage without the embedding: its input is the previous stage's `hidden` [B*T, C] (kept, and
   // read again by the backward, so it must not change until then).
   void forward_hidden(Tensor hidden_in, int64_t B, int64_t T, TransformerActivations& acts,
-                      ForwardMode mode = ForwardMode::Train);
+                      ForwardMode mode = ForwardMode::Train, nn::DropoutDraw dropout = {});
   // dlogits: the gradient of the objective with respect to acts.logits, [B*T, padded_vocab()] in the
   // model's dtype, zero in the padding columns; usually acts.logits itself, overwritten in place by
   // the objective. Gradients accumulate into every block's fp32 gradient buffer. Consumes `acts`
@@ -175,20 +204,26 @@ class Transformer {
  private:
   struct Layer {
     std::unique_ptr<nn::ParamBlock> block;
+    std::unique_ptr<nn::ParamBlock> adapters;  // LoRA's A and B matrices of this layer, or null
     nn::Norm ln1, ln2;
     nn::SelfAttention attn;
     nn::Mlp mlp;
   };
   using LayerSaved = TransformerActivations::Layer;
   void forward_from(const int32_t* ids, Tensor x_in, int64_t B, int64_t T, TransformerActivations& acts,
-                    ForwardMode mode);
+                    ForwardMode mode, nn::DropoutDraw dropout);
+  // Adds layer `l`'s LoRA block (A and B of every targeted module) and gives its Linears the adapters.
+  void add_adapters(Layer& l, const std::string& prefix, std::vector<nn::Parameter*> qkv, nn::Parameter* o,
+                    std::vector<nn::Parameter*> up, nn::Parameter* down);
   // c.saves: whether what `sv` holds is kept for the backward (tagged apart) or transient.
   void layer_forward(const nn::Ctx& c, const Layer& l, const Tensor& x_in, Tensor& x_out, LayerSaved& sv, int64_t B,
                      int64_t T);
-  void layer_backward(const Layer& l, const Tensor& x_in, Tensor& dres, LayerSaved& sv, int64_t B, int64_t T);
+  void layer_backward(const nn::Ctx& c, const Layer& l, const Tensor& x_in, Tensor& dres, LayerSaved& sv, int64_t B,
+                      int64_t T);
 
   TransformerConfig cfg_;
   LayerSpan span_;
+  LoraSpec lora_;
   bool tied_here_ = false;  // both uses of a tied embedding on this stage (the whole model)
   bool replica_ = false;    // the embedding block is here for the tied head only
   nn::Ctx ctx_;

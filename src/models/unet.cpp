@@ -515,7 +515,9 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
     else
       b.layout(dev, dt, pad_multiple);
   };
-  ctx_ = Ctx{dev, s, dt};
+  ctx_.dev = dev;
+  ctx_.s = s;
+  ctx_.dt = dt;
   const int64_t n = cfg.num_blocks(), T = cfg.time_embed_dim, C0 = cfg.block_out[0];
 
   stem_ = std::make_unique<ParamBlock>("stem");

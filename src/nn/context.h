@@ -8,6 +8,14 @@ namespace zp::nn {
 // The allocator tag of what a forward keeps for its backward (Ctx::saved).
 inline constexpr const char* kSavedTag = "saved";
 
+// Where a forward's dropout masks come from (LoRA's dropout, kernels/dropout.h): a key for this
+// forward (0: the forward draws none) and the global row of its first token, so a forward and its
+// backward draw the same masks and a token's mask depends on its place in the global batch only.
+struct DropoutDraw {
+  uint64_t key = 0;
+  int64_t first_row = 0;
+};
+
 struct Ctx {
   Device dev;
   StreamHandle s = nullptr;
@@ -15,6 +23,7 @@ struct Ctx {
   // false for a forward that runs for its output alone (inference): what the modules would keep
   // for the backward is then working memory like any other, gone when each module returns.
   bool saves = true;
+  DropoutDraw dropout;
 
   // Working memory of one forward or backward (tagged so the allocator's statistics show it apart
   // from parameters).

@@ -43,6 +43,16 @@ void init_normal(Parameter& p, uint64_t seed, double std, StreamHandle s) {
   upload(p, host, s);
 }
 
+void init_uniform(Parameter& p, uint64_t seed, double bound, StreamHandle s) {
+  const uint64_t key = splitmix64(seed ^ fnv1a(p.name));
+  std::vector<float> host(size_t(p.numel()));
+  for (size_t i = 0; i < host.size(); ++i) {
+    const double u = double(splitmix64(key + uint64_t(i)) >> 11) / 9007199254740992.0;  // [0, 1), 53 bits
+    host[i] = float(bound * (2.0 * u - 1.0));
+  }
+  upload(p, host, s);
+}
+
 void init_constant(Parameter& p, float value, StreamHandle s) {
   upload(p, std::vector<float>(size_t(p.numel()), value), s);
 }

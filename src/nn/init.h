@@ -23,6 +23,9 @@ inline uint64_t splitmix64(uint64_t x) {
 void counter_normal(uint64_t seed, const std::string& name, int64_t begin, int64_t count, double std, float* out);
 // Fills a parameter (any device, any dtype) with counter_normal values or a constant.
 void init_normal(Parameter& p, uint64_t seed, double std, StreamHandle s = nullptr);
+// Uniform(-bound, bound) from the same generator (LoRA's A: PEFT's kaiming_uniform(a = sqrt(5)), whose
+// bound is 1 / sqrt(in)).
+void init_uniform(Parameter& p, uint64_t seed, double bound, StreamHandle s = nullptr);
 void init_constant(Parameter& p, float value, StreamHandle s = nullptr);
 
 }  // namespace zp::nn

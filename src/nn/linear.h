@@ -1,12 +1,28 @@
 // Linear layer y[N, out] = x[N, in] W^T + b with W stored [out, in]. The weight may be a packed group
 // of parameters (q/k/v, gate/up) that together form one [sum(out_i), in] matrix: one GEMM for all.
+//
+// LoRA (issue 14): low-rank adapters may add into column ranges of the output, y[:, cols_i] +=
+// scale * dropout(x) A_i^T B_i^T, without ever forming W + scale * B A: the adapters' A matrices are
+// packed back to back, so u = dropout(x) [A_1; A_2; ...]^T is one thin GEMM, and each B_i GEMM
+// accumulates into its columns of the base GEMM's output (beta = 1). Nothing is saved for the
+// backward: u is recomputed there (2 N in r flops, r/out of the base GEMM's), and the dropout mask
+// comes back from its counter hash (kernels/dropout.h). A frozen weight (Parameter::frozen, a LoRA
+// run's base) gets no gradient; the adapters always do.
 #pragma once
+#include <cstdint>
 #include <vector>
 
 #include "nn/context.h"
 #include "nn/parameter.h"
 
 namespace zp::nn {
+
+// One adapter of a Linear: A [r, in] and B [cols, r], adding into output columns [col, col + cols).
+struct LowRankAdapter {
+  Parameter* a = nullptr;
+  Parameter* b = nullptr;
+  int64_t col = 0;
+};
 
 class Linear {
  public:
@@ -17,6 +33,12 @@ class Linear {
   // A bias-free weight whose block holds zero rows after it up to `padded_rows` (ParamBlock::add_gap):
   // the GEMMs run over all padded rows, so their sizes stay aligned (a 50257-token vocabulary as 50304).
   static Linear padded(Parameter* weight, int64_t padded_rows);
+
+  // Attaches LoRA adapters (their A matrices packed back to back in one block, in this order; column
+  // ranges inside [0, out)), with y += scale * B A dropout(x). Dropout with probability `dropout` is
+  // drawn only in forwards whose Ctx carries a dropout key (training).
+  void set_adapters(std::vector<LowRankAdapter> adapters, float scale, float dropout);
+  bool has_adapters() const { return !adapters_.empty(); }
 
   int64_t in() const { return in_; }
   int64_t out() const { return out_; }
@@ -40,9 +62,24 @@ class Linear {
   void backward_input_gelu(const Ctx& c, void* dpre, const void* dy, const void* gelu_pre, int64_t N) const;
 
  private:
+  // x itself, or dropout(x) in `keep` when this forward draws dropout.
+  const void* adapter_input(const Ctx& c, const void* x, int64_t N, Tensor& keep) const;
+  // u = adapter_input [A_1; A_2; ...]^T, [N, rank_].
+  Tensor adapter_down(const Ctx& c, const void* xin, int64_t N) const;
+  // du = scale * [dy_1 B_1 | dy_2 B_2 | ...], [N, rank_].
+  Tensor adapter_dup(const Ctx& c, const void* dy, int64_t lddy, int64_t N) const;
+  void adapters_forward(const Ctx& c, void* y, int64_t ldy, const void* x, int64_t N) const;
+  void adapters_backward_params(const Ctx& c, const void* dy, int64_t lddy, const void* x, int64_t N) const;
+  void adapters_backward_input(const Ctx& c, void* dx, const void* dy, int64_t lddy, int64_t N) const;
+  uint64_t dropout_key(const Ctx& c) const;
+
   Parameter* w_ = nullptr;  // first of the packed weights: its value/grad start the fused matrix
   Parameter* b_ = nullptr;
   int64_t in_ = 0, out_ = 0;
+  std::vector<LowRankAdapter> adapters_;
+  int64_t rank_ = 0;  // the adapters' ranks summed: u's width
+  float scale_ = 1.f, dropout_ = 0.f;
+  uint64_t adapter_id_ = 0;  // keys this Linear's dropout masks apart from every other's
 };
 
 }  // namespace zp::nn

@@ -21,11 +21,22 @@ void Norm::forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved
 void Norm::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, const Saved& saved,
                     bool accumulate_dx) const {
   int64_t C = width();
+  // Frozen weights (a LoRA run's base) have no gradient buffer: the kernels' weight sums go to scratch.
+  Tensor scratch;
+  float *dw = nullptr, *db = nullptr;
+  if (w_->frozen) {
+    scratch = Tensor::zeros({2 * C}, DType::F32, c.dev, "activations", c.s);
+    dw = scratch.data<float>();
+    db = b_ ? dw + C : nullptr;
+  } else {
+    dw = w_->g();
+    db = b_ ? b_->g() : nullptr;
+  }
   if (kind_ == NormKind::LayerNorm)
-    ZP_KERNEL_CALL(c.dev, layernorm_backward, c.s, c.dt, dx, w_->g(), b_ ? b_->g() : nullptr, dy, x, w_->v(),
+    ZP_KERNEL_CALL(c.dev, layernorm_backward, c.s, c.dt, dx, dw, db, dy, x, w_->v(),
                    saved.mean.data<float>(), saved.rstd.data<float>(), N, C, accumulate_dx);
   else
-    ZP_KERNEL_CALL(c.dev, rmsnorm_backward, c.s, c.dt, dx, w_->g(), dy, x, w_->v(), saved.rstd.data<float>(), N, C,
+    ZP_KERNEL_CALL(c.dev, rmsnorm_backward, c.s, c.dt, dx, dw, dy, x, w_->v(), saved.rstd.data<float>(), N, C,
                    accumulate_dx);
 }
 

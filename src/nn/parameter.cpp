@@ -10,10 +10,16 @@ Parameter* ParamBlock::add(const std::string& name, Shape shape, bool decay, boo
   p->name = name;
   p->shape = std::move(shape);
   p->decay = decay;
+  p->frozen = frozen_;
   p->offset = packed ? numel_ : (numel_ + kAlign - 1) / kAlign * kAlign;
   numel_ = p->offset + p->numel();
   params_.push_back(std::move(p));
   return params_.back().get();
+}
+
+void ParamBlock::freeze() {
+  frozen_ = true;
+  for (auto& p : params_) p->frozen = true;
 }
 
 void ParamBlock::layout(Device dev, DType dt, int64_t pad_multiple) {

@@ -19,6 +19,9 @@ struct Parameter {
   Shape shape;        // our layout: linear weights are [out, in]
   bool decay = true;  // subject to weight decay (off for norms, biases and embeddings by default)
   bool file_transposed = false;  // stored [in, out] in hub files (GPT-2's Conv1D)
+  // Not trained (a LoRA run's base weights): modules compute no gradient for it and its block has no
+  // gradient buffer, master weights or optimizer state (ParamBlock::freeze).
+  bool frozen = false;
   int64_t offset = 0; // element offset in the block's flat buffers
   Tensor value;       // dt view of the compute copy
   Tensor grad;        // fp32 view of the gradient accumulator
@@ -33,6 +36,9 @@ class ParamBlock {
 
   explicit ParamBlock(std::string name) : name_(std::move(name)) {}
   const std::string& name() const { return name_; }
+  // Marks every parameter frozen (Parameter::frozen): the block's values are used, never trained.
+  void freeze();
+  bool frozen() const { return frozen_; }
 
   // Declares a parameter (before allocate()). The returned pointer stays valid for the block's life.
   Parameter* add(const std::string& name, Shape shape, bool decay, bool packed = false);
@@ -61,6 +67,7 @@ class ParamBlock {
 
  private:
   std::string name_;
+  bool frozen_ = false;
   std::vector<std::unique_ptr<Parameter>> params_;
   int64_t numel_ = 0, padded_ = 0;
   Device dev_;

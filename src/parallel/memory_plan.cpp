@@ -15,15 +15,21 @@ MemoryPlan plan_memory(std::span<nn::ParamBlock* const> blocks, const ShardingPo
   MemoryPlan p;
   p.stage = policy.stage();
   p.world = world;
-  int64_t largest = 0;
+  // Frozen blocks (a LoRA run's base) hold compute weights only: no gradients, no optimizer state.
+  int64_t largest = 0, largest_trained = 0;
   DType dt = DType::BF16;
   const bool on_gpu = gpu;
   for (const nn::ParamBlock* b : blocks) {
     p.params += b->padded();
     largest = std::max(largest, b->padded());
+    if (!b->frozen()) {
+      p.trainable_params += b->padded();
+      largest_trained = std::max(largest_trained, b->padded());
+    }
     dt = b->dtype();
   }
   const double psi = double(p.params), n = double(world), k = double(dtype_size(dt));
+  const double psi_trained = double(p.trainable_params);
   // Stage 3 keeps the shards plus up to two gathered blocks in flight (the current and the prefetch),
   // or every block gathered once in the step when it keeps them.
   const double shards = policy.shards_parameters() ? psi / n : psi;
@@ -33,15 +39,16 @@ MemoryPlan plan_memory(std::span<nn::ParamBlock* const> blocks, const ShardingPo
   p.param_bytes = ((params_on_host ? 0.0 : shards) + in_flight) * k;
   if (params_on_host) p.host_param_bytes = shards * k;
   // Stepping in the backward keeps no gradient shard, only the blocks in flight (no accumulation).
-  const double grad_shards = step_in_backward ? 0.0 : psi / n;
-  p.grad_bytes = (policy.shards_gradients() ? grad_shards + 2.0 * double(largest) : psi) * 4.0;
-  const double owned = policy.shards_optimizer_state() ? psi / n : psi;
+  const double grad_shards = step_in_backward ? 0.0 : psi_trained / n;
+  p.grad_bytes = (policy.shards_gradients() ? grad_shards + 2.0 * double(largest_trained) : psi_trained) * 4.0;
+  const double owned = policy.shards_optimizer_state() ? psi_trained / n : psi_trained;
   if (policy.optimizer_tier() == StateTier::Device) {
     p.optimizer_bytes = owned * 12.0;
   } else if (policy.optimizer_tier() == StateTier::Nvme) {
     std::vector<int64_t> ranges;
     int64_t largest_range = 0;
     for (const nn::ParamBlock* b : blocks) {
+      if (b->frozen()) continue;
       ranges.push_back(policy.shards_optimizer_state() ? b->padded() / world : b->padded());
       largest_range = std::max(largest_range, ranges.back());
     }
@@ -51,7 +58,7 @@ MemoryPlan plan_memory(std::span<nn::ParamBlock* const> blocks, const ShardingPo
         double(NvmeStateStore::buffer_bytes_for(largest_range, dt, policy.optimizer_nvme().buffer_count, on_gpu));
   } else {
     p.host_optimizer_bytes = owned * 12.0;
-    const int64_t largest_range = policy.shards_optimizer_state() ? largest / world : largest;
+    const int64_t largest_range = policy.shards_optimizer_state() ? largest_trained / world : largest_trained;
     if (on_gpu) p.host_staging_bytes = double(HostStateStore::staging_bytes_for(largest_range, dt));
   }
   if (policy.delays_update() && policy.optimizer_tier() != StateTier::Device) {
@@ -72,6 +79,11 @@ std::string MemoryPlan::str() const {
                 stage, world, world == 1 ? "" : "s", param_bytes / mib, grad_bytes / mib, optimizer_bytes / mib,
                 device_bytes() / mib, double(params) / 1e6, (4.0 * double(params) + 12.0 * double(params) / world) / mib);
   std::string s = buf;
+  if (trainable_params != params) {
+    std::snprintf(buf, sizeof(buf), "; %.2fM of them train (the rest are frozen: weights only)",
+                  double(trainable_params) / 1e6);
+    s += buf;
+  }
   if (delayed_update_bytes > 0 || host_delayed_update_bytes > 0) {
     std::snprintf(buf, sizeof(buf), "; the delayed update's second gradient and weight buffers: %.1f MiB on the device "
                   "(counted above) + %.1f MiB in host memory (counted below)", delayed_update_bytes / mib,

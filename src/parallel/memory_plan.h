@@ -2,7 +2,8 @@
 // alone: the ZeRO paper's 2Ψ (16-bit parameters) + 4Ψ (fp32 gradients here) + 12Ψ (fp32 master
 // weights and AdamW moments), each divided by N where the policy shards it, placed on the device or
 // in host memory or on NVMe as the policy's tiers say, plus the buffers the engine adds (stage 3's
-// gathered blocks in flight, the offload tiers' staging ring and NVMe buffers). Laid-out blocks suffice (nothing is
+// gathered blocks in flight, the offload tiers' staging ring and NVMe buffers). A frozen block (LoRA's
+// base) counts its compute weights only. Laid-out blocks suffice (nothing is
 // allocated), so the same numbers serve `zeropipe plan`, the start-up fit check and the banner.
 #pragma once
 #include <cstdint>
@@ -17,6 +18,7 @@ namespace zp::parallel {
 struct MemoryPlan {
   int stage = 0, world = 1;
   int64_t params = 0;  // Ψ: parameters (all blocks, padded)
+  int64_t trainable_params = 0;  // those of blocks that are not frozen: the gradients' and optimizer's Ψ
   // Per rank, resident on the device.
   double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
   // Per rank, in host memory (the offload tiers): parameter shards, optimizer state, staging.

@@ -43,7 +43,9 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, const ShardingPolicy
 
 ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, const ShardingPolicy& policy, comm::Communicator* dp,
                        const AdamWHyper& h, StreamHandle s, const BlockFill& fill)
-    : policy_(policy), dp_(dp), s_(s), hyper_(h), blocks_(std::move(blocks)), comm_(dp, s) {
+    : policy_(policy), dp_(dp), s_(s), hyper_(h), all_blocks_(std::move(blocks)), comm_(dp, s) {
+  for (nn::ParamBlock* b : all_blocks_)
+    if (!b->frozen()) blocks_.push_back(b);
   policy_.require_implemented();
   ZP_REQUIRE(!h.step_in_backward || !policy_.delays_update(), "optimizer.step_in_backward and "
              "zero_optimization.offload_optimizer.delayed_update cannot both be on: stepping in the backward updates "
@@ -61,22 +63,30 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, const ShardingPolicy
   reducer_ = std::make_unique<GradientReducer>(policy_, dp_, comm_, h.step_in_backward);
   std::vector<OwnedRange> ranges;
   std::vector<const void*> initial;
-  for (nn::ParamBlock* b : blocks_) {
+  for (nn::ParamBlock* b : all_blocks_) {
     ZP_CHECK(b->padded() % shard_pad_multiple(world_) == 0, "block ", b->name(), " is padded to ", b->padded(),
              ", not a multiple of ", shard_pad_multiple(world_));
     if (fill) {  // materialise this block now: full values while `fill` runs, gradients as the policy keeps them
       ZP_CHECK(!b->values().defined(), "block ", b->name(), " already allocated");
       b->bind_values(Tensor::zeros({b->padded()}, b->dtype(), b->device(), "params", s));
-      if (!policy_.shards_gradients()) b->bind_grads(Tensor::zeros({b->padded()}, DType::F32, b->device(), "grads", s));
+      if (!policy_.shards_gradients() && !b->frozen())
+        b->bind_grads(Tensor::zeros({b->padded()}, DType::F32, b->device(), "grads", s));
       fill(*b);
+    }
+    if (b->frozen()) {  // weights only: gathered like any other at stage 3, never reduced or updated
+      if (gatherer_) gatherer_->add(*b);
+      continue;
     }
     const int64_t shard = b->padded() / world_;
     const bool owns_all = !policy_.shards_optimizer_state();
     const int64_t begin = owns_all ? 0 : rank_ * shard, end = owns_all ? b->padded() : begin + shard;
-    if (gatherer_) gatherer_->add(*b);  // keeps only the owned slice of the compute weights
+    if (gatherer_) {  // keeps only the owned slice of the compute weights
+      gatherer_->add(*b);
+      gathered_index_.push_back(gatherer_->size() - 1);
+    }
     reducer_->add(*b);
     ranges.push_back({b, begin, end});
-    initial.push_back(gatherer_ ? gatherer_->shard(ranges.size() - 1).data()
+    initial.push_back(gatherer_ ? gatherer_->shard(gathered_index_.back()).data()
                                 : static_cast<const char*>(b->values().data()) + size_t(begin) * dtype_size(b->dtype()));
   }
   // The device store writes the new weights with a kernel: into host shards only through pinned
@@ -114,7 +124,7 @@ void ZeroEngine::set_overlap_comm(bool on) {
 }
 
 void* ZeroEngine::weights_out(size_t i) const {
-  if (gatherer_) return gatherer_->shard(i).data();
+  if (gatherer_) return gatherer_->shard(gathered_index_[i]).data();
   const OwnedRange& r = opt_->ranges()[i];
   return static_cast<char*>(r.block->values().data()) + size_t(r.begin) * dtype_size(r.block->dtype());
 }
@@ -271,7 +281,7 @@ void ZeroEngine::visit_state(const EngineStateVisitor& visit, StreamHandle s) {
 
 MemoryPlan ZeroEngine::memory_plan() const {
   const bool gpu = !blocks_.empty() && blocks_[0]->device().is_cuda();
-  MemoryPlan p = plan_memory(blocks_, policy_, world_, hyper_.step_in_backward, gpu);
+  MemoryPlan p = plan_memory(all_blocks_, policy_, world_, hyper_.step_in_backward, gpu);
   // Pinning may have been refused since the policy asked for it.
   const auto* host = dynamic_cast<const HostStateStore*>(&opt_->state());
   if (host) p.host_pinned = host->pinned();

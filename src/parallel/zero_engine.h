@@ -31,6 +31,10 @@
 // optimizer state (gather_master, visit_state, the next step, the destructor) waits for it first.
 // Averaging over the data group makes the result independent of the world size for the same
 // global batch: the trajectories of stages 0-3 at any world size agree to rounding.
+// A frozen block (nn::ParamBlock::freeze, a LoRA run's base) is placed like any other (replicated, or
+// sharded and gathered at stage 3, on the parameter tier) but has no gradients, master weights or
+// optimizer state: blocks(), the optimizer, the checkpoints' visit and gather_master() cover the
+// blocks that train.
 #pragma once
 #include <functional>
 #include <memory>
@@ -74,7 +78,7 @@ class ZeroEngine : public nn::BlockAccess {
   int stage() const { return policy_.stage(); }
   int world() const { return world_; }
   int rank() const { return rank_; }
-  const std::vector<nn::ParamBlock*>& blocks() const { return blocks_; }
+  const std::vector<nn::ParamBlock*>& blocks() const { return blocks_; }  // those that train
 
   // Before the first micro-step of a step: clears the gradient accumulators.
   void begin_step();
@@ -151,7 +155,9 @@ class ZeroEngine : public nn::BlockAccess {
   comm::Communicator* dp_;
   StreamHandle s_;
   AdamWHyper hyper_;
-  std::vector<nn::ParamBlock*> blocks_;
+  std::vector<nn::ParamBlock*> all_blocks_;  // as given, frozen ones included
+  std::vector<nn::ParamBlock*> blocks_;      // those that train: block i of the reducer and optimizer
+  std::vector<size_t> gathered_index_;       // stage 3: trained block i's index in the gatherer
   CollectiveStream comm_;  // declared before what frees buffers on its stream
   std::unique_ptr<ParameterGatherer> gatherer_;  // with sharded parameters
   std::unique_ptr<GradientReducer> reducer_;

@@ -172,6 +172,11 @@ void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngin
   f.set_attr_int("/", "skipped_steps", state.scaler.skipped);
   f.set_attr_int("/", "delayed_update", lagging ? 1 : 0);
   f.set_attr_int("/", "pipeline_stages", state.pipeline_stages);
+  if (!model.lora.is_null()) {
+    f.set_attr_string("/", "lora", model.lora.dump());
+    f.set_attr_string("/", "base_model", model.base_model);
+    f.set_attr_string("/", "base_fingerprint", model.base_fingerprint);
+  }
 
   // Every rank writes every parameter of the whole model in order, elements [offset, offset +
   // count) of its states from `data` (nothing for another stage's parameters).
@@ -240,6 +245,24 @@ TrainState load_stage(const std::string& path, MPI_Comm comm, parallel::ZeroEngi
   const io::json file_config = io::parse_json_bounded(string_attr("model_config"), path + ": the model_config attribute");
   const std::string diff = config_difference(file_config, model_config);
   const std::string hint = diff.empty() ? "" : " (the checkpoint's model config differs: " + diff + ")";
+  // A LoRA run's checkpoint holds its adapters only: the settings that shape them and the base they
+  // adapt must be this run's (dropout may change).
+  const bool file_lora = f.has_attr("/", "lora");
+  ZP_REQUIRE(file_lora == !model.lora.is_null(), path,
+             file_lora ? ": a LoRA checkpoint (adapters only), this run trains every weight (lora.r = 0)"
+                       : ": a checkpoint of full training, this run trains LoRA adapters (lora.r > 0): start from its "
+                         "weights with model.hub_dir = the checkpoint and model.init = \"hub\" instead");
+  if (file_lora) {
+    io::json in_file = io::parse_json_bounded(string_attr("lora"), path + ": the lora attribute"), now = model.lora;
+    if (in_file.is_object()) in_file.erase("dropout");
+    now.erase("dropout");
+    const std::string lora_diff = config_difference(in_file, now);
+    ZP_REQUIRE(lora_diff.empty(), path, ": the checkpoint's LoRA settings differ from this run's: ", lora_diff);
+    const std::string fingerprint = string_attr("base_fingerprint");
+    ZP_REQUIRE(fingerprint == model.base_fingerprint, path, ": adapters trained on another base model: the "
+               "checkpoint's base is ", string_attr("base_model"), " (fingerprint ", fingerprint, "), this run's is ",
+               model.base_model, " (fingerprint ", model.base_fingerprint, ")");
+  }
 
   // Everything is checked before anything is read, identically on every rank (metadata queries are
   // local), so a mismatch makes every rank throw at the same point.

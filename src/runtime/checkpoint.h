@@ -15,6 +15,9 @@
 //     world_size, zero_stage   how it was written (informational: any world and stage can resume)
 //     loss_scaling, loss_scale, loss_scale_clean_steps, loss_scale_overflows_left, skipped_steps
 //                        the fp16 loss scaler (loss_scaling = 0: off)
+//     lora, base_model, base_fingerprint   a LoRA run only: its LoRA settings (JSON), and the path and
+//                        fingerprint of the frozen base; /model and /optimizer then hold the
+//                        adapters (<module>.lora_A.weight, .lora_B.weight) and nothing else
 //   /model/<name>                      fp32 master weights, full logical shape in the engine layout
 //                                      ([out, in]); weights the hub stores transposed (GPT-2's
 //                                      Conv1D) carry hub_transposed = 1, as in a weights file
@@ -92,6 +95,11 @@ struct CheckpointModel {
   std::string config_json;   // the training configuration
   io::json model_config;     // the hub config.json object
   std::string model_family;  // "transformer" | "unet"
+  // A LoRA run (its checkpoints hold the adapters only): the LoRA settings {"r", "alpha", "dropout",
+  // "target_modules", "rslora"} (null: not LoRA), and the frozen base's path and fingerprint
+  // (runtime/base_fingerprint.h), which a resume must match.
+  io::json lora;
+  std::string base_model, base_fingerprint;
 };
 
 // About the size of a checkpoint of the whole model (collective over stages->stages when given):

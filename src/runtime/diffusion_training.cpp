@@ -58,6 +58,8 @@ class DiffusionTask final : public TrainingTask {
   DiffusionTask(const TrainConfig& common, const DiffusionConfig& diffusion, const TrainingPlace& at)
       : cfg_(common), diffusion_(diffusion), at_(at), noise_(diffusion) {
     // Model config and data first: a bad config or file is reported before any model memory exists.
+    ZP_REQUIRE(cfg_.lora_r == 0, "lora.r = ", cfg_.lora_r, ": LoRA for the UNet is not implemented yet (the "
+               "language models have it); train the UNet fully with lora.r = 0");
     std::string source;
     hub_ = cfg_.hub_config_json(source);
     mcfg_ = models::UNetConfig::from_hub_json(hub_, source);
@@ -113,7 +115,13 @@ class DiffusionTask final : public TrainingTask {
   }
   void set_block_access(nn::BlockAccess* access) override { model_->set_block_access(access); }
 
-  CheckpointModel checkpoint_model() const override { return {cfg_.config_json, hub_, "unet"}; }
+  CheckpointModel checkpoint_model() const override {
+    CheckpointModel m;
+    m.config_json = cfg_.config_json;
+    m.model_config = hub_;
+    m.model_family = "unet";
+    return m;
+  }
   ProgressUnit progress() override { return {"samples", 1, models::unet_train_flops_per_sample(*model_, H_, W_, L_)}; }
   double activation_bytes() override {
     return models::unet_activation_bytes(*model_, B_, H_, W_, L_, cfg_.dtype, cfg_.activation_checkpointing);

@@ -10,6 +10,8 @@
 #include "models/activation_estimate.h"
 #include "models/transformer.h"
 #include "parallel/pipeline_partition.h"
+#include "nn/init.h"
+#include "runtime/base_fingerprint.h"
 #include "runtime/causal_lm_loss.h"
 #include "runtime/training_driver.h"
 
@@ -96,38 +98,46 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
     train_ds_.check_vocab(mcfg_.vocab);
     if (!cfg.val_files.empty()) val_ds_->check_vocab(mcfg_.vocab);
     layout_ = chunk_layout(cfg, mcfg_, at.stage(), at.stages());
+    lora_ = {cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets, cfg.lora_rslora};
   }
 
   std::vector<nn::ParamBlock*> lay_out_model(int64_t pad_multiple) override {
     std::vector<nn::ParamBlock*> blocks;
     for (const models::LayerSpan& span : layout_.local) {
       chunks_.push_back(std::make_unique<models::Transformer>(mcfg_, at_.dev, cfg_.dtype, at_.s(), pad_multiple,
-                                                              /*allocate=*/false, span));
+                                                              /*allocate=*/false, span, lora_));
       for (nn::ParamBlock* b : chunks_.back()->blocks()) blocks.push_back(b);
     }
     if (cfg_.init == "hub") hub_weights_ = io::WeightSource::open(cfg_.hub_dir, "model");
     return blocks;
   }
   // Any chunk initialises or loads any block: values depend on the parameter's name only.
+  // LoRA's adapters start from PEFT's initialisation whatever the base came from; the base's
+  // fingerprint is taken as its blocks are filled (a tied head's replica is the embedding again).
   void fill_block(nn::ParamBlock& b) override {
-    if (hub_weights_)
+    const bool adapters = lora_.enabled() && !b.frozen();
+    if (hub_weights_ && !adapters)
       chunks_[0]->load_block(*hub_weights_, b);
     else
       chunks_[0]->init_block_random(b, cfg_.seed, cfg_.init_std);
+    bool replica = false;
+    for (auto& c : chunks_) replica = replica || c->embedding_replica() == &b;
+    if (lora_.enabled() && b.frozen() && !replica) fingerprint_.add(b, at_.s());
   }
   void set_block_access(nn::BlockAccess* access) override {
     for (auto& c : chunks_) c->set_block_access(access);
   }
   PipelineStageModel* pipeline_stage() override { return this; }
   SharedBlock shared_block() override {
-    if (!mcfg_.tied || at_.stages() == 1) return {};
+    if (!has_shared_blocks()) return {};
     for (auto& c : chunks_) {
       if (nn::ParamBlock* r = c->embedding_replica()) return {r, true};
       if (c->span().embedding) return {c->blocks().front(), false};
     }
     return {};
   }
-  bool has_shared_blocks() const override { return mcfg_.tied && at_.stages() > 1; }
+  // A frozen tied embedding (LoRA) takes no gradients, so its copies need no summing.
+  bool has_shared_blocks() const override { return mcfg_.tied && at_.stages() > 1 && !lora_.enabled(); }
   int64_t model_position(const nn::ParamBlock& b) const override {
     if (b.name() == "embed") return -1;
     if (b.name() == "head") return mcfg_.layers;
@@ -138,7 +148,7 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
   Tensor boundary_buffer() override {
     return Tensor::empty({cfg_.micro_batch * cfg_.seq_len, mcfg_.hidden}, cfg_.dtype, at_.dev, "activations", at_.s());
   }
-  Tensor forward(int chunk, int micro, int64_t, int64_t first, Tensor input, bool train, float loss_scale) override {
+  Tensor forward(int chunk, int micro, int64_t step, int64_t first, Tensor input, bool train, float loss_scale) override {
     models::Transformer& m = *chunks_[size_t(chunk)];
     InFlight& f = in_flight_[{micro, chunk}];
     f.loss_scale = loss_scale;
@@ -158,9 +168,9 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
       }
     }
     if (first_chunk)
-      m.forward(f.ids.data<int32_t>(), cfg_.micro_batch, cfg_.seq_len, f.acts, mode);
+      m.forward(f.ids.data<int32_t>(), cfg_.micro_batch, cfg_.seq_len, f.acts, mode, dropout_draw(step, first));
     else
-      m.forward_hidden(std::move(input), cfg_.micro_batch, cfg_.seq_len, f.acts, mode);
+      m.forward_hidden(std::move(input), cfg_.micro_batch, cfg_.seq_len, f.acts, mode, dropout_draw(step, first));
     if (!last_chunk) {
       Tensor out = f.acts.hidden;
       if (!train) in_flight_.erase({micro, chunk});
@@ -184,7 +194,19 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
     return mean;
   }
 
-  CheckpointModel checkpoint_model() const override { return {cfg_.config_json, hub_, "transformer"}; }
+  CheckpointModel checkpoint_model() const override {
+    CheckpointModel m;
+    m.config_json = cfg_.config_json;
+    m.model_config = hub_;
+    m.model_family = "transformer";
+    if (!lora_.enabled()) return m;
+    m.lora = {{"r", lora_.r}, {"alpha", lora_.alpha}, {"dropout", lora_.dropout},
+              {"target_modules", lora_.target_modules}, {"rslora", lora_.rslora}};
+    m.base_model = hub_weights_ ? cfg_.hub_dir : detail::cat("random initialisation (seed ", cfg_.seed, ", std ",
+                                                             cfg_.init_std, ")");
+    m.base_fingerprint = base_fingerprint();
+    return m;
+  }
   ProgressUnit progress() override { return {"tok", cfg_.seq_len, chunks_[0]->flops_per_token(cfg_.seq_len)}; }
   double activation_bytes() override {
     const double whole = models::transformer_activation_bytes(mcfg_, cfg_.micro_batch, cfg_.seq_len, cfg_.dtype,
@@ -204,22 +226,54 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
                        " layers, d=", mcfg_.hidden, stages, " | ", at_.world(), " rank(s) on ", at_.dev.str(), " | ",
                        dtype_name(cfg_.dtype), " | global batch ", at_.global_batch, " x ", cfg_.seq_len,
                        " tokens (micro ", cfg_.micro_batch, ", accum ", cfg_.grad_accum, ") | ",
-                       train_ds_.num_windows(), " training windows");
+                       train_ds_.num_windows(), " training windows", lora_description());
   }
 
-  double micro_step(int64_t, int64_t first, float loss_scale) override {
+  double micro_step(int64_t step, int64_t first, float loss_scale) override {
     return forward_backward(
         timed_read([&] { return make_batch(train_ds_, cfg_.seed, cfg_.shuffle, first, cfg_.micro_batch); }), true,
-        loss_scale);
+        loss_scale, dropout_draw(step, first));
   }
   bool has_validation() const override { return val_ds_.has_value(); }
   double validation_loss(int64_t first) override {
-    return forward_backward(make_batch(*val_ds_, cfg_.seed, false, first, cfg_.micro_batch), false, 1.f);
+    return forward_backward(make_batch(*val_ds_, cfg_.seed, false, first, cfg_.micro_batch), false, 1.f, {});
   }
 
  private:
+  // LoRA's dropout masks: keyed by (seed, step), the rows by the micro-batch's global position, so a
+  // sample's masks do not depend on the rank or micro-step that runs it.
+  nn::DropoutDraw dropout_draw(int64_t step, int64_t first) const {
+    if (!lora_.enabled() || lora_.dropout == 0) return {};
+    return {nn::splitmix64(cfg_.seed ^ nn::splitmix64(0x4C6F5241ull + uint64_t(step))) | 1, first * cfg_.seq_len};
+  }
+  // The fingerprint of the whole base: every stage's part (each fingerprints the blocks it filled).
+  // Collective over the pipeline group on the first call, which every rank makes at the same point
+  // (the driver's first checkpoint_model(), after the engine filled every block).
+  std::string base_fingerprint() const {
+    if (fingerprint_hex_) return *fingerprint_hex_;
+    BaseFingerprint all = fingerprint_;
+    if (at_.stages() > 1) {
+      uint64_t mine = fingerprint_.value(), x = 0;
+      ZP_MPI_CHECK(MPI_Allreduce(&mine, &x, 1, MPI_UINT64_T, MPI_BXOR, at_.topology->mpi_comm(comm::Group::Pipeline)));
+      all = BaseFingerprint();
+      all.combine(x);
+    }
+    fingerprint_hex_ = all.hex();
+    return *fingerprint_hex_;
+  }
+  std::string lora_description() const {
+    if (!lora_.enabled()) return "";
+    int64_t trained = 0, all = 0;
+    for (const auto& c : chunks_)
+      for (nn::ParamBlock* b : c->blocks())
+        for (const auto& p : b->params()) (b->frozen() ? all : trained) += p->numel();
+    return detail::cat(" | LoRA r=", lora_.r, " alpha=", lora_.alpha, lora_.rslora ? " (rslora)" : "", " dropout=",
+                       lora_.dropout, " on ", io::json(lora_.target_modules).dump(), ": ", trained / 1e6, "M trainable, ",
+                       all / 1e6, "M frozen");
+  }
+
   // The model's part of a micro-batch: forward, the next-token loss, and the backward when training.
-  double forward_backward(const Batch& b, bool train_step, float loss_scale) {
+  double forward_backward(const Batch& b, bool train_step, float loss_scale, nn::DropoutDraw dropout) {
     const Device dev = at_.dev;
     const StreamHandle s = at_.s();
     Tensor ids = b.ids.to(dev, s), tgt = b.targets.to(dev, s);
@@ -231,7 +285,8 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
     model.forward(ids.data<int32_t>(), cfg_.micro_batch, cfg_.seq_len, acts,
                     !train_step                     ? ForwardMode::Inference
                     : cfg_.activation_checkpointing ? ForwardMode::TrainCheckpointed
-                                                    : ForwardMode::Train);
+                                                    : ForwardMode::Train,
+                  dropout);
     CausalLmLoss lm(acts.logits, mcfg_.vocab, tgt.data<int32_t>(), valid, s);
     if (train_step) model.backward(acts, lm.backward(acts.logits, loss_scale));
     return lm.mean();  // read after the backward is queued, so the GPU never waits for the host
@@ -246,6 +301,9 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
   ChunkLayout layout_;
   std::vector<std::unique_ptr<models::Transformer>> chunks_;  // one without a pipeline
   std::unique_ptr<io::WeightSource> hub_weights_;
+  models::LoraSpec lora_;
+  BaseFingerprint fingerprint_;  // LoRA: of the frozen blocks this rank filled
+  mutable std::optional<std::string> fingerprint_hex_;
   // A pipeline's micro-batches between their forward and backward, by (micro, local chunk).
   struct InFlight {
     Tensor ids, targets;  // device: the first chunk's input, the last chunk's targets

@@ -120,6 +120,7 @@ const io::json& train_config_schema() {
     "dataloader_drop_last": false,
     "model": {"type": "transformer", "config": null, "hub_dir": "", "init": "random", "init_std": 0.02,
               "activation_checkpointing": false, "weight_decay_on_all": false},
+    "lora": {"r": 0, "alpha": 8, "dropout": 0.0, "target_modules": [], "rslora": false},
     "data": {"train_files": [], "val_files": [], "val_fraction": 0.0, "seq_len": 1024, "shuffle": true},
     "checkpoint": {"dir": "", "save_every": 0, "keep_last": 3, "tag_validation": "Warn", "load_universal": false,
                    "use_node_local_storage": false, "parallel_write": {"pipeline_stage": false}},
@@ -450,6 +451,15 @@ TrainConfig TrainConfig::read(io::ConfigReader& r, const std::string& model_type
     r.warn("activation_checkpointing.* tune checkpointing, which is off: model.activation_checkpointing = true "
            "turns it on (as --gradient_checkpointing does for the HF Trainer)");
   t.decay_all = r.boolean("model.weight_decay_on_all");
+  t.lora_r = r.integer("lora.r", 0, 1 << 16);
+  t.lora_alpha = r.number("lora.alpha", Range::above(0));
+  t.lora_dropout = r.number("lora.dropout", Range::half_open(0, 1));
+  t.lora_targets = r.strings("lora.target_modules");
+  t.lora_rslora = r.boolean("lora.rslora");
+  r.require(t.lora_r == 0 || !t.lora_targets.empty(), "lora.r = " + std::to_string(t.lora_r) +
+            " needs lora.target_modules (the hub's module names, e.g. [\"q_proj\", \"v_proj\"])");
+  r.require(t.lora_r > 0 || t.lora_targets.empty(),
+            "lora.target_modules names modules but lora.r is 0 (LoRA off): set lora.r");
 
   t.train_files = r.strings("data.train_files");
   t.val_files = r.strings("data.val_files");

@@ -60,6 +60,11 @@ struct TrainConfig {
   std::string init = "random";
   double init_std = 0.02;
   bool activation_checkpointing = false;
+  // LoRA (models::LoraSpec): r 0 = off.
+  int64_t lora_r = 0;
+  double lora_alpha = 8, lora_dropout = 0;
+  std::vector<std::string> lora_targets;
+  bool lora_rslora = false;
   // data
   std::vector<std::string> train_files, val_files;
   double val_fraction = 0.0;

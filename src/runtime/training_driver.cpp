@@ -56,6 +56,7 @@ std::vector<float> gather_stages(const std::vector<float>& mine, const TrainingP
   std::vector<double> keyed;  // per block: key, size, values...
   size_t at_elem = 0;
   for (const nn::ParamBlock* b : blocks) {
+    if (b->frozen()) continue;  // gather_master covers the blocks that train
     int64_t n = 0;
     for (const auto& p : b->params()) n += p->numel();
     if (b != replica) {
@@ -117,7 +118,8 @@ TrainResult run_training(const TrainConfig& given, comm::Runtime& rt, MPI_Comm g
   if (policy.optimizer_tier() == parallel::StateTier::Nvme) {
     // Before the engine allocates anything: the swap files' directory, on every node, with room.
     std::vector<int64_t> shards;
-    for (const nn::ParamBlock* b : blocks) shards.push_back(b->padded() / at.data_size());
+    for (const nn::ParamBlock* b : blocks)
+      if (!b->frozen()) shards.push_back(b->padded() / at.data_size());
     check_nvme_storage("zero_optimization.offload_optimizer.nvme_path", policy.optimizer_nvme().path,
                        parallel::NvmeStateStore::file_bytes(shards), at.topology->mpi_comm(comm::Group::World));
   }

