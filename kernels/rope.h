@@ -12,15 +12,20 @@
 // (pos_offset > 0 when generating with a KV cache). y may alias x (in place). D is even, at most 1024.
 // row_stride: elements between consecutive tokens (0 = H * D), so the q and k heads can be rotated in
 // place inside a packed [q | k | v] projection row.
+// positions (optional, same device as x; nullptr = pos_offset + t): int32 [B, T], the position of each
+// token, for several sequences packed into one row whose positions each restart at 0; pos_offset must
+// then be 0 (a position is never the sum of both, which would hide a caller's mix-up).
 #pragma once
 #include "kernels/kernel.h"
 
 namespace zp::kernels {
 
 ZP_KERNEL(void rope_forward(StreamHandle s, DType dt, void* y, const void* x, int64_t B, int64_t T, int64_t H,
-                            int64_t D, float theta, int64_t pos_offset, int64_t row_stride = 0))
+                            int64_t D, float theta, int64_t pos_offset, int64_t row_stride = 0,
+                            const int32_t* positions = nullptr))
 // dx = the inverse (transposed) rotation of dy. dx may alias dy.
 ZP_KERNEL(void rope_backward(StreamHandle s, DType dt, void* dx, const void* dy, int64_t B, int64_t T, int64_t H,
-                             int64_t D, float theta, int64_t pos_offset, int64_t row_stride = 0))
+                             int64_t D, float theta, int64_t pos_offset, int64_t row_stride = 0,
+                             const int32_t* positions = nullptr))
 
 }  // namespace zp::kernels

@@ -4,6 +4,7 @@
 #include "kernels/embedding.h"
 #include "kernels/rope.h"
 #include "kernels/upsample.h"
+#include "packed_segments.h"
 #include "test_util.h"
 
 namespace zp::test {
@@ -218,6 +219,70 @@ TEST(Rope, RowStrideRotatesOnlyTheNamedHeads) { check_rope_row_stride(Device::cp
 TEST(RopeGpu, RowStride) {
   ZP_SKIP_WITHOUT_GPU();
   for (DType dt : gpu_float_dtypes()) check_rope_row_stride(Device::cuda(), dt);
+}
+
+// Packed sequences: with positions that restart at 0 in each segment, rotating a packed [q | k | v] row
+// (row stride, in place) equals rotating each segment's rows on their own with offset 0, forward and
+// backward, and leaves the v heads untouched. On the CPU in double (equal to rounding); on the GPU
+// against that CPU result.
+static void check_rope_positions(Device dev, DType dt) {
+  const int64_t B = 2, T = 40, Hr = 3, Hv = 2, D = 16, W = (Hr + Hv) * D;
+  const auto seg = packed_segment_ids(B, T, 12, 5);
+  std::vector<int32_t> pos(seg.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (const auto& tok : segment_tokens(seg, b, T))
+      for (size_t i = 0; i < tok.size(); ++i) pos[size_t(b * T + tok[i])] = int32_t(i);
+  auto packed = round_to(randn(size_t(B * T * W), 331), dt);
+  for (double sign : {+1.0, -1.0}) {
+    SCOPED_TRACE(std::string(sign > 0 ? "forward " : "backward ") + std::string(dtype_name(dt)));
+    // Reference: each segment's rotated heads as a dense [n, Hr, D] sequence from position 0.
+    std::vector<double> want(size_t(B * T * Hr * D));
+    for (int64_t b = 0; b < B; ++b)
+      for (const auto& tok : segment_tokens(seg, b, T)) {
+        const int64_t n = int64_t(tok.size());
+        std::vector<double> x(size_t(n * Hr * D)), y(x.size());
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < Hr * D; ++j)
+            x[size_t(i * Hr * D + j)] = packed[size_t((b * T + tok[size_t(i)]) * W + j)];
+        if (sign > 0) cpu::rope_forward(nullptr, DType::F64, y.data(), x.data(), 1, n, Hr, D, 1e4f, 0);
+        else cpu::rope_backward(nullptr, DType::F64, y.data(), x.data(), 1, n, Hr, D, 1e4f, 0);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < Hr * D; ++j)
+            want[size_t((b * T + tok[size_t(i)]) * Hr * D + j)] = y[size_t(i * Hr * D + j)];
+      }
+    std::vector<double> out(packed.begin(), packed.end());
+    if (dev.is_cpu()) {
+      if (sign > 0) cpu::rope_forward(nullptr, DType::F64, out.data(), out.data(), B, T, Hr, D, 1e4f, 0, W, pos.data());
+      else cpu::rope_backward(nullptr, DType::F64, out.data(), out.data(), B, T, Hr, D, 1e4f, 0, W, pos.data());
+    } else {
+      Tensor g = upload(packed, dt), gpos = upload(std::vector<float>(pos.begin(), pos.end()), DType::I32);
+      if (sign > 0) cuda::rope_forward(nullptr, dt, g.data(), g.data(), B, T, Hr, D, 1e4f, 0, W, gpos.data<int32_t>());
+      else cuda::rope_backward(nullptr, dt, g.data(), g.data(), B, T, Hr, D, 1e4f, 0, W, gpos.data<int32_t>());
+      auto o = download(g);
+      out.assign(o.begin(), o.end());
+    }
+    std::vector<double> got(want.size());
+    for (int64_t r = 0; r < B * T; ++r) {
+      for (int64_t j = 0; j < Hr * D; ++j) got[size_t(r * Hr * D + j)] = out[size_t(r * W + j)];
+      for (int64_t j = Hr * D; j < W; ++j)
+        ASSERT_EQ(out[size_t(r * W + j)], double(packed[size_t(r * W + j)])) << "v head touched";
+    }
+    EXPECT_LE(rel_error(got, want), dev.is_cpu() ? 1e-15 : tolerance(dt));
+  }
+}
+
+TEST(Rope, CpuPositionsRestartEachSegment) {
+  check_rope_positions(Device::cpu(), DType::F32);
+  // Explicit positions replace pos_offset; both at once is a caller's mistake.
+  std::vector<float> x(4);
+  std::vector<int32_t> pos = {0};
+  EXPECT_DEATH(cpu::rope_forward(nullptr, DType::F32, x.data(), x.data(), 1, 1, 1, 4, 1e4f, 3, 0, pos.data()),
+               "together with explicit positions");
+}
+
+TEST(RopeGpu, MatchesCpuWithPositions) {
+  ZP_SKIP_WITHOUT_GPU();
+  for (DType dt : gpu_float_dtypes()) check_rope_positions(Device::cuda(), dt);
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/attention.h"
+#include "packed_segments.h"
 #include "test_util.h"
 
 namespace zp::test {
@@ -87,8 +88,9 @@ void expect_lse_close(const std::vector<float>& got, const std::vector<float>& w
   EXPECT_LE(rel_error(g, w), tol) << "lse";
 }
 
-void check_against_cpu(const FlashCase& c, DType dt) {
-  SCOPED_TRACE(describe(c, dt));
+// With segment ids [B, T] when `seg` is not empty.
+void check_against_cpu(const FlashCase& c, DType dt, const std::vector<int32_t>& seg = {}) {
+  SCOPED_TRACE(describe(c, dt) + (seg.empty() ? "" : " segments"));
   Layout L = layout_for(c);
   ASSERT_TRUE(cuda::attention_uses_flash(dt, c.D, L.qs, L.ks, L.vs, L.os)) << "case would not take the flash path";
   uint64_t seed = uint64_t(c.Tq * 1000 + c.Tk * 7 + c.D + int(dt));
@@ -106,6 +108,10 @@ void check_against_cpu(const FlashCase& c, DType dt) {
   }
   auto dout = round_to(randn(size_t(L.out_size), seed + 1), dt);
   const float scale = attention_default_scale(c.D);
+  const int32_t* cpu_seg = seg.empty() ? nullptr : seg.data();
+  Tensor g_seg;
+  if (!seg.empty()) g_seg = upload(std::vector<float>(seg.begin(), seg.end()), DType::I32);
+  const int32_t* gpu_seg = seg.empty() ? nullptr : g_seg.data<int32_t>();
 
   Tensor g_in = upload(in, dt), g_dout = upload(dout, dt);
   Tensor g_out = Tensor::zeros({L.out_size}, dt, Device::cuda());
@@ -114,19 +120,20 @@ void check_against_cpu(const FlashCase& c, DType dt) {
   auto at = [&](const Tensor& t, int64_t off) { return static_cast<char*>(t.data()) + off * dtype_size(dt); };
   cuda::attention_forward(nullptr, dt, g_out.data(), g_lse.data<float>(), at(g_in, L.q_off), at(g_in, L.k_off),
                           at(g_in, L.v_off), c.B, c.Tq, c.Tk, c.Hq, c.Hkv, c.D, L.qs, L.ks, L.vs, L.os, scale,
-                          c.causal);
+                          c.causal, gpu_seg);
   cuda::attention_backward(nullptr, dt, at(g_grad, L.q_off), at(g_grad, L.k_off), at(g_grad, L.v_off),
                            g_dout.data(), at(g_in, L.q_off), at(g_in, L.k_off), at(g_in, L.v_off), g_out.data(),
                            g_lse.data<float>(), c.B, c.Tq, c.Tk, c.Hq, c.Hkv, c.D, L.qs, L.ks, L.vs, L.os, scale,
-                           c.causal);
+                           c.causal, gpu_seg);
 
   std::vector<float> out(size_t(L.out_size), 0.f), lse(size_t(L.lse_size)), grad(size_t(L.in_size), 0.f);
   cpu::attention_forward(nullptr, DType::F32, out.data(), lse.data(), in.data() + L.q_off, in.data() + L.k_off,
                          in.data() + L.v_off, c.B, c.Tq, c.Tk, c.Hq, c.Hkv, c.D, L.qs, L.ks, L.vs, L.os, scale,
-                         c.causal);
+                         c.causal, cpu_seg);
   cpu::attention_backward(nullptr, DType::F32, grad.data() + L.q_off, grad.data() + L.k_off, grad.data() + L.v_off,
                           dout.data(), in.data() + L.q_off, in.data() + L.k_off, in.data() + L.v_off, out.data(),
-                          lse.data(), c.B, c.Tq, c.Tk, c.Hq, c.Hkv, c.D, L.qs, L.ks, L.vs, L.os, scale, c.causal);
+                          lse.data(), c.B, c.Tq, c.Tk, c.Hq, c.Hkv, c.D, L.qs, L.ks, L.vs, L.os, scale, c.causal,
+                          cpu_seg);
 
   const double tol = tolerance(dt);
   auto o = download(g_out);
@@ -191,6 +198,25 @@ TEST(FlashAttentionGpu, MatchesCpuBf16) {
 TEST(FlashAttentionGpu, MatchesCpuF16) {
   ZP_SKIP_WITHOUT_GPU();
   for (const FlashCase& c : flash_cases()) check_against_cpu(c, DType::F16);
+}
+
+// Packed sequences on the flash path, D = 64 and 128: runs of up to 300 tokens span several query and key
+// tiles (so whole tiles are skipped, others masked elementwise or not at all); odd rows reuse ids out of
+// order, which the tile skip must not mistake for disjoint ranges.
+TEST(FlashAttentionGpu, MatchesCpuWithSegments) {
+  ZP_SKIP_WITHOUT_GPU();
+  const std::vector<FlashCase> cases = {
+      {2, 1000, 1000, 4, 2, 64, true, true},     // GQA, packed qkv, causal
+      {2, 1000, 1000, 4, 2, 64, false, true},    // bidirectional
+      {2, 513, 513, 8, 2, 128, true, false},     // strided rows, partial tiles
+      {2, 300, 300, 4, 4, 128, false, false},
+  };
+  for (DType dt : {DType::BF16, DType::F16})
+    for (const FlashCase& c : cases)
+      check_against_cpu(c, dt, packed_segment_ids(c.B, c.Tq, 300, uint64_t(c.Tq + c.D)));
+  // One segment per row: the elementwise mask is skipped, results as without segments.
+  const FlashCase one{2, 256, 256, 4, 4, 64, true, true};
+  check_against_cpu(one, DType::BF16, std::vector<int32_t>(size_t(one.B * one.Tq), 3));
 }
 
 // Forward and backward TFLOP/s on training-sized shapes (FLOPs: 4 B H Tq Tk D forward, halved when

@@ -8,21 +8,23 @@ namespace {
 
 // sign = +1 rotates by +a (forward), -1 by -a (backward: the transpose of the rotation).
 void rope_apply(DType dt, void* y, const void* x, int64_t B, int64_t T, int64_t H, int64_t D, float theta,
-                int64_t pos_offset, int64_t row_stride, double sign) {
+                int64_t pos_offset, int64_t row_stride, const int32_t* positions, double sign) {
   ZP_CHECK(B >= 0 && T >= 0 && H >= 0 && D > 0 && D % 2 == 0 && D <= 1024, "B=", B, " T=", T, " H=", H, " D=", D);
   ZP_CHECK(theta > 0 && pos_offset >= 0, "theta=", theta, " pos_offset=", pos_offset);
+  ZP_CHECK(!positions || pos_offset == 0, "rope: pos_offset ", pos_offset, " together with explicit positions");
   const int64_t half = D / 2;
   std::vector<float> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = 1.0f / std::pow(theta, float(2 * i) / float(D));
   std::vector<double> cos_a(static_cast<size_t>(half)), sin_a(static_cast<size_t>(half));
   ZP_DISPATCH_FLOAT(dt, E, [&] {
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t i = 0; i < half; ++i) {
-        const float a = float(pos_offset + t) * inv_freq[size_t(i)];
-        cos_a[size_t(i)] = double(float(std::cos(double(a))));
-        sin_a[size_t(i)] = sign * double(float(std::sin(double(a))));
-      }
-      for (int64_t b = 0; b < B; ++b) {
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t pos = positions ? int64_t(positions[b * T + t]) : pos_offset + t;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = float(pos) * inv_freq[size_t(i)];
+          cos_a[size_t(i)] = double(float(std::cos(double(a))));
+          sin_a[size_t(i)] = sign * double(float(std::sin(double(a))));
+        }
         for (int64_t h = 0; h < H; ++h) {
           const int64_t off = (b * T + t) * row_stride + h * D;
           const E* in = static_cast<const E*>(x) + off;
@@ -42,13 +44,13 @@ void rope_apply(DType dt, void* y, const void* x, int64_t B, int64_t T, int64_t 
 }  // namespace
 
 void rope_forward(StreamHandle, DType dt, void* y, const void* x, int64_t B, int64_t T, int64_t H, int64_t D,
-                  float theta, int64_t pos_offset, int64_t row_stride) {
-  rope_apply(dt, y, x, B, T, H, D, theta, pos_offset, row_stride ? row_stride : H * D, +1.0);
+                  float theta, int64_t pos_offset, int64_t row_stride, const int32_t* positions) {
+  rope_apply(dt, y, x, B, T, H, D, theta, pos_offset, row_stride ? row_stride : H * D, positions, +1.0);
 }
 
 void rope_backward(StreamHandle, DType dt, void* dx, const void* dy, int64_t B, int64_t T, int64_t H, int64_t D,
-                   float theta, int64_t pos_offset, int64_t row_stride) {
-  rope_apply(dt, dx, dy, B, T, H, D, theta, pos_offset, row_stride ? row_stride : H * D, -1.0);
+                   float theta, int64_t pos_offset, int64_t row_stride, const int32_t* positions) {
+  rope_apply(dt, dx, dy, B, T, H, D, theta, pos_offset, row_stride ? row_stride : H * D, positions, -1.0);
 }
 
 }  // namespace zp::kernels::cpu

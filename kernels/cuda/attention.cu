@@ -14,9 +14,15 @@
 // tile of 32 queries and loops over keys for dQ. Both recompute p = exp(s - lse) and
 // delta_i = dout_i . out_i (cheap next to the tile products).
 //
+// Packed sequences (segments): a score is masked unless query and key share a segment id, and a whole
+// tile pair is skipped, uniformly across the block, when the min/max id ranges of its 32 queries and 32
+// keys do not overlap (every warp reduces the same 32 ids, so no shared memory or barrier is needed).
+// With sorted ids (the packing order) that skips every tile pair outside the block diagonal.
+//
 // These kernels are the general path (f32, any head dim up to 256, any strides). bf16 / f16 with a head
 // dim and strides the tensor-core kernels support go to kernels/cuda/flash_attention.cu instead.
 #include <algorithm>
+#include <climits>
 #include <type_traits>
 
 #include "kernels/attention.h"
@@ -41,11 +47,31 @@ struct Dims {
   int64_t qs, ks, vs, os;  // row strides in elements
   float scale;
   bool causal;
-  // Key j is visible to query i (both in range).
+  const int32_t* seg;  // [B, T] segment ids (Tq == Tk == T), or nullptr
+  // Key j passes the range and causal rules for query i (segments are checked by the caller).
   __device__ bool visible(int i, int j) const {
     return i < Tq && j < Tk && (!causal || j <= i + (Tk - Tq));
   }
+  // Segment id of token t < T of row b; 0 (never read) past the end.
+  __device__ int segment(int b, int t) const { return t < Tq ? seg[int64_t(b) * Tq + t] : 0; }
 };
+
+// Min and max segment id of a tile of 32 tokens, one per lane (`valid` false past the end: ignored);
+// every lane gets both. An empty tile gives lo > hi, which overlaps nothing.
+struct SegRange {
+  int lo, hi;
+};
+__device__ __forceinline__ SegRange warp_segment_range(int id, bool valid) {
+  int lo = valid ? id : INT_MAX, hi = valid ? id : INT_MIN;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+  }
+  return {lo, hi};
+}
+// Some id may be in both tiles (no overlap: none is, and the tiles see nothing of each other).
+__device__ __forceinline__ bool overlaps(SegRange a, SegRange b) { return a.lo <= b.hi && b.lo <= a.hi; }
 
 // Rows [row0, row0 + kTile) x D of a strided [T, H*D] tensor (head offset included in `base`) into
 // shared memory, zero-padded to DP columns and past T; `mul` is applied to every value.
@@ -113,8 +139,22 @@ __global__ void __launch_bounds__(kThreads)
     for (int r = 0; r < DR; ++r) acc[n][r] = 0.f;
   }
   const float* my_q = Qs + warp * kPerWarp * DP;
+  // Packed sequences: this warp's query ids and the id range of the block's query tile.
+  int qseg[kPerWarp];
+  SegRange q_range{0, 0};
+  if (p.seg) {
+#pragma unroll
+    for (int n = 0; n < kPerWarp; ++n) qseg[n] = p.segment(b, q0 + warp * kPerWarp + n);
+    q_range = warp_segment_range(p.segment(b, q0 + lane), q0 + lane < p.Tq);
+  }
 
   for (int j0 = 0; j0 < kv_end; j0 += kTile) {
+    int kseg = 0;  // segment of key j0 + lane
+    if (p.seg) {
+      kseg = p.segment(b, j0 + lane);
+      // The same answer in every warp, so the whole block skips before the barrier.
+      if (!overlaps(q_range, warp_segment_range(kseg, j0 + lane < p.Tk))) continue;
+    }
     __syncthreads();  // the previous tile is consumed
     load_tile<T, DP, true>(Kt, kb, p.ks, j0, p.Tk, p.D, 1.f);
     load_tile<T, DP, false>(Vs, vb, p.vs, j0, p.Tk, p.D, 1.f);
@@ -125,7 +165,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int n = 0; n < kPerWarp; ++n) {
       int i = q0 + warp * kPerWarp + n;
-      if (!p.visible(i, j0 + lane)) s[n] = -INFINITY;
+      if (!p.visible(i, j0 + lane) || (p.seg && qseg[n] != kseg)) s[n] = -INFINITY;
       float m_new = fmaxf(m[n], warp_max(s[n]));
       // m_new = -inf: nothing visible yet; keep everything at zero.
       float pj = m_new == -INFINITY ? 0.f : exp2f(s[n] - m_new);
@@ -212,8 +252,21 @@ __global__ void __launch_bounds__(kThreads)
   }
   const float* my_q = Qs + warp * kPerWarp * DP;
   const float* my_do = dOs + warp * kPerWarp * DP;
+  // Packed sequences, as in the forward.
+  int qseg[kPerWarp];
+  SegRange q_range{0, 0};
+  if (p.seg) {
+#pragma unroll
+    for (int n = 0; n < kPerWarp; ++n) qseg[n] = p.segment(b, q0 + warp * kPerWarp + n);
+    q_range = warp_segment_range(p.segment(b, q0 + lane), q0 + lane < p.Tq);
+  }
 
   for (int j0 = 0; j0 < kv_end; j0 += kTile) {
+    int kseg = 0;
+    if (p.seg) {
+      kseg = p.segment(b, j0 + lane);
+      if (!overlaps(q_range, warp_segment_range(kseg, j0 + lane < p.Tk))) continue;
+    }
     __syncthreads();
     load_tile<T, DP, true>(Kt, kb, p.ks, j0, p.Tk, p.D, 1.f);
     load_tile<T, DP, true>(Vt, vb, p.vs, j0, p.Tk, p.D, 1.f);
@@ -225,7 +278,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int n = 0; n < kPerWarp; ++n) {
       int i = q0 + warp * kPerWarp + n;
-      float pij = p.visible(i, j0 + lane) ? exp2f(s[n] - lse2[n]) : 0.f;
+      bool vis = p.visible(i, j0 + lane) && (!p.seg || qseg[n] == kseg);
+      float pij = vis ? exp2f(s[n] - lse2[n]) : 0.f;
       s[n] = pij * (dp[n] - delta[n]);  // ds
     }
 #pragma unroll 4
@@ -285,10 +339,23 @@ __global__ void __launch_bounds__(kThreads)
     for (int r = 0; r < DR; ++r) gk[n][r] = gv[n][r] = 0.f;
   const float* my_k = Ks + warp * kPerWarp * DP;
   const float* my_v = Vs + warp * kPerWarp * DP;
+  // Packed sequences: this warp's key ids and the id range of the block's key tile.
+  int kseg[kPerWarp];
+  SegRange k_range{0, 0};
+  if (p.seg) {
+#pragma unroll
+    for (int n = 0; n < kPerWarp; ++n) kseg[n] = p.segment(b, j0 + warp * kPerWarp + n);
+    k_range = warp_segment_range(p.segment(b, j0 + lane), j0 + lane < p.Tk);
+  }
 
   for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
     int64_t head_off = int64_t(h) * p.D;
     for (int i0 = i_begin; i0 < p.Tq; i0 += kTile) {
+      int qseg = 0;  // segment of query i0 + lane
+      if (p.seg) {
+        qseg = p.segment(b, i0 + lane);
+        if (!overlaps(k_range, warp_segment_range(qseg, i0 + lane < p.Tq))) continue;  // uniform, as above
+      }
       __syncthreads();
       load_tile<T, DP, true>(Qt, q + int64_t(b) * p.Tq * p.qs + head_off, p.qs, i0, p.Tq, p.D, 1.f);
       load_tile<T, DP, true>(dOt, dout + int64_t(b) * p.Tq * p.os + head_off, p.os, i0, p.Tq, p.D, 1.f);
@@ -310,7 +377,8 @@ __global__ void __launch_bounds__(kThreads)
       float lse_i = lse_s[lane], delta_i = delta_s[lane];
 #pragma unroll
       for (int n = 0; n < kPerWarp; ++n) {
-        float pij = p.visible(i0 + lane, j0 + warp * kPerWarp + n) ? exp2f(s[n] - lse_i) : 0.f;
+        bool vis = p.visible(i0 + lane, j0 + warp * kPerWarp + n) && (!p.seg || qseg == kseg[n]);
+        float pij = vis ? exp2f(s[n] - lse_i) : 0.f;
         s[n] = pij;
         dp[n] = pij * (dp[n] - delta_i);  // ds
       }
@@ -351,13 +419,14 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 Dims make_dims(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D, int64_t qs, int64_t ks,
-               int64_t vs, int64_t os, float scale, bool causal) {
+               int64_t vs, int64_t os, float scale, bool causal, const int32_t* segments) {
   ZP_CHECK(B >= 0 && Tq >= 0 && Tk >= 0 && Hq > 0 && Hkv > 0 && D > 0);
   ZP_CHECK(Hq % Hkv == 0, "Hq ", Hq, " is not a multiple of Hkv ", Hkv);
+  ZP_CHECK(!segments || Tq == Tk, "attention segments need Tq == Tk, got Tq ", Tq, " Tk ", Tk);
   ZP_CHECK(D <= kMaxDR * 32, "attention head dim ", D, " > ", kMaxDR * 32);
   ZP_CHECK(B <= 65535 && Hq <= 65535 && Tq < (int64_t(1) << 30) && Tk < (int64_t(1) << 30));
   Dims p{int(B), int(Tq), int(Tk), int(Hq), int(Hkv), int(D), int(Hq / Hkv),
-         qs ? qs : Hq * D, ks ? ks : Hkv * D, vs ? vs : Hkv * D, os ? os : Hq * D, scale, causal};
+         qs ? qs : Hq * D, ks ? ks : Hkv * D, vs ? vs : Hkv * D, os ? os : Hq * D, scale, causal, segments};
   ZP_CHECK(p.qs >= Hq * D && p.os >= Hq * D && p.ks >= Hkv * D && p.vs >= Hkv * D, "row stride too small");
   return p;
 }
@@ -441,12 +510,14 @@ void unpad_heads(StreamHandle s, DType dt, void* dst, const KernelScratch& src, 
 
 void attention_forward(StreamHandle s, DType dt, void* out, float* lse, const void* q, const void* k, const void* v,
                        int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D, int64_t q_stride,
-                       int64_t k_stride, int64_t v_stride, int64_t o_stride, float scale, bool causal) {
-  Dims p = make_dims(B, Tq, Tk, Hq, Hkv, D, q_stride, k_stride, v_stride, o_stride, scale, causal);
+                       int64_t k_stride, int64_t v_stride, int64_t o_stride, float scale, bool causal,
+                       const int32_t* segments) {
+  Dims p = make_dims(B, Tq, Tk, Hq, Hkv, D, q_stride, k_stride, v_stride, o_stride, scale, causal, segments);
   if (B == 0 || Tq == 0) return;
   // The flash kernels track the running max on unscaled scores, hence scale > 0.
   if (scale > 0.f && attention_uses_flash(dt, D, p.qs, p.ks, p.vs, p.os) && flash_attention_aligned({out, q, k, v})) {
-    flash_attention_forward(s, dt, out, lse, q, k, v, B, Tq, Tk, Hq, Hkv, D, p.qs, p.ks, p.vs, p.os, scale, causal);
+    flash_attention_forward(s, dt, out, lse, q, k, v, B, Tq, Tk, Hq, Hkv, D, p.qs, p.ks, p.vs, p.os, scale, causal,
+                            segments);
     return;
   }
   if (scale > 0.f && pads_to_flash(dt, D)) {
@@ -454,7 +525,7 @@ void attention_forward(StreamHandle s, DType dt, void* out, float* lse, const vo
     KernelScratch qp = padded_heads(s, dt, q, B * Tq, Hq, D, p.qs), kp = padded_heads(s, dt, k, B * Tk, Hkv, D, p.ks);
     KernelScratch vp = padded_heads(s, dt, v, B * Tk, Hkv, D, p.vs), op = padded_scratch(s, dt, B * Tq, Hq);
     flash_attention_forward(s, dt, op.get(), lse, qp.get(), kp.get(), vp.get(), B, Tq, Tk, Hq, Hkv, P, Hq * P,
-                            Hkv * P, Hkv * P, Hq * P, scale, causal);
+                            Hkv * P, Hkv * P, Hq * P, scale, causal, segments);
     unpad_heads(s, dt, out, op, B * Tq, Hq, D, p.os);
     return;
   }
@@ -475,13 +546,13 @@ void attention_forward(StreamHandle s, DType dt, void* out, float* lse, const vo
 void attention_backward(StreamHandle s, DType dt, void* dq, void* dk, void* dv, const void* dout, const void* q,
                         const void* k, const void* v, const void* out, const float* lse, int64_t B, int64_t Tq,
                         int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D, int64_t q_stride, int64_t k_stride,
-                        int64_t v_stride, int64_t o_stride, float scale, bool causal) {
-  Dims p = make_dims(B, Tq, Tk, Hq, Hkv, D, q_stride, k_stride, v_stride, o_stride, scale, causal);
+                        int64_t v_stride, int64_t o_stride, float scale, bool causal, const int32_t* segments) {
+  Dims p = make_dims(B, Tq, Tk, Hq, Hkv, D, q_stride, k_stride, v_stride, o_stride, scale, causal, segments);
   if (B == 0) return;
   if (scale > 0.f && attention_uses_flash(dt, D, p.qs, p.ks, p.vs, p.os) &&
       flash_attention_aligned({dq, dk, dv, dout, q, k, v, out})) {
     flash_attention_backward(s, dt, dq, dk, dv, dout, q, k, v, out, lse, B, Tq, Tk, Hq, Hkv, D, p.qs, p.ks, p.vs,
-                             p.os, scale, causal);
+                             p.os, scale, causal, segments);
     return;
   }
   if (scale > 0.f && Tq > 0 && pads_to_flash(dt, D)) {
@@ -493,7 +564,8 @@ void attention_backward(StreamHandle s, DType dt, void* dq, void* dk, void* dv, 
     KernelScratch dqp = padded_scratch(s, dt, B * Tq, Hq), dkp = padded_scratch(s, dt, B * Tk, Hkv);
     KernelScratch dvp = padded_scratch(s, dt, B * Tk, Hkv);
     flash_attention_backward(s, dt, dqp.get(), dkp.get(), dvp.get(), dop.get(), qp.get(), kp.get(), vp.get(),
-                             op.get(), lse, B, Tq, Tk, Hq, Hkv, P, Hq * P, Hkv * P, Hkv * P, Hq * P, scale, causal);
+                             op.get(), lse, B, Tq, Tk, Hq, Hkv, P, Hq * P, Hkv * P, Hkv * P, Hq * P, scale, causal,
+                             segments);
     unpad_heads(s, dt, dq, dqp, B * Tq, Hq, D, p.qs);
     unpad_heads(s, dt, dk, dkp, B * Tk, Hkv, D, p.ks);
     unpad_heads(s, dt, dv, dvp, B * Tk, Hkv, D, p.vs);

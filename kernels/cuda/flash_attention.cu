@@ -18,10 +18,17 @@
 // the main kernel owns 16 * kWarps keys of one (b, kv head), loops over every query tile of every
 // query head sharing that kv head (dK, dV stay in registers, no atomics) and adds its dQ contribution
 // with fp32 atomics; a last kernel scales dQ and converts it to the storage type.
+//
+// Packed sequences (segments) are a template flag, so the kernels without them are unchanged. With
+// them, a CTA walks only the streamed tiles whose segment-id range (min, max) overlaps that of its own
+// tile: a warp-wide min/max over the tile's ids, the same in every warp, so the choice is uniform and
+// the double buffering simply prefetches the next tile that qualifies. Inside a visited tile, scores
+// are masked elementwise unless both tiles hold one and the same id (the common interior case).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 
 #include "kernels/attention.h"
@@ -185,7 +192,34 @@ struct Shape {
   int64_t qs, ks, vs, os;  // row strides in elements
   float scale, scale_log2;
   bool causal;
+  const int32_t* seg;  // [B, T] segment ids (Tq == Tk == T), or nullptr
 };
+
+// Min and max segment id over tokens [t0, t0 + N) of one row (`ids` = its T ids; tokens at or past T
+// are ignored), reduced over the warp so every lane gets both. An empty range gives lo > hi.
+struct SegRange {
+  int lo, hi;
+  __device__ bool overlaps(const SegRange& o) const { return lo <= o.hi && o.lo <= hi; }
+  // Every token of both ranges has one and the same id: no elementwise segment mask is needed.
+  __device__ bool same_single(const SegRange& o) const { return lo == hi && o.lo == o.hi && lo == o.lo; }
+};
+template <int N>
+__device__ __forceinline__ SegRange warp_segment_range(const int32_t* ids, int t0, int T, int lane) {
+  int lo = INT_MAX, hi = INT_MIN;
+#pragma unroll
+  for (int r = lane; r < N; r += 32)
+    if (t0 + r < T) {
+      const int id = ids[t0 + r];
+      lo = min(lo, id);
+      hi = max(hi, id);
+    }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+  }
+  return {lo, hi};
+}
 
 // ---------------------------------------------------------------------------------------------
 // Forward
@@ -209,7 +243,7 @@ template <> struct FwdTileFor<128> { using type = FwdTile<128, 4, 2, 32, 2, fals
 
 // Grid (B * Hq, query tiles), the query tile reversed along y so that, under causal masking, the
 // longest tiles are scheduled first and the short ones fill the tail.
-template <class T, class Tile>
+template <class T, class Tile, bool SEG>
 __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
     flash_forward_kernel(T* out, float* lse, const T* q, const T* k, const T* v, Shape p) {
   constexpr int D = Tile::D, kRT = Tile::kRowTiles;
@@ -232,11 +266,39 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
 
   const int n_end = p.causal ? min(p.Tk, min(q0 + kBlockM, p.Tq) + off) : p.Tk;
   const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+  const int warp_row0 = q0 + warp * kWarpRows;  // row tile mt: rows warp_row0 + 16 mt + g (+ 8)
 
+  // Packed sequences: the id ranges of the CTA's and of this warp's query rows, this thread's row ids,
+  // and the first key tile (from nb on) whose range overlaps the CTA's, with its range in k_range.
+  const int32_t* seg_b = SEG ? p.seg + int64_t(b) * p.Tq : nullptr;
+  SegRange cta_range{0, 0}, warp_range{0, 0}, k_range{0, 0};
+  int row_seg[kRT][2];
+  if constexpr (SEG) {
+    cta_range = warp_segment_range<kBlockM>(seg_b, q0, p.Tq, lane);
+    warp_range = warp_segment_range<kWarpRows>(seg_b, warp_row0, p.Tq, lane);
+#pragma unroll
+    for (int mt = 0; mt < kRT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = warp_row0 + mt * 16 + g + 8 * r;
+        row_seg[mt][r] = row < p.Tq ? seg_b[row] : 0;  // rows past Tq are never written
+      }
+  }
+  auto next_block = [&](int nb) {
+    if constexpr (SEG) {
+      for (; nb < n_blocks; ++nb) {
+        k_range = warp_segment_range<kBlockN>(seg_b, nb * kBlockN, p.Tk, lane);
+        if (k_range.overlaps(cta_range)) break;
+      }
+    }
+    return nb;
+  };
+
+  int nb = next_block(0);
   load_rows_async<T, D, kBlockM, kThreads>(Qs, qb, p.qs, q0, p.Tq);
-  if (n_blocks > 0) {
-    load_rows_async<T, D, kBlockN, kThreads>(Ks, kb, p.ks, 0, p.Tk);
-    load_rows_async<T, D, kBlockN, kThreads>(Vs, vb, p.vs, 0, p.Tk);
+  if (nb < n_blocks) {
+    load_rows_async<T, D, kBlockN, kThreads>(Ks, kb, p.ks, nb * kBlockN, p.Tk);
+    load_rows_async<T, D, kBlockN, kThreads>(Vs, vb, p.vs, nb * kBlockN, p.Tk);
   }
   cp_async_commit();
 
@@ -249,17 +311,20 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
 #pragma unroll
   for (int mt = 0; mt < kRT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
   uint32_t qf[kRT][Tile::kQInRegs ? kKT : 1][4];
-  const int warp_row0 = q0 + warp * kWarpRows;  // row tile mt: rows warp_row0 + 16 mt + g (+ 8)
   const T* q_warp = Qs + warp * kWarpRows * kPitch;
 
-  for (int nb = 0; nb < n_blocks; ++nb) {
-    const int buf = nb & 1, j0 = nb * kBlockN;
-    next_tile_async(nb + 1 < n_blocks, [&] {
-      load_rows_async<T, D, kBlockN, kThreads>(Ks + (buf ^ 1) * kBlockN * kPitch, kb, p.ks, j0 + kBlockN, p.Tk);
-      load_rows_async<T, D, kBlockN, kThreads>(Vs + (buf ^ 1) * kBlockN * kPitch, vb, p.vs, j0 + kBlockN, p.Tk);
+  // it counts visited tiles (it = nb without segments).
+  for (int it = 0; nb < n_blocks; ++it) {
+    const int buf = it & 1, j0 = nb * kBlockN;
+    const SegRange tile_range = k_range;
+    const int nb_next = next_block(nb + 1);
+    next_tile_async(nb_next < n_blocks, [&] {
+      load_rows_async<T, D, kBlockN, kThreads>(Ks + (buf ^ 1) * kBlockN * kPitch, kb, p.ks, nb_next * kBlockN, p.Tk);
+      load_rows_async<T, D, kBlockN, kThreads>(Vs + (buf ^ 1) * kBlockN * kPitch, vb, p.vs, nb_next * kBlockN, p.Tk);
     });
+    nb = nb_next;
     if constexpr (Tile::kQInRegs) {
-      if (nb == 0) {
+      if (it == 0) {
 #pragma unroll
         for (int mt = 0; mt < kRT; ++mt)
 #pragma unroll
@@ -267,8 +332,15 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
             ldsm_x4(qf[mt][kk], q_warp + (mt * 16 + lo.a_row) * kPitch + kk * 16 + lo.a_col);
       }
     }
-    // A warp whose rows all lie above the tile's first key has nothing to add (exactly: p = 0, alpha = 1).
-    if (!p.causal || j0 <= warp_row0 + kWarpRows - 1 + off) {
+    // A warp whose rows all lie above the tile's first key, or (segments) share no id with it, has nothing
+    // to add (exactly: p = 0, alpha = 1).
+    bool warp_sees_tile = !p.causal || j0 <= warp_row0 + kWarpRows - 1 + off;
+    bool seg_mask = false;  // some score of this warp and tile needs the elementwise segment mask
+    if constexpr (SEG) {
+      warp_sees_tile = warp_sees_tile && warp_range.overlaps(tile_range);
+      seg_mask = !warp_range.same_single(tile_range);
+    }
+    if (warp_sees_tile) {
       const T* Kb = Ks + buf * kBlockN * kPitch;
       const T* Vb = Vs + buf * kBlockN * kPitch;
 
@@ -302,8 +374,9 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
         }
       }
 
-      // Mask keys past Tk and (causal) above the diagonal; only tiles that touch either need it.
-      if (j0 + kBlockN > p.Tk || (p.causal && j0 + kBlockN - 1 > warp_row0 + off)) {
+      // Mask keys past Tk, (causal) above the diagonal and (segments) of another segment; only tiles that
+      // touch one of those need it.
+      if (j0 + kBlockN > p.Tk || (p.causal && j0 + kBlockN - 1 > warp_row0 + off) || seg_mask) {
 #pragma unroll
         for (int mt = 0; mt < kRT; ++mt)
 #pragma unroll
@@ -311,7 +384,9 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               int col = j0 + nt * 8 + 2 * t + (e & 1), row = warp_row0 + mt * 16 + g + (e >> 1) * 8;
-              if (col >= p.Tk || (p.causal && col > row + off)) s[mt][nt][e] = -INFINITY;
+              bool masked = col >= p.Tk || (p.causal && col > row + off);
+              if constexpr (SEG) masked = masked || (seg_mask && seg_b[col] != row_seg[mt][e >> 1]);
+              if (masked) s[mt][nt][e] = -INFINITY;
             }
       }
 
@@ -460,7 +535,7 @@ __global__ void flash_backward_prep_kernel(float* delta, float* lse2, float* dq_
 
 // Grid (B * Hkv, key tiles): under causal masking the first key tiles see the most queries, and y-major
 // scheduling starts them first.
-template <class T, class Tile>
+template <class T, class Tile, bool SEG>
 __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
     flash_backward_kernel(T* dk, T* dv, float* dq_acc, const T* dout, const T* q, const T* k, const T* v,
                           const float* lse2, const float* delta, Shape p, int Tq_pad) {
@@ -505,7 +580,31 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
       cp_async_16(delta_s + buf * kBlockM + (threadIdx.x - kBlockM / 4) * 4,
                   delta + row + (threadIdx.x - kBlockM / 4) * 4, true);
   };
-  if (n_iters > 0) load_query_tile(0, 0);
+  // Packed sequences: the id range of the CTA's keys, this thread's two key ids, and the first query tile
+  // (from iteration it on) whose range overlaps the keys', with its range in q_range.
+  const int32_t* seg_b = SEG ? p.seg + int64_t(b) * p.Tq : nullptr;
+  SegRange key_range{0, 0}, q_range{0, 0};
+  int key_seg[2];
+  if constexpr (SEG) {
+    key_range = warp_segment_range<kBlockN>(seg_b, j0, p.Tk, lane);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = j0 + warp * 16 + g + 8 * r;
+      key_seg[r] = key < p.Tk ? seg_b[key] : 0;  // keys past Tk are masked anyway
+    }
+  }
+  auto next_iter = [&](int it) {
+    if constexpr (SEG) {
+      for (; it < n_iters; ++it) {
+        q_range = warp_segment_range<kBlockM>(seg_b, m_begin + (it % m_tiles) * kBlockM, p.Tq, lane);
+        if (q_range.overlaps(key_range)) break;
+      }
+    }
+    return it;
+  };
+
+  int it = next_iter(0);
+  if (it < n_iters) load_query_tile(it, 0);
   cp_async_commit();
 
   float dk_acc[kDT][4], dv_acc[kDT][4];
@@ -518,12 +617,17 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
   const int key_base = j0 + key_row0 + g;         // this thread's keys: key_base and key_base + 8
   const int mq = warp % kRowTiles, cg = warp / kRowTiles;  // this warp's dQ block
 
-  for (int it = 0; it < n_iters; ++it) {
-    const int buf = it & 1;
+  // step counts visited query tiles (step = it without segments).
+  for (int step = 0; it < n_iters; ++step) {
+    const int buf = step & 1;
     const int h = hk * p.group + it / m_tiles, i0 = m_begin + (it % m_tiles) * kBlockM;
-    next_tile_async(it + 1 < n_iters, [&] { load_query_tile(it + 1, buf ^ 1); });
+    // Some score of this tile needs the elementwise segment mask.
+    const bool seg_mask = SEG && !key_range.same_single(q_range);
+    const int it_next = next_iter(it + 1);
+    next_tile_async(it_next < n_iters, [&] { load_query_tile(it_next, buf ^ 1); });
+    it = it_next;
     if constexpr (Tile::kKVInRegs) {
-      if (it == 0) {
+      if (step == 0) {
 #pragma unroll
         for (int kk = 0; kk < kKT; ++kk) {
           ldsm_x4(kf[kk], Ks + (key_row0 + lo.a_row) * kPitch + kk * 16 + lo.a_col);
@@ -568,7 +672,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
     }
 
     // P^T = exp(scale S^T - lse) and dS^T = P^T * (dP^T - delta), in place.
-    const bool edge = j0 + kBlockN > p.Tk || (p.causal && j0 + kBlockN - 1 > i0 + off);
+    const bool edge = j0 + kBlockN > p.Tk || (p.causal && j0 + kBlockN - 1 > i0 + off) || seg_mask;
 #pragma unroll
     for (int nt = 0; nt < kMT; ++nt)
 #pragma unroll
@@ -577,7 +681,11 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
         float pr = fast_exp2(fmaf(st[nt][e], p.scale_log2, -lse_b[qi]));
         if (edge) {
           const int key = key_base + (e >> 1) * 8;
-          if (key >= p.Tk || (p.causal && key > i0 + qi + off)) pr = 0.f;
+          bool masked = key >= p.Tk || (p.causal && key > i0 + qi + off);
+          // Query rows past Tq already have p = 0 (lse2 = +inf), and their ids are not there to read.
+          if constexpr (SEG)
+            masked = masked || (seg_mask && i0 + qi < p.Tq && seg_b[i0 + qi] != key_seg[e >> 1]);
+          if (masked) pr = 0.f;
         }
         st[nt][e] = pr;
         dpt[nt][e] = pr * (dpt[nt][e] - delta_b[qi]);
@@ -707,8 +815,10 @@ __global__ void flash_dq_convert_kernel(T* dq, const float* dq_acc, Shape p, int
 // Host side
 
 Shape make_shape(int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t qs, int64_t ks, int64_t vs, int64_t os,
-                 float scale, bool causal) {
-  return Shape{int(Tq), int(Tk), int(Hq), int(Hkv), int(Hq / Hkv), qs, ks, vs, os, scale, scale * kLog2e, causal};
+                 float scale, bool causal, const int32_t* segments) {
+  ZP_CHECK(!segments || Tq == Tk, "attention segments need Tq == Tk, got Tq ", Tq, " Tk ", Tk);
+  return Shape{int(Tq), int(Tk), int(Hq), int(Hkv), int(Hq / Hkv), qs, ks, vs, os, scale, scale * kLog2e, causal,
+               segments};
 }
 
 // Calls fn(std::integral_constant<int, D>) for a supported head dim.
@@ -744,10 +854,10 @@ bool device_is_ampere_or_newer() {
 }
 
 
-template <class T, class Tile>
+template <class T, class Tile, bool SEG>
 void launch_forward(StreamHandle s, void* out, float* lse, const void* q, const void* k, const void* v, int64_t B,
                     int64_t Tq, int64_t Hq, const Shape& p) {
-  auto kernel = flash_forward_kernel<T, Tile>;
+  auto kernel = flash_forward_kernel<T, Tile, SEG>;
   constexpr size_t bytes = Tile::smem_bytes();
   allow_dynamic_smem(kernel, bytes, "flash attention forward");
   dim3 grid(unsigned(B * Hq), ceil_div(Tq, Tile::kBlockM));
@@ -757,11 +867,11 @@ void launch_forward(StreamHandle s, void* out, float* lse, const void* q, const 
   ZP_CUDA_LAUNCH_CHECK();
 }
 
-template <class T, class Tile>
+template <class T, class Tile, bool SEG>
 void launch_backward(StreamHandle s, void* dk, void* dv, float* dq_acc, const void* dout, const void* q,
                      const void* k, const void* v, const float* lse2, const float* delta, int64_t B, int64_t Tk,
                      int64_t Hkv, const Shape& p, int64_t Tq_pad) {
-  auto kernel = flash_backward_kernel<T, Tile>;
+  auto kernel = flash_backward_kernel<T, Tile, SEG>;
   constexpr size_t bytes = Tile::smem_bytes();
   allow_dynamic_smem(kernel, bytes, "flash attention backward");
   dim3 grid(unsigned(B * Hkv), ceil_div(Tk, 16 * Tile::kWarps));
@@ -793,14 +903,15 @@ bool flash_attention_aligned(std::initializer_list<const void*> ptrs) {
 void flash_attention_forward(StreamHandle s, DType dt, void* out, float* lse, const void* q, const void* k,
                              const void* v, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D,
                              int64_t q_stride, int64_t k_stride, int64_t v_stride, int64_t o_stride, float scale,
-                             bool causal) {
+                             bool causal, const int32_t* segments) {
   if (B == 0 || Tq == 0) return;
-  Shape p = make_shape(Tq, Tk, Hq, Hkv, q_stride, k_stride, v_stride, o_stride, scale, causal);
+  Shape p = make_shape(Tq, Tk, Hq, Hkv, q_stride, k_stride, v_stride, o_stride, scale, causal, segments);
   dispatch_half(dt, [&](auto tag) {
     using T = decltype(tag);
     dispatch_head_dim(D, [&](auto dtag) {
-      constexpr int kD = decltype(dtag)::value;
-      launch_forward<T, typename FwdTileFor<kD>::type>(s, out, lse, q, k, v, B, Tq, Hq, p);
+      using Tile = typename FwdTileFor<decltype(dtag)::value>::type;
+      if (segments) launch_forward<T, Tile, true>(s, out, lse, q, k, v, B, Tq, Hq, p);
+      else launch_forward<T, Tile, false>(s, out, lse, q, k, v, B, Tq, Hq, p);
     });
   });
 }
@@ -809,9 +920,9 @@ void flash_attention_backward(StreamHandle s, DType dt, void* dq, void* dk, void
                               const void* q, const void* k, const void* v, const void* out, const float* lse,
                               int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D,
                               int64_t q_stride, int64_t k_stride, int64_t v_stride, int64_t o_stride, float scale,
-                              bool causal) {
+                              bool causal, const int32_t* segments) {
   if (B == 0) return;
-  Shape p = make_shape(Tq, Tk, Hq, Hkv, q_stride, k_stride, v_stride, o_stride, scale, causal);
+  Shape p = make_shape(Tq, Tk, Hq, Hkv, q_stride, k_stride, v_stride, o_stride, scale, causal, segments);
   const int64_t Tq_pad = (Tq + kRowPad - 1) / kRowPad * kRowPad;
   const int64_t pad_rows = B * Hq * Tq_pad;
   // Scratch: delta and lse2 [B, Hq, Tq_pad], then the fp32 dQ accumulator [B, Hq, Tq, D].
@@ -833,9 +944,11 @@ void flash_attention_backward(StreamHandle s, DType dt, void* dq, void* dk, void
     }
     if (Tk > 0) {
       dispatch_head_dim(D, [&](auto dtag) {
-        constexpr int kD = decltype(dtag)::value;
-        launch_backward<T, typename BwdTileFor<kD>::type>(s, dk, dv, dq_acc, dout, q, k, v, lse2, delta, B, Tk,
-                                                          Hkv, p, Tq_pad);
+        using Tile = typename BwdTileFor<decltype(dtag)::value>::type;
+        if (segments)
+          launch_backward<T, Tile, true>(s, dk, dv, dq_acc, dout, q, k, v, lse2, delta, B, Tk, Hkv, p, Tq_pad);
+        else
+          launch_backward<T, Tile, false>(s, dk, dv, dq_acc, dout, q, k, v, lse2, delta, B, Tk, Hkv, p, Tq_pad);
       });
     }
     const int64_t chunks = B * Hq * Tq * (D / 8);

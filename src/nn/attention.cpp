@@ -7,7 +7,7 @@ namespace zp::nn {
 using namespace zp::kernels;
 
 void SelfAttention::forward(const Ctx& c, void* y, const void* x, int64_t B, int64_t T, Saved& saved,
-                            const void* residual) const {
+                            const void* residual, const TokenLayout& tokens) const {
   const int64_t N = B * T, W = sh_.qkv_width(), Hq = sh_.Hq, Hkv = sh_.Hkv, D = sh_.D;
   saved.qkv = c.saved({N, W});
   saved.att = c.saved({N, Hq * D});
@@ -17,15 +17,16 @@ void SelfAttention::forward(const Ctx& c, void* y, const void* x, int64_t B, int
   const size_t esz = dtype_size(c.dt);
   // The q and k heads are adjacent in each row: one rotation covers both.
   if (sh_.rope)
-    ZP_KERNEL_CALL(c.dev, rope_forward, c.s, c.dt, base, base, B, T, Hq + Hkv, D, sh_.rope_theta, 0, W);
+    ZP_KERNEL_CALL(c.dev, rope_forward, c.s, c.dt, base, base, B, T, Hq + Hkv, D, sh_.rope_theta, 0, W,
+                   tokens.positions);
   ZP_KERNEL_CALL(c.dev, attention_forward, c.s, c.dt, saved.att.data(), saved.lse.data<float>(), base,
                  base + size_t(Hq * D) * esz, base + size_t((Hq + Hkv) * D) * esz, B, T, T, Hq, Hkv, D, W, W, W,
-                 Hq * D, attention_default_scale(D), sh_.causal);
+                 Hq * D, attention_default_scale(D), sh_.causal, tokens.segments);
   out_.forward(c, y, saved.att.data(), N, 0, residual);
 }
 
 void SelfAttention::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t B, int64_t T,
-                             const Saved& saved, bool accumulate_dx) const {
+                             const Saved& saved, bool accumulate_dx, const TokenLayout& tokens) const {
   const int64_t N = B * T, W = sh_.qkv_width(), Hq = sh_.Hq, Hkv = sh_.Hkv, D = sh_.D;
   Tensor datt = c.act({N, Hq * D});
   out_.backward(c, datt.data(), dy, saved.att.data(), N);
@@ -35,9 +36,10 @@ void SelfAttention::backward(const Ctx& c, void* dx, const void* dy, const void*
   const size_t esz = dtype_size(c.dt), ko = size_t(Hq * D) * esz, vo = size_t((Hq + Hkv) * D) * esz;
   ZP_KERNEL_CALL(c.dev, attention_backward, c.s, c.dt, dbase, dbase + ko, dbase + vo, datt.data(), base, base + ko,
                  base + vo, saved.att.data(), saved.lse.data<float>(), B, T, T, Hq, Hkv, D, W, W, W, Hq * D,
-                 attention_default_scale(D), sh_.causal);
+                 attention_default_scale(D), sh_.causal, tokens.segments);
   if (sh_.rope)
-    ZP_KERNEL_CALL(c.dev, rope_backward, c.s, c.dt, dbase, dbase, B, T, Hq + Hkv, D, sh_.rope_theta, 0, W);
+    ZP_KERNEL_CALL(c.dev, rope_backward, c.s, c.dt, dbase, dbase, B, T, Hq + Hkv, D, sh_.rope_theta, 0, W,
+                   tokens.positions);
   qkv_.backward(c, dx, dqkv.data(), x, N, accumulate_dx);
 }
 

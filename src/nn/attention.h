@@ -10,6 +10,15 @@
 
 namespace zp::nn {
 
+// Several sequences packed into each row of T tokens (instruction fine-tuning): device int32 [B, T]
+// arrays, on the device the activations live on. segments: a token attends only to tokens of its own
+// segment id (kernels/attention.h). positions: RoPE positions, restarting at 0 in each segment
+// (kernels/rope.h). Either may be nullptr: one sequence per row, positions 0..T-1.
+struct TokenLayout {
+  const int32_t* segments = nullptr;
+  const int32_t* positions = nullptr;
+};
+
 struct AttentionShape {
   int64_t Hq = 1, Hkv = 1, D = 1;
   bool rope = false;
@@ -28,12 +37,12 @@ class SelfAttention {
   SelfAttention() = default;
   SelfAttention(Linear qkv, Linear out, AttentionShape shape) : qkv_(qkv), out_(out), sh_(shape) {}
   // y[N, C] = attention(x[N, C]) (+ residual[N, C], added by the output projection's GEMM) for
-  // N = B * T tokens.
+  // N = B * T tokens. `tokens` must be the same in the backward.
   void forward(const Ctx& c, void* y, const void* x, int64_t B, int64_t T, Saved& saved,
-               const void* residual = nullptr) const;
+               const void* residual = nullptr, const TokenLayout& tokens = {}) const;
   // dx = (or += with accumulate_dx) the input gradient; parameter gradients accumulate.
   void backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t B, int64_t T, const Saved& saved,
-                bool accumulate_dx) const;
+                bool accumulate_dx, const TokenLayout& tokens = {}) const;
 
  private:
   Linear qkv_, out_;
