@@ -18,12 +18,16 @@ void check_sizes(const int32_t* ids, int64_t N, int64_t C, int64_t V, bool posit
 }  // namespace
 
 void embedding_forward(StreamHandle, DType dt, void* y, const int32_t* ids, const void* table, int64_t N,
-                       int64_t C, int64_t V, const void* pos_table, int64_t T, int64_t pos_offset) {
+                       int64_t C, int64_t V, const void* pos_table, int64_t T, int64_t pos_offset,
+                       const int32_t* positions) {
   check_sizes(ids, N, C, V, pos_table != nullptr, T, pos_offset);
+  if (positions)
+    for (int64_t r = 0; r < N; ++r) ZP_CHECK(positions[r] >= 0, "position ", positions[r], " at row ", r);
   ZP_DISPATCH_FLOAT(dt, E, [&] {
     for (int64_t r = 0; r < N; ++r) {
       const E* tok = static_cast<const E*>(table) + ids[r] * C;
-      const E* pos = pos_table ? static_cast<const E*>(pos_table) + (pos_offset + r % T) * C : nullptr;
+      const int64_t at = positions ? positions[r] : pos_offset + r % T;
+      const E* pos = pos_table ? static_cast<const E*>(pos_table) + at * C : nullptr;
       E* out = static_cast<E*>(y) + r * C;
       for (int64_t c = 0; c < C; ++c) out[c] = E(double(tok[c]) + (pos ? double(pos[c]) : 0.0));
     }
@@ -31,7 +35,8 @@ void embedding_forward(StreamHandle, DType dt, void* y, const int32_t* ids, cons
 }
 
 void embedding_backward(StreamHandle, DType dt, float* dtable, float* dpos_table, const void* dy,
-                        const int32_t* ids, int64_t N, int64_t C, int64_t V, int64_t T, int64_t pos_offset) {
+                        const int32_t* ids, int64_t N, int64_t C, int64_t V, int64_t T, int64_t pos_offset,
+                        const int32_t* positions) {
   check_sizes(ids, N, C, V, dpos_table != nullptr, T, pos_offset);
   ZP_DISPATCH_FLOAT(dt, E, [&] {
     // Visit the rows grouped by token, so each table row's gradient is summed in double and added
@@ -51,6 +56,13 @@ void embedding_backward(StreamHandle, DType dt, float* dtable, float* dpos_table
       for (int64_t c = 0; c < C; ++c) d[c] = float(double(d[c]) + acc[size_t(c)]);
     }
     if (!dpos_table) return;
+    if (positions) {  // rows in order: each position's sum is deterministic
+      for (int64_t r = 0; r < N; ++r) {
+        float* dp = dpos_table + int64_t(positions[r]) * C;
+        for (int64_t c = 0; c < C; ++c) dp[c] = float(double(dp[c]) + double(static_cast<const E*>(dy)[r * C + c]));
+      }
+      return;
+    }
     for (int64_t t = 0; t < T && t < N; ++t) {
       float* dp = dpos_table + (pos_offset + t) * C;
       for (int64_t c = 0; c < C; ++c) {

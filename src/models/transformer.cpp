@@ -375,46 +375,46 @@ void Transformer::load_block(const io::WeightSource& files, ParamBlock& b) {
 }
 
 void Transformer::layer_forward(const Ctx& c, const Layer& l, const Tensor& x_in, Tensor& x_out, LayerSaved& sv,
-                                int64_t B, int64_t T) {
+                                int64_t B, int64_t T, const nn::TokenLayout& tokens) {
   const int64_t N = B * T, C = cfg_.hidden;
   sv.a1 = c.saved({N, C});
   l.ln1.forward(c, sv.a1.data(), x_in.data(), N, sv.n1);
   // Both residual adds happen in the output projections' GEMMs.
   sv.x_mid = c.saved({N, C});
-  l.attn.forward(c, sv.x_mid.data(), sv.a1.data(), B, T, sv.attn, x_in.data());
+  l.attn.forward(c, sv.x_mid.data(), sv.a1.data(), B, T, sv.attn, x_in.data(), tokens);
   sv.a2 = c.saved({N, C});
   l.ln2.forward(c, sv.a2.data(), sv.x_mid.data(), N, sv.n2);
   l.mlp.forward(c, x_out.data(), sv.a2.data(), N, sv.mlp, sv.x_mid.data());
 }
 
 void Transformer::layer_backward(const Ctx& c, const Layer& l, const Tensor& x_in, Tensor& dres, LayerSaved& sv,
-                                 int64_t B, int64_t T) {
+                                 int64_t B, int64_t T, const nn::TokenLayout& tokens) {
   const int64_t N = B * T, C = cfg_.hidden;
   Tensor da = c.act({N, C});
   // dres holds d(x_out); each branch's input gradient is added into it on the way down.
   l.mlp.backward(c, da.data(), dres.data(), sv.a2.data(), N, sv.mlp, false);
   l.ln2.backward(c, dres.data(), da.data(), sv.x_mid.data(), N, sv.n2, true);
-  l.attn.backward(c, da.data(), dres.data(), sv.a1.data(), B, T, sv.attn, false);
+  l.attn.backward(c, da.data(), dres.data(), sv.a1.data(), B, T, sv.attn, false, tokens);
   l.ln1.backward(c, dres.data(), da.data(), x_in.data(), N, sv.n1, true);
 }
 
 void Transformer::forward(const int32_t* ids, int64_t B, int64_t T, TransformerActivations& a, ForwardMode mode,
-                          nn::DropoutDraw dropout) {
+                          nn::DropoutDraw dropout, nn::TokenLayout tokens) {
   ZP_CHECK(span_.embedding, "forward from token ids on a pipeline stage without the embedding (forward_hidden)");
-  forward_from(ids, Tensor(), B, T, a, mode, dropout);
+  forward_from(ids, Tensor(), B, T, a, mode, dropout, tokens);
 }
 
 void Transformer::forward_hidden(Tensor hidden_in, int64_t B, int64_t T, TransformerActivations& a,
-                                 ForwardMode mode, nn::DropoutDraw dropout) {
+                                 ForwardMode mode, nn::DropoutDraw dropout, nn::TokenLayout tokens) {
   ZP_CHECK(!span_.embedding, "forward_hidden on the stage with the embedding (forward from token ids)");
   ZP_CHECK(hidden_in.defined() && hidden_in.shape() == Shape({B * T, cfg_.hidden}) && hidden_in.dtype() == ctx_.dt,
            "forward_hidden: the input must be ", dtype_name(ctx_.dt), "[", B * T, ", ", cfg_.hidden, "], got ",
            hidden_in.defined() ? hidden_in.str() : std::string("none"));
-  forward_from(nullptr, std::move(hidden_in), B, T, a, mode, dropout);
+  forward_from(nullptr, std::move(hidden_in), B, T, a, mode, dropout, tokens);
 }
 
 void Transformer::forward_from(const int32_t* ids, Tensor x_in, int64_t B, int64_t T, TransformerActivations& a,
-                               ForwardMode mode, nn::DropoutDraw dropout) {
+                               ForwardMode mode, nn::DropoutDraw dropout, nn::TokenLayout tokens) {
   const int64_t N = B * T, C = cfg_.hidden, V = cfg_.vocab;
   ZP_REQUIRE(T <= cfg_.max_positions || !cfg_.learned_positions, "sequence length ", T, " exceeds the model's ",
              cfg_.max_positions, " positions");
@@ -429,6 +429,7 @@ void Transformer::forward_from(const int32_t* ids, Tensor x_in, int64_t B, int64
   const Ctx& layer_ctx = mode == ForwardMode::Train ? kept : transient;  // inside a layer
   a.mode_ = mode;
   a.dropout_ = kept.dropout;
+  a.tokens_ = tokens;
   a.B_ = B;
   a.T_ = T;
   a.ids_ = ids;
@@ -443,7 +444,7 @@ void Transformer::forward_from(const int32_t* ids, Tensor x_in, int64_t B, int64
     if (tied_here_ && access_) access_->acquire_params(*embed_);
     ParamsInUse use(access_, *embed_);
     ZP_KERNEL_CALL(ctx_.dev, embedding_forward, ctx_.s, ctx_.dt, x.data(), ids, wte_->v(), N, C, V,
-                   wpe_ ? wpe_->v() : nullptr, T, 0);
+                   wpe_ ? wpe_->v() : nullptr, T, 0, tokens.positions);
   }
   for (const Layer& l : layers_) {
     Tensor y = streams.saved({N, C});
@@ -452,7 +453,7 @@ void Transformer::forward_from(const int32_t* ids, Tensor x_in, int64_t B, int64
       ParamsInUse use(access_, *l.block);
       std::optional<ParamsInUse> adapters;
       if (l.adapters) adapters.emplace(access_, *l.adapters);
-      layer_forward(layer_ctx, l, x, y, sv, B, T);
+      layer_forward(layer_ctx, l, x, y, sv, B, T, tokens);
     }
     // Checkpointing and inference drop sv here; the backward re-runs the layer from its input.
     if (mode == ForwardMode::Train) a.layers_.push_back(std::move(sv));
@@ -539,9 +540,9 @@ Tensor Transformer::backward(TransformerActivations& a, Tensor dout) {
       Ctx working = c;  // the re-run's activations are working memory of this backward
       working.saves = false;
       Tensor out = c.act({N, C});
-      layer_forward(working, layers_[i], a.residual_[i], out, sv, B, T);
+      layer_forward(working, layers_[i], a.residual_[i], out, sv, B, T, a.tokens_);
     }
-    layer_backward(c, layers_[i], a.residual_[i], dres, sv, B, T);
+    layer_backward(c, layers_[i], a.residual_[i], dres, sv, B, T, a.tokens_);
     sv = LayerSaved();
     a.residual_[i + 1] = Tensor();
   }
@@ -552,7 +553,7 @@ Tensor Transformer::backward(TransformerActivations& a, Tensor dout) {
   if (!embed_->frozen()) {
     GradsInUse grads(access_, *embed_);
     ZP_KERNEL_CALL(c.dev, embedding_backward, c.s, c.dt, wte_->g(), wpe_ ? wpe_->g() : nullptr, dres.data(), a.ids_,
-                   N, C, V, T, 0);
+                   N, C, V, T, 0, a.tokens_.positions);
   }
   if (tied_here_ && embed_grads) access_->release_grads(*embed_);
   a = TransformerActivations();

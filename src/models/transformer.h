@@ -128,6 +128,7 @@ class TransformerActivations {
   ForwardMode mode_ = ForwardMode::Inference;
   bool awaiting_backward_ = false;
   nn::DropoutDraw dropout_;  // the forward's, for its backward
+  nn::TokenLayout tokens_;   // the caller's
   int64_t B_ = 0, T_ = 0;
   const int32_t* ids_ = nullptr;  // the caller's; the embedding's backward reads them again
   std::vector<Tensor> residual_;  // training: L+1 residual streams [N, C], the layer inputs and the final output
@@ -184,13 +185,15 @@ class Transformer {
   // the logits and what `mode` keeps for the backward; the ids are read again by the backward, so
   // they must live until then. Nothing is synchronised.
   // dropout: where a training forward's dropout masks come from (LoRA's dropout; nn/context.h); the
-  // backward reuses it.
+  // backward reuses it. tokens: packed sequences (instruction data, issue 14): device int32 [B*T]
+  // segment ids (attention stays within a segment) and positions (RoPE's, or GPT-2's learned ones),
+  // read again by the backward, so they must live until then like the ids.
   void forward(const int32_t* ids, int64_t B, int64_t T, TransformerActivations& acts,
-               ForwardMode mode = ForwardMode::Train, nn::DropoutDraw dropout = {});
+               ForwardMode mode = ForwardMode::Train, nn::DropoutDraw dropout = {}, nn::TokenLayout tokens = {});
   // A stage without the embedding: its input is the previous stage's `hidden` [B*T, C] (kept, and
   // read again by the backward, so it must not change until then).
   void forward_hidden(Tensor hidden_in, int64_t B, int64_t T, TransformerActivations& acts,
-                      ForwardMode mode = ForwardMode::Train, nn::DropoutDraw dropout = {});
+                      ForwardMode mode = ForwardMode::Train, nn::DropoutDraw dropout = {}, nn::TokenLayout tokens = {});
   // dlogits: the gradient of the objective with respect to acts.logits, [B*T, padded_vocab()] in the
   // model's dtype, zero in the padding columns; usually acts.logits itself, overwritten in place by
   // the objective. Gradients accumulate into every block's fp32 gradient buffer. Consumes `acts`
@@ -211,15 +214,15 @@ class Transformer {
   };
   using LayerSaved = TransformerActivations::Layer;
   void forward_from(const int32_t* ids, Tensor x_in, int64_t B, int64_t T, TransformerActivations& acts,
-                    ForwardMode mode, nn::DropoutDraw dropout);
+                    ForwardMode mode, nn::DropoutDraw dropout, nn::TokenLayout tokens);
   // Adds layer `l`'s LoRA block (A and B of every targeted module) and gives its Linears the adapters.
   void add_adapters(Layer& l, const std::string& prefix, std::vector<nn::Parameter*> qkv, nn::Parameter* o,
                     std::vector<nn::Parameter*> up, nn::Parameter* down);
   // c.saves: whether what `sv` holds is kept for the backward (tagged apart) or transient.
   void layer_forward(const nn::Ctx& c, const Layer& l, const Tensor& x_in, Tensor& x_out, LayerSaved& sv, int64_t B,
-                     int64_t T);
+                     int64_t T, const nn::TokenLayout& tokens);
   void layer_backward(const nn::Ctx& c, const Layer& l, const Tensor& x_in, Tensor& dres, LayerSaved& sv, int64_t B,
-                      int64_t T);
+                      int64_t T, const nn::TokenLayout& tokens);
 
   TransformerConfig cfg_;
   LayerSpan span_;
