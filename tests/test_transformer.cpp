@@ -349,3 +349,60 @@ TEST(ActivationEstimate, TransformerIsWithinTwiceWhatAStepTakes) {
 }
 
 }  // namespace zp::test
+
+namespace zp::test {
+
+// Instruction data packs several records in a row (issue 14): with their segments and positions the
+// model computes each record's logits, and the parameter gradients, as if it ran them one at a time.
+TEST(TransformerPacking, PackedRecordsEqualRecordsRunAloneCpu) {
+  for (const std::string type : {"gpt2", "llama"}) {
+    auto m = make_model(type, Device::cpu(), DType::F64);
+    const int64_t V = m->config().vocab, P = m->padded_vocab(), T = 12;
+    const std::vector<int64_t> lengths = {5, 4};  // then 3 padding tokens
+    std::vector<float> ids(static_cast<size_t>(T)), seg(static_cast<size_t>(T), -1.f), pos(static_cast<size_t>(T), 0.f);
+    for (int64_t t = 0, r = 0, at = 0; t < T; ++t) {
+      ids[size_t(t)] = float((t * 13 + 5) % V);
+      if (r < int64_t(lengths.size())) {
+        seg[size_t(t)] = float(r);
+        pos[size_t(t)] = float(at);
+        if (++at == lengths[size_t(r)]) ++r, at = 0;
+      }
+    }
+    Tensor tid = upload(ids, DType::I32, Device::cpu()), tseg = upload(seg, DType::I32, Device::cpu()),
+           tpos = upload(pos, DType::I32, Device::cpu());
+    const nn::TokenLayout layout{tseg.data<int32_t>(), tpos.data<int32_t>()};
+    const std::vector<float> g = randn(size_t(T * P), 3);
+    std::vector<float> G(g.size(), 0.f);  // the records' rows only, real columns only
+    for (int64_t t = 0; t < 9; ++t)
+      for (int64_t v = 0; v < V; ++v) G[size_t(t * P + v)] = g[size_t(t * P + v)];
+
+    for (nn::ParamBlock* b : m->blocks()) b->zero_grad();
+    TransformerActivations packed;
+    m->forward(tid.data<int32_t>(), 1, T, packed, ForwardMode::TrainCheckpointed, {}, layout);
+    const std::vector<float> packed_logits = download(packed.logits);
+    m->backward(packed, upload(G, DType::F64, Device::cpu()).view({T, P}));
+    std::vector<std::vector<float>> packed_grads;
+    for (nn::ParamBlock* b : m->blocks()) packed_grads.push_back(download(b->grads()));
+
+    for (nn::ParamBlock* b : m->blocks()) b->zero_grad();
+    int64_t start = 0;
+    for (int64_t len : lengths) {
+      const std::vector<float> rec_ids(ids.begin() + start, ids.begin() + start + len);
+      Tensor rid = upload(rec_ids, DType::I32, Device::cpu());
+      TransformerActivations alone;
+      m->forward(rid.data<int32_t>(), 1, len, alone, ForwardMode::Train);
+      const std::vector<float> logits = download(alone.logits);
+      const std::vector<float> want(logits.begin(), logits.end());
+      const std::vector<float> got(packed_logits.begin() + start * P, packed_logits.begin() + (start + len) * P);
+      EXPECT_LE(rel_error(got, want), 1e-6) << type << ": record at " << start;
+      const std::vector<float> rec_g(G.begin() + start * P, G.begin() + (start + len) * P);
+      m->backward(alone, upload(rec_g, DType::F64, Device::cpu()).view({len, P}));
+      start += len;
+    }
+    const std::vector<nn::ParamBlock*> blocks = m->blocks();
+    for (size_t i = 0; i < blocks.size(); ++i)
+      EXPECT_LE(rel_error(packed_grads[i], download(blocks[i]->grads())), 1e-6) << type << " " << blocks[i]->name();
+  }
+}
+
+}  // namespace zp::test

@@ -26,8 +26,8 @@ void embedding_forward(StreamHandle, DType dt, void* y, const int32_t* ids, cons
   ZP_DISPATCH_FLOAT(dt, E, [&] {
     for (int64_t r = 0; r < N; ++r) {
       const E* tok = static_cast<const E*>(table) + ids[r] * C;
-      const int64_t at = positions ? positions[r] : pos_offset + r % T;
-      const E* pos = pos_table ? static_cast<const E*>(pos_table) + at * C : nullptr;
+      const E* pos = !pos_table ? nullptr
+                     : static_cast<const E*>(pos_table) + (positions ? positions[r] : pos_offset + r % T) * C;
       E* out = static_cast<E*>(y) + r * C;
       for (int64_t c = 0; c < C; ++c) out[c] = E(double(tok[c]) + (pos ? double(pos[c]) : 0.0));
     }

@@ -44,6 +44,7 @@ const char* kUsage =
     "           zeropipe plan --config FILE [--world N] [--gpu-memory 24GiB] [--host-memory 64GiB]\n"
     "  tokenize text or JSONL -> a token file for train, through a Hugging Face or GPT-2 tokenizer:\n"
     "           zeropipe tokenize --tokenizer DIR|tokenizer.json --in FILE --out FILE [--append-eos]\n"
+    "           [--format instruct --chat-template auto|llama3|chatml|plain]\n"
     "  parity   run a reference folder (hub config, weights, io.safetensors) and hold every tensor to\n"
     "           the parity criterion (its reference_error.json); exit 0 exactly when all gated pass\n"
     "  report   a run's metrics files as one HTML page with charts (loss, lr, speed, memory, time):\n"
@@ -161,6 +162,8 @@ int cmd_tokenize(int argc, char** argv) {
       "Documents are separated by the tokenizer's EOS: a text file is one document (one per line with\n"
       "--per-line), each JSONL record's field is one.\n"
       "  zeropipe tokenize --tokenizer hub-folder/ --in corpus.jsonl --out train.bin\n"
+      "Instruction records (loss on the responses only) for fine-tuning:\n"
+      "  zeropipe tokenize --format instruct --chat-template auto --tokenizer hub-folder/ --in sft.jsonl --out sft.zpin\n"
       "options");
   desc.add_options()("help,h", "show this help")(
       "tokenizer", po::value<std::string>(&o.tokenizer)->required(),
@@ -172,7 +175,12 @@ int cmd_tokenize(int argc, char** argv) {
       "per-line", po::bool_switch(&o.per_line), "text: each non-empty line is a document")(
       "append-eos", po::bool_switch(&o.append_eos), "end the last document with EOS too")(
       "add-special", po::bool_switch(&o.add_special),
-      "put the tokenizer's own tokens around each document (Llama 3: BOS), as add_special_tokens does");
+      "put the tokenizer's own tokens around each document (Llama 3: BOS), as add_special_tokens does")(
+      "format", po::value<std::string>(&o.format)->default_value("text"),
+      "text: documents -> a token file; instruct: JSONL instruction records ({\"prompt\",\"response\"} or "
+      "{\"messages\":[{\"role\",\"content\"},...]}) -> an instruction token file for data.format \"instruct\"")(
+      "chat-template", po::value<std::string>(&o.chat_template)->default_value("auto"),
+      "--format instruct: auto (from the tokenizer's special tokens), llama3, chatml or plain");
   po::variables_map vm;
   if (!parse_options(argc, argv, desc, vm)) return 0;
   return zp::app::run_tokenize(o);

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <algorithm>
@@ -9,6 +10,8 @@
 
 #include "core/error.h"
 #include "io/bounded_json.h"
+#include "io/chat_format.h"
+#include "io/instruction_file.h"
 #include "io/tokenizer_files.h"
 #include "io/token_dataset.h"
 
@@ -60,12 +63,30 @@ void for_each_document(const TokenizeOptions& o, const std::function<void(std::s
 }  // namespace
 
 TokenizeReport tokenize_file(const TokenizeOptions& o) {
+  ZP_REQUIRE(o.format == "text" || o.format == "instruct", "--format '", o.format, "' is not one of text, instruct");
+  ZP_REQUIRE(o.format == "instruct" || o.chat_template == "auto", "--chat-template needs --format instruct");
   TokenizeReport r;
   const auto t0 = Clock::now();
   const io::BpeTokenizer tokenizer = io::load_tokenizer(o.tokenizer);
   const auto t1 = Clock::now();
   r.load_seconds = std::chrono::duration<double>(t1 - t0).count();
   r.vocab_size = tokenizer.vocab_size();
+  if (o.format == "instruct") {
+    ZP_REQUIRE(o.field == "text" && !o.per_line && !o.append_eos && !o.add_special,
+               "--field, --per-line, --append-eos and --add-special are for --format text: instruction records are "
+               "formatted by their chat template");
+    const io::ChatFormatter formatter(tokenizer, io::chat_template_from_name(o.chat_template, tokenizer, "--chat-template"));
+    // The same function data.format "jsonl" tokenises with at start-up, so both give the same rows.
+    const io::InstructionTokens data = io::tokenize_instruction_jsonl(o.in, formatter);
+    r.documents = data.records();
+    r.tokens = int64_t(data.ids.size());
+    for (uint8_t l : data.loss) r.trained_tokens += l;
+    r.bytes = int64_t(std::filesystem::file_size(o.in));
+    r.chat_template = io::chat_template_name(formatter.chat_template());
+    r.encode_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
+    io::write_instruction_file(o.out, data, r.vocab_size, formatter.pad_id(), formatter.chat_template());
+    return r;
+  }
   const std::optional<int32_t> eos = tokenizer.eos_id();
   io::EncodeOptions options;
   options.add_special = o.add_special;
@@ -88,6 +109,13 @@ TokenizeReport tokenize_file(const TokenizeOptions& o) {
 
 int run_tokenize(const TokenizeOptions& o) {
   const TokenizeReport r = tokenize_file(o);
+  if (o.format == "instruct") {
+    std::printf("%s: %lld records in the %s chat template, %lld tokens (%lld trained on) in %.2f s "
+                "(tokenizer loaded in %.2f s), vocabulary %d\n",
+                o.out.c_str(), (long long)r.documents, r.chat_template.c_str(), (long long)r.tokens,
+                (long long)r.trained_tokens, r.encode_seconds, r.load_seconds, r.vocab_size);
+    return 0;
+  }
   std::printf("%s: %lld tokens from %lld documents (%lld bytes, %.2f bytes per token) in %.2f s (%.1f MB/s; "
               "tokenizer loaded in %.2f s), vocabulary %d\n",
               o.out.c_str(), (long long)r.tokens, (long long)r.documents, (long long)r.bytes,

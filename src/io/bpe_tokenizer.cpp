@@ -257,4 +257,10 @@ const std::string& BpeTokenizer::id_to_token(int32_t id) const {
   return names_[size_t(id)];
 }
 
+const std::string& BpeTokenizer::token_bytes(int32_t id) const {
+  ZP_REQUIRE(id >= 0 && id < vocab_size() && !names_[size_t(id)].empty(), source_, ": id ", id,
+             " is not in the vocabulary of ", vocab_size());
+  return bytes_[size_t(id)];
+}
+
 }  // namespace zp::io

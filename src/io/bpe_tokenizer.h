@@ -74,6 +74,9 @@ class BpeTokenizer {
   // Token names are the files' spelling ("Ġthe" for " the"; added tokens as they are).
   std::optional<int32_t> token_to_id(std::string_view token) const;
   const std::string& id_to_token(int32_t id) const;  // zp::Error for an id that is no token
+  // The bytes token `id` decodes to (zp::Error for an id that is no token): where a token's text
+  // starts and ends in what was encoded, since decoding gives back the encoded bytes exactly.
+  const std::string& token_bytes(int32_t id) const;
   // One more than the largest id (vocabulary and added tokens); a model's embedding needs at least
   // this many rows.
   int32_t vocab_size() const { return int32_t(names_.size()); }

@@ -9,8 +9,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <numeric>
-#include <random>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
@@ -182,18 +180,7 @@ void TokenDataset::window(int64_t w, int32_t* inputs, int32_t* targets) const {
 }
 
 int64_t TokenDataset::epoch_order(uint64_t seed, int64_t epoch, int64_t i, bool shuffle) const {
-  ZP_CHECK(i >= 0 && i < num_windows(), "position ", i, " of ", num_windows());
-  if (!shuffle) return i;
-  if (cached_epoch_ != epoch || cached_seed_ != seed) {
-    order_.resize(windows_.size());
-    std::iota(order_.begin(), order_.end(), 0);
-    // Fisher-Yates with our own draws: std::shuffle's algorithm is not fixed by the standard.
-    std::mt19937_64 g(seed * 0x9E3779B97F4A7C15ull + uint64_t(epoch));
-    for (size_t k = order_.size(); k > 1; --k) std::swap(order_[k - 1], order_[size_t(g() % k)]);
-    cached_epoch_ = epoch;
-    cached_seed_ = seed;
-  }
-  return order_[size_t(i)];
+  return order_.at(seed, epoch, num_windows(), i, shuffle);
 }
 
 void TokenDataset::check_vocab(int64_t vocab) const {

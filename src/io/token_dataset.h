@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "io/epoch_order.h"
+
 namespace zp::io {
 
 constexpr int32_t kTokenFileMagic = 0x5A50544B;
@@ -73,9 +75,7 @@ class TokenDataset {
   std::vector<std::unique_ptr<TokenFile>> files_;
   std::vector<Window> windows_;
   int64_t T_;
-  mutable int64_t cached_epoch_ = -1;
-  mutable uint64_t cached_seed_ = 0;
-  mutable std::vector<int64_t> order_;
+  mutable EpochOrder order_;
 };
 
 }  // namespace zp::io

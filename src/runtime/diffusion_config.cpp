@@ -47,6 +47,8 @@ UNetTrainConfig UNetTrainConfig::from(const io::Config& c) {
   // An empty list is TrainConfig::read's problem already.
   r.require(u.common.train_files.size() <= 1,
             "data.train_files must hold exactly one latent file (HDF5), got " + std::to_string(u.common.train_files.size()));
+  r.require(!u.common.instruction_data(), "data.format \"" + u.common.data_format +
+            "\" is for language models: diffusion training reads a latent file (leave data.format \"tokens\")");
   r.require(u.common.val_files.size() <= 1,
             "data.val_files holds at most one latent file (HDF5), got " + std::to_string(u.common.val_files.size()));
   r.throw_if_any();

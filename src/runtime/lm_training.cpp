@@ -5,7 +5,11 @@
 #include <memory>
 #include <optional>
 
+#include "core/log.h"
+#include "io/chat_format.h"
+#include "io/instruction_dataset.h"
 #include "io/token_dataset.h"
+#include "io/tokenizer_files.h"
 #include "io/weight_source.h"
 #include "models/activation_estimate.h"
 #include "models/transformer.h"
@@ -19,20 +23,103 @@ namespace zp::runtime {
 
 namespace {
 
-// One rank's micro-batch: `rows` windows at consecutive global positions starting at `first`.
+// One rank's micro-batch: `rows` rows at consecutive global positions starting at `first`.
 struct Batch {
-  Tensor ids, targets;  // host int32 [rows * T]
+  Tensor ids, targets;  // host int32 [rows * T]; a target < 0 is not trained on
+  // Instruction data only (undefined for token files): each token's record within its row (padding
+  // -1) and its position within that record, host int32 [rows * T].
+  Tensor segments, positions;
 };
 
-Batch make_batch(const io::TokenDataset& ds, uint64_t seed, bool shuffle, int64_t first, int64_t rows) {
-  const int64_t T = ds.seq_len(), n = ds.num_windows();
-  Batch b{Tensor::empty({rows * T}, DType::I32, Device::cpu(), "batch"),
-          Tensor::empty({rows * T}, DType::I32, Device::cpu(), "batch")};
-  for (int64_t i = 0; i < rows; ++i) {
-    const int64_t p = first + i, epoch = p / n, w = ds.epoch_order(seed, epoch, p % n, shuffle);
-    ds.window(w, b.ids.data<int32_t>() + i * T, b.targets.data<int32_t>() + i * T);
+// A batch's token layout on the device, for the attention of every model chunk: instruction data's
+// segments and positions (undefined for token files, whose rows are one stream each).
+struct DeviceLayout {
+  Tensor segments, positions;  // int32 [rows * T]
+  bool defined() const { return segments.defined(); }
+};
+
+// The rows of one split (training or validation): windows of token files, or instruction records
+// (issue 14; io/instruction_dataset.h).
+class LmRows {
+ public:
+  LmRows(const std::vector<std::string>& files, int64_t T, double from, double to)
+      : tokens_(std::make_unique<io::TokenDataset>(files, T, from, to)) {}
+  LmRows(const TrainConfig& cfg, const std::vector<std::string>& files, const io::ChatFormatter* formatter,
+         std::optional<uint64_t> packing_seed, double from, double to) {
+    io::InstructionRowsOptions o;
+    o.seq_len = cfg.seq_len;
+    o.packing = cfg.packing;
+    o.packing_seed = packing_seed;
+    o.from = from;
+    o.to = to;
+    instructions_ = formatter ? std::make_unique<io::InstructionDataset>(files, *formatter, o)
+                              : std::make_unique<io::InstructionDataset>(files, o);
+    if (!formatter && cfg.chat_template != "auto")
+      ZP_REQUIRE(cfg.chat_template == io::chat_template_name(instructions_->chat_template()), files[0],
+                 ": records in the ", io::chat_template_name(instructions_->chat_template()),
+                 " chat template, but data.chat_template is \"", cfg.chat_template, "\"");
   }
-  return b;
+
+  int64_t size() const { return tokens_ ? tokens_->num_windows() : instructions_->num_rows(); }
+  int32_t declared_vocab() const { return tokens_ ? tokens_->max_token_seen_bound() : instructions_->declared_vocab(); }
+  void check_vocab(int64_t vocab) const { tokens_ ? tokens_->check_vocab(vocab) : instructions_->check_vocab(vocab); }
+  const io::InstructionDataset* instructions() const { return instructions_.get(); }
+  std::string describe(const char* split) const {
+    if (tokens_) return detail::cat(size(), " ", split, " windows");
+    const io::InstructionDataset& d = *instructions_;
+    return detail::cat(size(), " ", split, " rows (", d.num_records(), " ", io::chat_template_name(d.chat_template()),
+                       " records", d.packing() ? ", packed" : "", ", ", d.truncated_records(), " cut to the row)");
+  }
+
+  Batch batch(uint64_t seed, bool shuffle, int64_t first, int64_t rows) const {
+    const int64_t T = tokens_ ? tokens_->seq_len() : instructions_->seq_len(), n = size();
+    auto host = [&] { return Tensor::empty({rows * T}, DType::I32, Device::cpu(), "batch"); };
+    Batch b;
+    b.ids = host();
+    b.targets = host();
+    if (instructions_) {
+      b.segments = host();
+      b.positions = host();
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t p = first + i, epoch = p / n;
+      if (tokens_) {
+        const int64_t w = tokens_->epoch_order(seed, epoch, p % n, shuffle);
+        tokens_->window(w, b.ids.data<int32_t>() + i * T, b.targets.data<int32_t>() + i * T);
+      } else {
+        const int64_t r = instructions_->epoch_order(seed, epoch, p % n, shuffle);
+        instructions_->row(r, {b.ids.data<int32_t>() + i * T, b.targets.data<int32_t>() + i * T,
+                               b.segments.data<int32_t>() + i * T, b.positions.data<int32_t>() + i * T});
+      }
+    }
+    return b;
+  }
+
+ private:
+  std::unique_ptr<io::TokenDataset> tokens_;
+  std::unique_ptr<io::InstructionDataset> instructions_;
+};
+
+// The targets the loss averages over: those >= 0 (the loss ignores the others, and its mean divides
+// by this count).
+int64_t count_valid(const Tensor& targets) {
+  int64_t valid = 0;
+  for (int64_t i = 0; i < targets.numel(); ++i) valid += targets.data<int32_t>()[i] >= 0;
+  return valid;
+}
+
+// Every forward of the task: from ids (the first chunk) or from the previous chunk's output, with
+// instruction data's token layout (each record attends within itself, positions restart) and the
+// micro-batch's dropout draw.
+void forward_chunk(models::Transformer& m, const int32_t* ids, Tensor input, const DeviceLayout& layout, int64_t B,
+                   int64_t T, models::TransformerActivations& acts, models::ForwardMode mode, nn::DropoutDraw dropout) {
+  const nn::TokenLayout tokens = layout.defined()
+                                     ? nn::TokenLayout{layout.segments.data<int32_t>(), layout.positions.data<int32_t>()}
+                                     : nn::TokenLayout{};
+  if (ids)
+    m.forward(ids, B, T, acts, mode, dropout, tokens);
+  else
+    m.forward_hidden(std::move(input), B, T, acts, mode, dropout, tokens);
 }
 
 // The model chunks of this rank (issue 12): the whole model without a pipeline; with one, the
@@ -78,24 +165,45 @@ ChunkLayout chunk_layout(const TrainConfig& cfg, const models::TransformerConfig
 
 class LmTask final : public TrainingTask, public PipelineStageModel {
  public:
-  LmTask(const TrainConfig& cfg, const TrainingPlace& at)
-      : cfg_(cfg), at_(at), train_ds_(cfg.train_files, cfg.seq_len, 0.0, 1.0 - cfg.val_fraction) {
+  LmTask(const TrainConfig& cfg, const TrainingPlace& at) : cfg_(cfg), at_(at) {
     // Data first: a missing or bad file is reported before any model memory is allocated.
+    if (cfg.data_format == "jsonl") {
+      tokenizer_.emplace(io::load_tokenizer(cfg.tokenizer));
+      formatter_.emplace(*tokenizer_, io::chat_template_from_name(cfg.chat_template, *tokenizer_, "data.chat_template"));
+    }
+    const io::ChatFormatter* formatter = formatter_ ? &*formatter_ : nullptr;
+    auto rows = [&](const std::vector<std::string>& files, bool training, double from, double to) {
+      if (!cfg.instruction_data()) return std::make_unique<LmRows>(files, cfg.seq_len, from, to);
+      // Validation rows keep file order, as validation windows do.
+      return std::make_unique<LmRows>(cfg, files, formatter,
+                                      training && cfg.shuffle ? std::optional<uint64_t>(cfg.seed) : std::nullopt, from,
+                                      to);
+    };
+    train_ds_ = rows(cfg.train_files, true, 0.0, 1.0 - cfg.val_fraction);
     if (!cfg.val_files.empty())
-      val_ds_.emplace(cfg.val_files, cfg.seq_len);
+      val_ds_ = rows(cfg.val_files, false, 0.0, 1.0);
     else if (cfg.val_fraction > 0)
-      val_ds_.emplace(cfg.train_files, cfg.seq_len, 1.0 - cfg.val_fraction, 1.0);
+      val_ds_ = rows(cfg.train_files, false, 1.0 - cfg.val_fraction, 1.0);
+    if (const io::InstructionDataset* d = train_ds_->instructions(); d && d->truncated_records() > 0)
+      log_line(LogLevel::Warn, /*all_ranks=*/false,
+               detail::cat(cfg.train_files[0], (cfg.train_files.size() > 1 ? " (and the other files)" : ""), ": ",
+                           d->truncated_records(), " of ", d->num_records(), " records are longer than data.seq_len ",
+                           cfg.seq_len, " and are cut", d->untrained_records() > 0
+                               ? detail::cat(" (", d->untrained_records(), " of them keep no response token to train on)")
+                               : std::string()));
     std::string source;
     hub_ = cfg.hub_config_json(source);
     mcfg_ = models::TransformerConfig::from_hub_json(hub_, source);
     ZP_REQUIRE(cfg.seq_len <= mcfg_.max_positions || !mcfg_.learned_positions, "data.seq_len ", cfg.seq_len,
                " exceeds the model's ", mcfg_.max_positions, " positions");
-    const int32_t file_vocab = train_ds_.max_token_seen_bound();
-    ZP_REQUIRE(file_vocab == 0 || file_vocab <= mcfg_.vocab, cfg.train_files[0], ": the token file's vocabulary (",
-               file_vocab, ") is larger than the model's (", mcfg_.vocab, ")");
+    const int32_t file_vocab = train_ds_->declared_vocab();
+    // A tokenizer may hold more ids than the model embeds (unused added tokens): its ids are checked
+    // one by one instead.
+    ZP_REQUIRE(file_vocab == 0 || file_vocab <= mcfg_.vocab || cfg.data_format == "jsonl", cfg.train_files[0],
+               ": the token file's vocabulary (", file_vocab, ") is larger than the model's (", mcfg_.vocab, ")");
     // Every id, once, now: an id past the embedding would otherwise stop the run when its window is
     // first drawn, possibly hours in.
-    train_ds_.check_vocab(mcfg_.vocab);
+    train_ds_->check_vocab(mcfg_.vocab);
     if (!cfg.val_files.empty()) val_ds_->check_vocab(mcfg_.vocab);
     layout_ = chunk_layout(cfg, mcfg_, at.stage(), at.stages());
     lora_ = {cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets, cfg.lora_rslora};
@@ -157,20 +265,20 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
                              : cfg_.activation_checkpointing ? ForwardMode::TrainCheckpointed
                                                              : ForwardMode::Train;
     const bool first_chunk = m.span().embedding, last_chunk = m.span().head;
-    if (first_chunk || last_chunk) {
+    // Every chunk's attention needs instruction data's layout; token files' only the ends need.
+    if (first_chunk || last_chunk || cfg_.instruction_data()) {
       const Batch b =
-          train ? timed_read([&] { return make_batch(train_ds_, cfg_.seed, cfg_.shuffle, first, cfg_.micro_batch); })
-                : make_batch(*val_ds_, cfg_.seed, false, first, cfg_.micro_batch);
+          train ? timed_read([&] { return train_ds_->batch(cfg_.seed, cfg_.shuffle, first, cfg_.micro_batch); })
+                : val_ds_->batch(cfg_.seed, false, first, cfg_.micro_batch);
       if (first_chunk) f.ids = b.ids.to(at_.dev, at_.s());
       if (last_chunk) {
         f.targets = b.targets.to(at_.dev, at_.s());
-        for (int64_t i = 0; i < b.targets.numel(); ++i) f.valid += b.targets.data<int32_t>()[i] >= 0;
+        f.valid = count_valid(b.targets);
       }
+      f.layout = upload_layout(b);
     }
-    if (first_chunk)
-      m.forward(f.ids.data<int32_t>(), cfg_.micro_batch, cfg_.seq_len, f.acts, mode, dropout_draw(step, first));
-    else
-      m.forward_hidden(std::move(input), cfg_.micro_batch, cfg_.seq_len, f.acts, mode, dropout_draw(step, first));
+    forward_chunk(m, first_chunk ? f.ids.data<int32_t>() : nullptr, std::move(input), f.layout, cfg_.micro_batch,
+                  cfg_.seq_len, f.acts, mode, dropout_draw(step, first));
     if (!last_chunk) {
       Tensor out = f.acts.hidden;
       if (!train) in_flight_.erase({micro, chunk});
@@ -226,17 +334,17 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
                        " layers, d=", mcfg_.hidden, stages, " | ", at_.world(), " rank(s) on ", at_.dev.str(), " | ",
                        dtype_name(cfg_.dtype), " | global batch ", at_.global_batch, " x ", cfg_.seq_len,
                        " tokens (micro ", cfg_.micro_batch, ", accum ", cfg_.grad_accum, ") | ",
-                       train_ds_.num_windows(), " training windows", lora_description());
+                       train_ds_->describe("training"), lora_description());
   }
 
   double micro_step(int64_t step, int64_t first, float loss_scale) override {
     return forward_backward(
-        timed_read([&] { return make_batch(train_ds_, cfg_.seed, cfg_.shuffle, first, cfg_.micro_batch); }), true,
+        timed_read([&] { return train_ds_->batch(cfg_.seed, cfg_.shuffle, first, cfg_.micro_batch); }), true,
         loss_scale, dropout_draw(step, first));
   }
-  bool has_validation() const override { return val_ds_.has_value(); }
+  bool has_validation() const override { return val_ds_ != nullptr; }
   double validation_loss(int64_t first) override {
-    return forward_backward(make_batch(*val_ds_, cfg_.seed, false, first, cfg_.micro_batch), false, 1.f, {});
+    return forward_backward(val_ds_->batch(cfg_.seed, false, first, cfg_.micro_batch), false, 1.f, {});
   }
 
  private:
@@ -277,25 +385,33 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
     const Device dev = at_.dev;
     const StreamHandle s = at_.s();
     Tensor ids = b.ids.to(dev, s), tgt = b.targets.to(dev, s);
-    int64_t valid = 0;
-    for (int64_t i = 0; i < b.targets.numel(); ++i) valid += b.targets.data<int32_t>()[i] >= 0;
+    const DeviceLayout layout = upload_layout(b);
+    const int64_t valid = count_valid(b.targets);
     using models::ForwardMode;
     models::Transformer& model = *chunks_[0];
     models::TransformerActivations acts;
-    model.forward(ids.data<int32_t>(), cfg_.micro_batch, cfg_.seq_len, acts,
-                    !train_step                     ? ForwardMode::Inference
-                    : cfg_.activation_checkpointing ? ForwardMode::TrainCheckpointed
-                                                    : ForwardMode::Train,
+    forward_chunk(model, ids.data<int32_t>(), Tensor(), layout, cfg_.micro_batch, cfg_.seq_len, acts,
+                  !train_step                     ? ForwardMode::Inference
+                  : cfg_.activation_checkpointing ? ForwardMode::TrainCheckpointed
+                                                  : ForwardMode::Train,
                   dropout);
     CausalLmLoss lm(acts.logits, mcfg_.vocab, tgt.data<int32_t>(), valid, s);
     if (train_step) model.backward(acts, lm.backward(acts.logits, loss_scale));
     return lm.mean();  // read after the backward is queued, so the GPU never waits for the host
   }
 
+  DeviceLayout upload_layout(const Batch& b) const {
+    if (!b.segments.defined()) return {};
+    return {b.segments.to(at_.dev, at_.s()), b.positions.to(at_.dev, at_.s())};
+  }
+
   const TrainConfig& cfg_;
   const TrainingPlace& at_;
-  io::TokenDataset train_ds_;
-  std::optional<io::TokenDataset> val_ds_;
+  // data.format "jsonl": the records are tokenised at start-up with these (the formatter refers to
+  // the tokenizer, so it is declared after it).
+  std::optional<io::BpeTokenizer> tokenizer_;
+  std::optional<io::ChatFormatter> formatter_;
+  std::unique_ptr<LmRows> train_ds_, val_ds_;
   io::json hub_;
   models::TransformerConfig mcfg_;
   ChunkLayout layout_;
@@ -307,6 +423,7 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
   // A pipeline's micro-batches between their forward and backward, by (micro, local chunk).
   struct InFlight {
     Tensor ids, targets;  // device: the first chunk's input, the last chunk's targets
+    DeviceLayout layout;  // device, instruction data: every chunk's
     int64_t valid = 0;
     float loss_scale = 1.f;
     models::TransformerActivations acts;

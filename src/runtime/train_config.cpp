@@ -121,7 +121,8 @@ const io::json& train_config_schema() {
     "model": {"type": "transformer", "config": null, "hub_dir": "", "init": "random", "init_std": 0.02,
               "activation_checkpointing": false, "weight_decay_on_all": false},
     "lora": {"r": 0, "alpha": 8, "dropout": 0.0, "target_modules": [], "rslora": false},
-    "data": {"train_files": [], "val_files": [], "val_fraction": 0.0, "seq_len": 1024, "shuffle": true},
+    "data": {"train_files": [], "val_files": [], "val_fraction": 0.0, "seq_len": 1024, "shuffle": true,
+             "format": "tokens", "tokenizer": "", "chat_template": "auto", "packing": false},
     "checkpoint": {"dir": "", "save_every": 0, "keep_last": 3, "tag_validation": "Warn", "load_universal": false,
                    "use_node_local_storage": false, "parallel_write": {"pipeline_stage": false}},
     "training": {"max_steps": 100, "eval_every": 0, "eval_batches": 4, "device": "auto", "metrics_file": "",
@@ -467,6 +468,27 @@ TrainConfig TrainConfig::read(io::ConfigReader& r, const std::string& model_type
   t.seq_len = r.integer("data.seq_len", 1);
   t.shuffle = r.boolean("data.shuffle");
   r.require(!t.train_files.empty(), "data.train_files is empty");
+  // Instruction data (issue 14): JSONL records tokenised at start-up, or a file `zeropipe tokenize
+  // --format instruct` wrote; either way rows of one record (or several, packed) with the loss on
+  // the responses only.
+  t.data_format = r.one_of("data.format", {"tokens", "jsonl", "instruct"});
+  t.tokenizer = r.string("data.tokenizer");
+  t.chat_template = r.one_of("data.chat_template", {"auto", "llama3", "chatml", "plain"});
+  t.packing = r.boolean("data.packing");
+  if (t.data_format == "jsonl") {
+    r.require(!t.tokenizer.empty(), "data.format \"jsonl\" needs data.tokenizer (a tokenizer.json, or a folder "
+              "holding it or GPT-2's vocab.json + merges.txt) to tokenise the records with");
+  } else {
+    if (!t.tokenizer.empty())
+      r.warn("data.tokenizer is read only with data.format \"jsonl\" (data.format is \"" + t.data_format +
+             "\"): it is ignored");
+    if (t.data_format == "tokens") {
+      r.require(!t.packing, "data.packing = true needs instruction data: data.format \"jsonl\" or \"instruct\" "
+                "(token files are already one stream of tokens)");
+      r.require(t.chat_template == "auto", "data.chat_template = \"" + t.chat_template +
+                "\" needs instruction data: data.format \"jsonl\" or \"instruct\"");
+    }
+  }
 
   t.max_steps = r.integer("training.max_steps", 0);
   t.eval_every = r.integer("training.eval_every", 0);

@@ -69,6 +69,12 @@ struct TrainConfig {
   std::vector<std::string> train_files, val_files;
   double val_fraction = 0.0;
   bool shuffle = true;
+  // data.format: "tokens" (token files) | "jsonl" (instruction records, tokenised at start-up with
+  // data.tokenizer) | "instruct" (instruction token files); instruction data is formatted with
+  // data.chat_template and, with data.packing, several records share a row (io/instruction_dataset.h).
+  std::string data_format = "tokens", tokenizer, chat_template = "auto";
+  bool packing = false;
+  bool instruction_data() const { return data_format != "tokens"; }
   // loop
   int64_t max_steps = 100, eval_every = 0, eval_batches = 4, print_every = 1;
   bool wall_clock_breakdown = false;  // the step-time breakdown in rank 0's progress line
