@@ -340,7 +340,7 @@ TEST(Convert, Errors) {
   fs::copy_file(src + "/model.safetensors", tmp / "bert/model.safetensors");
   expect_error([&] { convert(tmp / "bert", tmp / "x.h5"); }, {tmp / "bert/config.json"});
 
-  expect_error([&] { convert(src, tmp / "x.h5", "fp8"); }, {"fp8", "keep, bf16 or fp32"});
+  expect_error([&] { convert(src, tmp / "x.h5", "fp8"); }, {"fp8", "keep, bf16, fp16 or fp32"});
   EXPECT_FALSE(fs::exists(tmp / "x.h5"));
 
   // An existing destination is refused, and left alone, unless forced.

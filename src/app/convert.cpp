@@ -13,6 +13,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "io/bounded_json.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint_file.h"
+#include "io/lora_adapter_files.h"
 #include "io/safetensors.h"
 #include "io/weight_source.h"
 #include "kernels/elementwise.h"
@@ -46,7 +48,8 @@ std::optional<DType> parse_dtype(const std::string& s) {
   if (s == "keep") return std::nullopt;
   if (s == "bf16") return DType::BF16;
   if (s == "fp32") return DType::F32;
-  throw Error("unknown dtype '" + s + "' (expected keep, bf16 or fp32)");
+  if (s == "fp16") return DType::F16;
+  throw Error("unknown dtype '" + s + "' (expected keep, bf16, fp16 or fp32)");
 }
 
 // Integer tensors (position ids and the like) never change type.
@@ -379,20 +382,64 @@ H5Model describe_h5_model(const io::CheckpointReader& r, std::optional<DType> wa
   return m;
 }
 
+// W + scale * B A for one module, W [out, in] in the engine layout (a 1x1 convolution's [out, in, 1,
+// 1] alike), in float64, rounded once to `out_dt` into `dst`.
+void merge_module(const io::LoraAdapter& a, const std::string& module, const double* w, const Shape& w_shape, void* dst,
+                  DType out_dt) {
+  const Tensor& A = a.a(module);
+  const Tensor& B = a.b(module);
+  const int64_t out = w_shape[0], in = shape_numel(w_shape) / out, rank = A.size(0);
+  std::vector<double> a64(size_t(A.numel())), b64(size_t(B.numel()));
+  kernels::cpu::cast(nullptr, DType::F64, a64.data(), A.dtype(), A.data(), A.numel());
+  kernels::cpu::cast(nullptr, DType::F64, b64.data(), B.dtype(), B.data(), B.numel());
+  const double scale = a.scale_of(module);
+  std::vector<double> merged(size_t(out * in));
+  for (int64_t r = 0; r < out; ++r) {
+    double* row = merged.data() + r * in;
+    std::fill(row, row + in, 0.0);
+    for (int64_t k = 0; k < rank; ++k) {
+      const double bk = b64[size_t(r * rank + k)];
+      const double* ak = a64.data() + k * in;
+      for (int64_t i = 0; i < in; ++i) row[i] += bk * ak[i];
+    }
+    for (int64_t i = 0; i < in; ++i) row[i] = w[r * in + i] + scale * row[i];
+  }
+  kernels::cpu::cast(nullptr, out_dt, dst, DType::F64, merged.data(), out * in);
+}
+
 // A weights file or checkpoint -> a weights file (a checkpoint's model without its optimizer state,
-// or another dtype), streamed and verified tensor by tensor.
-void h5_to_weights(const ConvertOptions& o, std::optional<DType> want) {
+// or another dtype), streamed and verified tensor by tensor. With `merge`, the weights of its
+// modules become W + scale * B A (checked against the model beforehand: check_adapter_fits).
+void h5_to_weights(const ConvertOptions& o, std::optional<DType> want, const io::LoraAdapter* merge = nullptr) {
   const io::CheckpointReader r(o.from);
   const H5Model m = describe_h5_model(r, want);
   check_file_destination(o.to, o.force);
+  std::map<std::string, std::string> merged_weight;  // base weight name -> module
+  if (merge)
+    for (const std::string& mod : merge->modules()) merged_weight[mod + ".weight"] = mod;
   io::CheckpointWriter w(o.to);
   w.file().set_attr_string("/", "kind", "weights");
   w.file().set_attr_string("/", "model_family", m.family->name);
   w.file().set_attr_string("/", "config", m.config_text);
   w.file().set_attr_string("/", "safetensors_metadata", m.metadata.dump());
+  if (merge)
+    w.file().set_attr_string("/", "merged_lora",
+                             json{{"adapter", merge->source}, {"lora", merge->config.to_json()}}.dump());
   w.file().create_group("/model");
   for (const OutTensor& t : m.tensors) {
     try {
+      if (auto it = merged_weight.find(t.name); it != merged_weight.end()) {
+        const int64_t n = shape_numel(t.file_shape);
+        std::vector<double> base(static_cast<size_t>(n));
+        r.read(t.ds, t.file_shape, DType::F64, base.data(), 0, n);
+        std::vector<uint64_t> out;
+        void* dst = reserve(out, n * int64_t(dtype_size(t.out_dt)));
+        merge_module(*merge, it->second, base.data(), t.file_shape, dst, t.out_dt);
+        w.write(t.ds, t.out_dt, t.file_shape, t.out_dt, dst, 0, n);
+        if (t.transposed) w.file().set_attr_int(t.ds, "hub_transposed", 1);
+        merged_weight.erase(it);
+        continue;
+      }
       const int64_t piece = std::max<int64_t>(1, kPieceBytes / int64_t(std::max(dtype_size(t.file_dt), dtype_size(t.out_dt))));
       if (shape_numel(t.file_shape) == 0) w.write(t.ds, t.out_dt, t.file_shape, t.out_dt, nullptr, 0, 0);
       r.stream(t.ds, t.out_dt, piece, [&](const void* data, int64_t offset, int64_t count) {
@@ -403,6 +450,8 @@ void h5_to_weights(const ConvertOptions& o, std::optional<DType> want) {
       throw Error("converting tensor '" + t.name + "' of " + o.from + " to " + o.to + ": " + err.what());
     }
   }
+  ZP_REQUIRE(merged_weight.empty(), o.from, ": has no tensor '", merged_weight.empty() ? "" : merged_weight.begin()->first,
+             "' for the adapter's module '", merged_weight.empty() ? "" : merged_weight.begin()->second, "'");
   w.commit();
 }
 
@@ -478,14 +527,210 @@ void h5_to_hub(const ConvertOptions& o, std::optional<DType> want) {
   }
 }
 
+// --- LoRA adapters ---------------------------------------------------------------------------------
+
+const Family& family_named(const std::string& name, const std::string& where) {
+  for (const Family& f : kFamilies)
+    if (name == f.name) return f;
+  throw Error(where + ": model_family '" + name + "' is not transformer or unet");
+}
+
+// Modules of the model that can carry an adapter: "<module>.weight" of 2 dimensions (a linear map
+// in the engine layout [out, in]) or a 1x1 convolution.
+std::map<std::string, const ModelTensor*> adaptable_modules(const std::map<std::string, ModelTensor>& model) {
+  std::map<std::string, const ModelTensor*> out;
+  for (const auto& [name, t] : model) {
+    if (!name.ends_with(".weight")) continue;
+    const bool conv1x1 = t.shape.size() == 4 && t.shape[2] == 1 && t.shape[3] == 1;
+    if (t.shape.size() == 2 || conv1x1) out[name.substr(0, name.size() - 7)] = &t;
+  }
+  return out;
+}
+
+std::vector<std::string> known_adapter_names(const std::map<std::string, ModelTensor>& model) {
+  std::vector<std::string> out;
+  for (const auto& [module, t] : adaptable_modules(model)) {
+    out.push_back(module + io::kLoraASuffix);
+    out.push_back(module + io::kLoraBSuffix);
+  }
+  return out;
+}
+
+// Every adapter module is a linear map (or 1x1 convolution) of the model with matching sizes:
+// A [r, in], B [out, r] for the engine-layout weight [out, in]. An embedding is refused: PEFT keeps
+// an embedding's adapter as lora_embedding_A / _B of other shapes. Errors name the tensor.
+void check_adapter_fits(const io::LoraAdapter& a, const std::map<std::string, ModelTensor>& model, const std::string& base) {
+  const std::map<std::string, const ModelTensor*> modules = adaptable_modules(model);
+  for (const std::string& m : a.modules()) {
+    const std::string a_name = m + io::kLoraASuffix, b_name = m + io::kLoraBSuffix;
+    const std::string leaf = m.substr(m.rfind('.') + 1);
+    ZP_REQUIRE(leaf != "embed_tokens" && leaf != "wte" && leaf != "wpe", a.source, ": tensor '", a_name,
+               "' adapts an embedding, which is not supported");
+    auto it = modules.find(m);
+    if (it == modules.end()) {
+      auto t = model.find(m + ".weight");
+      ZP_REQUIRE(t == model.end(), a.source, ": tensor '", a_name, "': the base weight '", m, ".weight' has shape ",
+                 shape_str(t->second.shape), " (only linear maps and 1x1 convolutions take a LoRA)");
+      throw Error(a.source + ": tensor '" + a_name + "': " + base + " has no weight '" + m + ".weight'");
+    }
+    const Shape& w = it->second->shape;
+    const Tensor &A = a.a(m), &B = a.b(m);
+    ZP_REQUIRE(A.size(1) == w[1], "cannot merge ", a.source, ": tensor '", a_name, "' has shape ", shape_str(A.shape()),
+               " but ", base, "'s '", m, ".weight' takes ", w[1], " inputs (its shape ", shape_str(w),
+               " in the engine layout [out, in])");
+    ZP_REQUIRE(B.size(0) == w[0], "cannot merge ", a.source, ": tensor '", b_name, "' has shape ", shape_str(B.shape()),
+               " but ", base, "'s '", m, ".weight' has ", w[0], " outputs (its shape ", shape_str(w),
+               " in the engine layout [out, in])");
+  }
+}
+
+// The target_modules to write: the run's own when PEFT, matching them against the base's modules
+// (a module whose path is a target or ends in "." + target), adapts exactly the adapter's modules;
+// otherwise the adapter's full module paths, which PEFT matches one for one. The set of module
+// paths is every prefix of a parameter name: PEFT also matches container modules, which it refuses.
+std::vector<std::string> peft_target_modules(const io::LoraAdapter& a, const std::map<std::string, ModelTensor>& model) {
+  std::set<std::string> paths;
+  for (const auto& [name, t] : model)
+    for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', dot + 1)) paths.insert(name.substr(0, dot));
+  const std::vector<std::string> mods = a.modules();
+  const std::set<std::string> want(mods.begin(), mods.end());
+  std::set<std::string> matched;
+  for (const std::string& p : paths)
+    for (const std::string& t : a.config.target_modules)
+      if (p == t || p.ends_with("." + t)) matched.insert(p);
+  if (matched == want) return a.config.target_modules;
+  ZP_LOG_INFO("convert: target_modules ", json(a.config.target_modules).dump(), " would adapt ", matched.size(),
+              " modules of the base, the adapter has ", want.size(), "; writing its module paths instead");
+  return mods;
+}
+
+// The destination folder of an adapter: new, empty, or (with force) one whose files get replaced.
+void check_folder_destination(const std::string& to, bool force) {
+  ZP_REQUIRE(!io::is_h5_path(to), to, ": an adapter is written as a folder (PEFT's or diffusers' layout); "
+             "to merge it into its base weights use --merge-lora");
+  if (!fs::exists(to)) return;
+  ZP_REQUIRE(fs::is_directory(to), to, ": exists and is not a folder");
+  ZP_REQUIRE(force || fs::is_empty(to), to, ": already exists and is not empty (use --force to replace its adapter files)");
+}
+
+// A LoRA checkpoint -> PEFT's folder (LMs) or diffusers' (UNets).
+void lora_checkpoint_to_adapter(const ConvertOptions& o, std::optional<DType> want) {
+  io::LoraCheckpointInfo info;
+  io::LoraAdapter a = io::read_lora_checkpoint(o.from, &info);
+  const Family& fam = family_named(info.model_family, o.from);
+  const std::string cfg_source = o.from + " (model_config)";
+  const std::map<std::string, ModelTensor> model = model_tensors(fam, info.model_config, cfg_source);
+  check_adapter_fits(a, model, "the base model");
+  check_folder_destination(o.to, o.force);
+  const DType dt = want.value_or(DType::F32);
+  if (std::string(fam.name) == "transformer") {
+    const models::TransformerConfig tc = models::TransformerConfig::from_hub_json(info.model_config, cfg_source);
+    for (const std::string& m : a.modules()) a.fan_in_fan_out = a.fan_in_fan_out || tc.hub_transposed(m + ".weight");
+    a.config.target_modules = peft_target_modules(a, model);
+    io::PeftWriteOptions w;
+    w.dtype = dt;
+    io::write_peft_adapter(o.to, a, w);
+  } else {
+    // PEFT's adapter on a 1x1 convolution is itself a 1x1 convolution.
+    const std::map<std::string, const ModelTensor*> modules = adaptable_modules(model);
+    for (const std::string& m : a.modules())
+      if (modules.at(m)->shape.size() == 4)
+        for (const char* suffix : {io::kLoraASuffix, io::kLoraBSuffix}) {
+          Tensor& t = a.tensors[m + suffix];
+          if (t.dim() == 2) t = t.view({t.size(0), t.size(1), 1, 1});
+        }
+    a.config.target_modules = peft_target_modules(a, model);
+    io::write_diffusers_lora(o.to, a, dt);
+  }
+}
+
+// Removes a file when it goes out of scope (the merge's intermediate weights files).
+struct ScratchFile {
+  std::string path;
+  ~ScratchFile() {
+    std::error_code ec;
+    fs::remove(path, ec);
+    fs::remove(io::temporary_path(path), ec);
+  }
+};
+
+// --merge-lora ADAPTER --from BASE --to OUT: BASE's weights with every adapter module's W + scale * B A.
+// A hub folder BASE is first converted to a weights file beside OUT, and a folder OUT is written from
+// a merged weights file there, so that the merge itself streams between verified HDF5 files.
+void merge_lora(const ConvertOptions& o, std::optional<DType> want) {
+  const std::string& adapter_path = o.merge_lora;
+  ZP_REQUIRE(fs::exists(adapter_path), adapter_path, ": no such file or folder");
+  std::optional<io::LoraAdapter> adapter;
+  std::string base = o.from;
+  if (io::is_lora_checkpoint(adapter_path)) {
+    adapter = io::read_lora_checkpoint(adapter_path);
+  } else if (fs::is_directory(adapter_path) && fs::exists(fs::path(adapter_path) / io::kPeftConfigFile)) {
+    adapter = io::read_peft_adapter(adapter_path);
+  }
+  if (base.empty()) {
+    ZP_REQUIRE(adapter && !adapter->base_model.empty(), adapter_path,
+               ": names no base model; give the base weights with --from");
+    base = adapter->base_model;
+    ZP_REQUIRE(fs::exists(base), adapter_path, ": its base model '", base,
+               "' is not a local folder or file; give the base weights with --from");
+  }
+  ZP_REQUIRE(fs::exists(base), base, ": no such file or folder (the base weights)");
+  ZP_REQUIRE(!io::is_lora_checkpoint(base), base, ": is a LoRA checkpoint; the base of a merge holds the whole model");
+  if (io::is_h5_path(o.to)) check_file_destination(o.to, o.force);
+  else if (fs::exists(o.to))
+    ZP_REQUIRE(fs::is_directory(o.to) && (o.force || fs::is_empty(o.to)), o.to,
+               ": already exists and is not an empty folder (use --force to replace its model files)");
+
+  std::string to_stem = o.to;  // "out/" names the folder "out": the scratch files go beside it
+  while (to_stem.size() > 1 && to_stem.ends_with('/')) to_stem.pop_back();
+  ScratchFile base_h5{to_stem + ".lora-base.h5"}, merged_h5{to_stem + ".lora-merged.h5"};
+  std::string base_file = base;
+  if (fs::is_directory(base)) {
+    ConvertOptions c;
+    c.from = base;
+    c.to = base_h5.path;
+    c.force = true;
+    hub_to_weights(c, std::nullopt);
+    base_file = base_h5.path;
+  }
+  std::map<std::string, ModelTensor> model;
+  {
+    const io::CheckpointReader r(base_file);
+    const H5Model m = describe_h5_model(r, want);
+    model = model_tensors(*m.family, io::parse_json_bounded(m.config_text, base), base);
+  }
+  if (!adapter) adapter = io::read_diffusers_lora(adapter_path, known_adapter_names(model));
+  check_adapter_fits(*adapter, model, base);
+
+  ConvertOptions c = o;
+  c.from = base_file;
+  if (io::is_h5_path(o.to)) {
+    h5_to_weights(c, want, &*adapter);
+    return;
+  }
+  c.to = merged_h5.path;
+  c.force = true;
+  h5_to_weights(c, want, &*adapter);
+  c.from = merged_h5.path;
+  c.to = o.to;
+  c.force = o.force;
+  h5_to_hub(c, std::nullopt);
+}
+
 }  // namespace
 
 int run_convert(const ConvertOptions& o) {
-  ZP_REQUIRE(!o.from.empty() && !o.to.empty(), "convert needs both a source (--from) and a destination (--to)");
+  ZP_REQUIRE((!o.from.empty() || !o.merge_lora.empty()) && !o.to.empty(),
+             "convert needs both a source (--from) and a destination (--to)");
   const std::optional<DType> want = parse_dtype(o.dtype);
   try {
+    if (!o.merge_lora.empty()) {
+      merge_lora(o, want);
+      return 0;
+    }
     ZP_REQUIRE(fs::exists(o.from), o.from, ": no such file or folder");
-    if (fs::is_directory(o.from)) hub_to_weights(o, want);
+    if (io::is_lora_checkpoint(o.from)) lora_checkpoint_to_adapter(o, want);
+    else if (fs::is_directory(o.from)) hub_to_weights(o, want);
     else if (io::is_h5_path(o.to)) h5_to_weights(o, want);
     else h5_to_hub(o, want);
   } catch (const fs::filesystem_error& e) {  // e.g. a folder we may not list; its message names the paths

@@ -32,6 +32,21 @@
 // a weights file when --to ends in .h5, else to a folder
 // (config.json plus <stem>.safetensors, or shards of at most max_shard_bytes named
 // <stem>-00001-of-0000N.safetensors with <stem>.safetensors.index.json, as the hub writes them).
+// LoRA (io/lora_adapter_files.h). A LoRA training checkpoint (an .h5 whose root has a "lora"
+// attribute and whose /model holds only <module>.lora_A/B.weight) converts to an adapter folder:
+// PEFT's (adapter_model.safetensors + adapter_config.json) for model_family transformer, diffusers'
+// (pytorch_lora_weights.safetensors) for unet; --dtype keep writes fp32. Every adapter module is
+// checked against the base model its model_config describes (a linear map or 1x1 convolution with
+// A [r, in], B [out, r] for its weight [out, in]) before anything is written. target_modules is the
+// run's own when PEFT would adapt exactly these modules with it, else the modules' full paths.
+// --merge-lora ADAPTER (a LoRA checkpoint, a PEFT folder, or a diffusers / kohya-ss file or folder)
+// writes the base (--from: a hub folder or weights .h5; default the base the adapter names) with each
+// adapted weight replaced by W + scale * B A, computed in float64 in the engine layout and rounded
+// once to the output dtype (the base's with keep); GPT-2's Conv1D weights go back to [in, out] in a
+// hub folder as in any conversion. The destination is a weights .h5 or a hub folder, by its name as
+// above; intermediate weights files <to>.lora-base.h5 / <to>.lora-merged.h5 are removed afterwards.
+// A shape that disagrees with the base is an error naming the tensor.
+//
 // Tensors stream one at a time, in pieces where no transpose is needed, so memory stays bounded by
 // the largest transposed weight. hub -> h5 -> hub with dtype "keep" gives back bit-identical tensors
 // and the identical config.json.
@@ -43,7 +58,8 @@ namespace zp::app {
 
 struct ConvertOptions {
   std::string from, to;
-  std::string dtype = "keep";  // keep | bf16 | fp32
+  std::string dtype = "keep";  // keep | bf16 | fp16 | fp32
+  std::string merge_lora;      // --merge-lora: the adapter to merge into `from` (see above)
   bool force = false;          // replace an existing destination
   // Largest safetensors shard when writing a folder (the hub's 5 GB); a model within it is one file.
   int64_t max_shard_bytes = 5'000'000'000;

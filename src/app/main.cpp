@@ -37,7 +37,9 @@ const char* kUsage =
     "commands:\n"
     "  train    train a model: zeropipe train --config FILE [--set key.path=value ...] [--resume FILE|latest]\n"
     "  convert  hub folder (safetensors) <-> weights HDF5 file, or a checkpoint's model out to either:\n"
-    "           zeropipe convert --from X --to Y [--dtype bf16|fp32|keep]\n"
+    "           zeropipe convert --from X --to Y [--dtype bf16|fp16|fp32|keep]\n"
+    "           a LoRA checkpoint to PEFT's (LMs) or diffusers' (UNets) adapter folder: --from CKPT.h5 --to DIR\n"
+    "           an adapter merged into its base: --merge-lora ADAPTER [--from BASE] --to OUT\n"
     "  make-latents  write a small latent dataset for a UNet (the UNet demo's data)\n"
     "  inspect  list and check a checkpoint or weights file: zeropipe inspect FILE [--verify]\n"
     "  plan     memory per rank and node on each tier, whether it fits, and the cheapest change if not:\n"
@@ -82,10 +84,16 @@ int cmd_parity(int argc, char** argv) {
 int cmd_convert(int argc, char** argv) {
   zp::app::ConvertOptions o;
   po::options_description desc("zeropipe convert options");
-  desc.add_options()("help,h", "show this help")("from", po::value<std::string>(&o.from)->required(),
-                                                 "hub folder, weights .h5 file or training checkpoint .h5")(
-      "to", po::value<std::string>(&o.to)->required(), "weights .h5 file (a name ending in .h5) or hub folder")(
-      "dtype", po::value<std::string>(&o.dtype)->default_value("keep"), "keep | bf16 | fp32")(
+  desc.add_options()("help,h", "show this help")(
+      "from", po::value<std::string>(&o.from),
+      "hub folder, weights .h5 file, training checkpoint .h5 or LoRA checkpoint .h5; with --merge-lora the base "
+      "weights (default: the base the adapter names)")(
+      "to", po::value<std::string>(&o.to)->required(),
+      "weights .h5 file (a name ending in .h5) or hub folder; for a LoRA checkpoint the adapter folder")(
+      "merge-lora", po::value<std::string>(&o.merge_lora),
+      "LoRA checkpoint .h5, PEFT adapter folder, or diffusers / kohya-ss .safetensors (file or folder) to merge "
+      "into the base weights: W + scale * B A")(
+      "dtype", po::value<std::string>(&o.dtype)->default_value("keep"), "keep | bf16 | fp16 | fp32")(
       "force", po::bool_switch(&o.force), "replace an existing destination");
   po::variables_map vm;
   if (!parse_options(argc, argv, desc, vm)) return 0;
