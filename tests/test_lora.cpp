@@ -286,7 +286,7 @@ TEST(LoraTransformer, MergedWeightsGiveTheSameLogitsAndAdapterGradientsAreExact)
         for (int64_t i = 0; i < in; ++i) {
           double s = 0;
           for (int64_t r = 0; r < lora.r; ++r) s += b->value.data<double>()[o * lora.r + r] * p->value.data<double>()[r * in + i];
-          w->value.data<double>()[o * in + i] += lora.scale() * s;
+          w->value.data<double>()[o * in + i] += lora.scale_for(lora.r, lora.alpha) * s;
         }
     }
     const int64_t B = 2, T = 6, N = B * T;

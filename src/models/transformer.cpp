@@ -126,9 +126,7 @@ bool TransformerConfig::hub_transposed(const std::string& name) const {
 
 int64_t TransformerConfig::num_parameters() const { return count_parameters<int64_t>(*this); }
 
-double LoraSpec::scale() const { return rslora ? alpha / std::sqrt(double(r)) : alpha / double(r); }
-
-std::vector<std::string> LoraSpec::modules_of(const std::string& model_type) {
+std::vector<std::string> lora_modules_of(const std::string& model_type) {
   if (model_type == "gpt2") return {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"};
   return {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
           "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
@@ -140,8 +138,8 @@ namespace {
 std::string module_of(const std::string& weight) { return weight.substr(0, weight.size() - std::string(".weight").size()); }
 
 // PEFT's rule for a list of target modules: the module's name is a target or ends with "." + target.
-bool lora_targets(const LoraSpec& lora, const std::string& module) {
-  for (const std::string& t : lora.target_modules)
+bool lora_targets(const std::vector<std::string>& targets, const std::string& module) {
+  for (const std::string& t : targets)
     if (module == t || module.ends_with("." + t)) return true;
   return false;
 }
@@ -151,13 +149,13 @@ bool lora_targets(const LoraSpec& lora, const std::string& module) {
 Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t pad_multiple,
                          bool allocate, LayerSpan span, const LoraSpec& lora)
     : cfg_(cfg), span_(span), lora_(lora) {
-  if (lora_.enabled()) {
+  if (trains_adapters()) {
     ZP_REQUIRE(!lora_.target_modules.empty(), "lora.target_modules is empty: name the modules to adapt (",
-               nlohmann::json(LoraSpec::modules_of(cfg.model_type)).dump(), ")");
-    const std::vector<std::string> offered = LoraSpec::modules_of(cfg.model_type);
+               nlohmann::json(lora_modules_of(cfg.model_type)).dump(), ")");
+    const std::vector<std::string> offered = lora_modules_of(cfg.model_type);
     for (const std::string& t : lora_.target_modules) {
       bool found = false;
-      for (const std::string& m : offered) found = found || lora_targets(LoraSpec{1, 1, 0, {t}}, "model.layers.0." + m);
+      for (const std::string& m : offered) found = found || lora_targets({t}, "model.layers.0." + m);
       ZP_REQUIRE(found, "lora.target_modules: '", t, "' names no module of a ", cfg.model_type, " layer (its linear "
                  "modules: ", nlohmann::json(offered).dump(), ")");
     }
@@ -181,7 +179,7 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
   const bool gpt2 = cfg.model_type == "gpt2";
   const std::string pre = gpt2 ? "transformer." : "model.";
   embed_ = std::make_unique<ParamBlock>("embed");
-  if (lora_.enabled()) embed_->freeze();
+  if (trains_adapters()) embed_->freeze();
   wte_ = embed_->add(pre + (gpt2 ? "wte.weight" : "embed_tokens.weight"), {cfg.vocab, C}, false);
   if (cfg.tied) embed_->add_gap((vpad_ - cfg.vocab) * C);  // the head GEMM reads vpad rows
   if (cfg.learned_positions) wpe_ = embed_->add(pre + "wpe.weight", {cfg.max_positions, C}, false);
@@ -240,7 +238,7 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
     l.ln1 = Norm(cfg.norm, n1w, n1b, cfg.norm_eps);
     l.ln2 = Norm(cfg.norm, n2w, n2b, cfg.norm_eps);
     Linear qkv(qkv_w, qkv_b), o(ow, ob), up(up_w, up_b), down(dw, db);
-    if (lora_.enabled()) {
+    if (trains_adapters()) {
       b.freeze();
       l.adapters = std::make_unique<ParamBlock>(b.name() + ".lora");
       ParamBlock& ab = *l.adapters;
@@ -258,7 +256,7 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
         std::vector<Targeted> hit;
         int64_t col = 0;
         for (Parameter* w : weights) {
-          if (lora_targets(lora_, module_of(w->name))) hit.push_back({w, col});
+          if (lora_targets(lora_.target_modules, module_of(w->name))) hit.push_back({w, col});
           col += w->shape[0];
         }
         if (!hit.empty()) linears.push_back({linear, std::move(hit)});
@@ -273,7 +271,7 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
       for (auto& [linear, hit] : linears) {
         std::vector<LowRankAdapter> adapters;
         for (const Targeted& t : hit) adapters.push_back({t.a, t.b, t.col});
-        linear->set_adapters(std::move(adapters), float(lora_.scale()), float(lora_.dropout));
+        linear->set_adapters(std::move(adapters), float(lora_.scale_for(lora_.r, lora_.alpha)), float(lora_.dropout));
       }
     }
     AttentionShape ash{cfg.heads, cfg.kv_heads, D, !gpt2, cfg.rope_theta};
@@ -284,7 +282,7 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
 
   if (!span_.head) return;
   head_ = std::make_unique<ParamBlock>("head");
-  if (lora_.enabled()) head_->freeze();
+  if (trains_adapters()) head_->freeze();
   Parameter* nw = head_->add(pre + (gpt2 ? "ln_f.weight" : "norm.weight"), {C}, false);
   Parameter* nb = cfg.norm == NormKind::LayerNorm ? head_->add(pre + "ln_f.bias", {C}, false) : nullptr;
   if (!cfg.tied) {

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "io/lora_adapter_files.h"
 #include "nn/attention.h"
 #include "nn/block_access.h"
 #include "nn/mlp.h"
@@ -67,22 +68,16 @@ struct LayerSpan {
 };
 
 // LoRA (issue 14): low-rank adapters on the named linear modules of every layer, the rest of the
-// model frozen. target_modules are matched as PEFT matches them: a module whose name equals a target
-// or ends with "." + target (the hub's names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
-// down_proj; GPT-2's c_attn, c_fc and c_proj, which is both attn.c_proj and mlp.c_proj, or one of them
-// by its longer name). Each targeted module gets <module>.lora_A.weight [r, in] (PEFT's init:
-// uniform within 1/sqrt(in)) and <module>.lora_B.weight [out, r] (zeros), in one extra block per
-// layer ("layer<i>.lora"), and adds scale * B A dropout(x) to its output (nn::Linear's adapters).
-struct LoraSpec {
-  int64_t r = 0;  // 0: no LoRA, every parameter trains
-  double alpha = 8, dropout = 0;
-  std::vector<std::string> target_modules;
-  bool rslora = false;  // scale alpha / sqrt(r) (rank-stabilised) instead of alpha / r
-  bool enabled() const { return r > 0; }
-  double scale() const;
-  // The module names a layer of `cfg` offers to LoRA (without the layer prefix): for messages.
-  static std::vector<std::string> modules_of(const std::string& model_type);
-};
+// model frozen; the settings are io::LoraConfig's (r 0: no LoRA). target_modules are matched as PEFT
+// matches them: a module whose name equals a target or ends with "." + target (the hub's names:
+// q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; GPT-2's c_attn, c_fc and c_proj,
+// which is both attn.c_proj and mlp.c_proj, or one of them by its longer name). Each targeted module
+// gets <module>.lora_A.weight [r, in] (PEFT's init: uniform within 1/sqrt(in)) and
+// <module>.lora_B.weight [out, r] (zeros), in one extra block per layer ("layer<i>.lora"), and adds
+// scale * B A dropout(x) to its output (nn::Linear's adapters).
+using LoraSpec = io::LoraConfig;
+// The module names a layer of `model_type` offers to LoRA (without the layer prefix).
+std::vector<std::string> lora_modules_of(const std::string& model_type);
 
 // What a forward keeps for the backward.
 enum class ForwardMode {
@@ -161,6 +156,7 @@ class Transformer {
   std::vector<nn::ParamBlock*> trainable_blocks();
   std::vector<nn::ParamBlock*> frozen_blocks();
   const LoraSpec& lora() const { return lora_; }
+  bool trains_adapters() const { return lora_.r > 0; }
   std::vector<nn::Parameter*> parameters();
   nn::Parameter* find(const std::string& name);  // nullptr when absent
   int64_t padded_vocab() const { return vpad_; }

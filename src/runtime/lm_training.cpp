@@ -223,14 +223,14 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
   // LoRA's adapters start from PEFT's initialisation whatever the base came from; the base's
   // fingerprint is taken as its blocks are filled (a tied head's replica is the embedding again).
   void fill_block(nn::ParamBlock& b) override {
-    const bool adapters = lora_.enabled() && !b.frozen();
+    const bool adapters = lora_.r > 0 && !b.frozen();
     if (hub_weights_ && !adapters)
       chunks_[0]->load_block(*hub_weights_, b);
     else
       chunks_[0]->init_block_random(b, cfg_.seed, cfg_.init_std);
     bool replica = false;
     for (auto& c : chunks_) replica = replica || c->embedding_replica() == &b;
-    if (lora_.enabled() && b.frozen() && !replica) fingerprint_.add(b, at_.s());
+    if (lora_.r > 0 && b.frozen() && !replica) fingerprint_.add(b, at_.s());
   }
   void set_block_access(nn::BlockAccess* access) override {
     for (auto& c : chunks_) c->set_block_access(access);
@@ -245,7 +245,7 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
     return {};
   }
   // A frozen tied embedding (LoRA) takes no gradients, so its copies need no summing.
-  bool has_shared_blocks() const override { return mcfg_.tied && at_.stages() > 1 && !lora_.enabled(); }
+  bool has_shared_blocks() const override { return mcfg_.tied && at_.stages() > 1 && lora_.r == 0; }
   int64_t model_position(const nn::ParamBlock& b) const override {
     if (b.name() == "embed") return -1;
     if (b.name() == "head") return mcfg_.layers;
@@ -307,9 +307,8 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
     m.config_json = cfg_.config_json;
     m.model_config = hub_;
     m.model_family = "transformer";
-    if (!lora_.enabled()) return m;
-    m.lora = {{"r", lora_.r}, {"alpha", lora_.alpha}, {"dropout", lora_.dropout},
-              {"target_modules", lora_.target_modules}, {"rslora", lora_.rslora}};
+    if (lora_.r == 0) return m;
+    m.lora = lora_.to_json();
     m.base_model = hub_weights_ ? cfg_.hub_dir : detail::cat("random initialisation (seed ", cfg_.seed, ", std ",
                                                              cfg_.init_std, ")");
     m.base_fingerprint = base_fingerprint();
@@ -351,7 +350,7 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
   // LoRA's dropout masks: keyed by (seed, step), the rows by the micro-batch's global position, so a
   // sample's masks do not depend on the rank or micro-step that runs it.
   nn::DropoutDraw dropout_draw(int64_t step, int64_t first) const {
-    if (!lora_.enabled() || lora_.dropout == 0) return {};
+    if (lora_.r == 0 || lora_.dropout == 0) return {};
     return {nn::splitmix64(cfg_.seed ^ nn::splitmix64(0x4C6F5241ull + uint64_t(step))) | 1, first * cfg_.seq_len};
   }
   // The fingerprint of the whole base: every stage's part (each fingerprints the blocks it filled).
@@ -370,7 +369,7 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
     return *fingerprint_hex_;
   }
   std::string lora_description() const {
-    if (!lora_.enabled()) return "";
+    if (lora_.r == 0) return "";
     int64_t trained = 0, all = 0;
     for (const auto& c : chunks_)
       for (nn::ParamBlock* b : c->blocks())
