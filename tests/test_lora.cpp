@@ -7,9 +7,12 @@
 //  - A Transformer (GPT-2 and Llama, every target module kind) with LoRA computes the logits of the
 //    plain model with merged weights, its adapter gradients match finite differences, with and
 //    without activation checkpointing, and the base blocks take no gradient.
+//  - On the golden models (tests/golden/*-tiny/lora: PEFT's own LoRA layers in float64) the logits,
+//    the loss and every adapter gradient meet the parity criterion, fp32 on the CPU, bf16 on a GPU.
 //  - On a GPU the bf16 adapters follow the CPU reference, and the dropout masks are the same.
 #include <cmath>
 
+#include "app/parity.h"
 #include "kernels/dropout.h"
 #include "models/transformer.h"
 #include "nn/init.h"
@@ -353,6 +356,27 @@ TEST(LoraTransformer, TargetsThatNameNoModuleAreRefused) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'qkv_proj' names no module of a llama layer"), std::string::npos) << e.what();
   }
+}
+
+namespace {
+
+void expect_lora_parity(const std::string& device, const std::string& dtype) {
+  for (const std::string model : {"llama-tiny", "qwen2-tiny", "gpt2-tiny"}) {
+    app::ParityReport r = app::run_parity({golden_path(model + "/lora"), device, dtype}, /*print=*/false);
+    size_t adapters = 0;
+    for (const app::ParityEntry& e : r.entries()) adapters += e.name.starts_with("grad.");
+    EXPECT_EQ(adapters, model == "gpt2-tiny" ? 16u : 28u) << model;
+    EXPECT_EQ(r.finish(), 0) << model << " LoRA on " << device << " in " << dtype;
+  }
+}
+
+}  // namespace
+
+TEST(LoraGolden, MatchesPeftFloat64ReferenceInFp32Cpu) { expect_lora_parity("cpu", "fp32"); }
+
+TEST(LoraGoldenGpu, MatchesPeftFloat64ReferenceInBf16) {
+  ZP_SKIP_WITHOUT_GPU();
+  expect_lora_parity("cuda", "bf16");
 }
 
 TEST(LoraLinearGpu, Bf16AdaptersAndDropoutFollowTheCpu) {

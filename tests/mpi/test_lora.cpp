@@ -68,6 +68,28 @@ TEST(Lora, StagesAndTiersFollowOneRank) {
   }
 }
 
+// On GPUs (one per rank): the adapters' trajectory at stage 3 with the frozen base's shards in pinned
+// host memory (gathered up for every forward and backward) and the optimizer on the CPU follows
+// stage 0 on the device, for both families.
+TEST(LoraGpu, OffloadedBaseFollowsStage0OnGpus) {
+  if (!every_rank_has_a_gpu()) GTEST_SKIP() << "needs one GPU per rank";
+  comm::Runtime rt;
+  const int world = world_size();
+  for (const std::string model : {"llama", "gpt2"}) {
+    SharedDir dir("lora_gpu_" + model);
+    const std::string data = data_file(dir, model);
+    TrainingRun r{model, 0, world};
+    r.device = "cuda";
+    r.lora = lora_for(model, 0.1);
+    const runtime::TrainResult ref = run(data, r, rt, MPI_COMM_WORLD, true);
+    r.stage = 3;
+    r.offload = "cpu";
+    r.offload_param = "cpu";
+    r.activation_checkpointing = true;
+    expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), ref, model + " LoRA, base offloaded, on GPUs");
+  }
+}
+
 TEST(Lora, CheckpointsHoldTheAdaptersAndGuardTheBase) {
   comm::Runtime rt;
   const int world = world_size();
