@@ -132,34 +132,11 @@ std::vector<std::string> lora_modules_of(const std::string& model_type) {
           "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
 }
 
-namespace {
-
-// "model.layers.0.self_attn.q_proj" of "model.layers.0.self_attn.q_proj.weight".
-std::string module_of(const std::string& weight) { return weight.substr(0, weight.size() - std::string(".weight").size()); }
-
-// PEFT's rule for a list of target modules: the module's name is a target or ends with "." + target.
-bool lora_targets(const std::vector<std::string>& targets, const std::string& module) {
-  for (const std::string& t : targets)
-    if (module == t || module.ends_with("." + t)) return true;
-  return false;
-}
-
-}  // namespace
 
 Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t pad_multiple,
                          bool allocate, LayerSpan span, const LoraSpec& lora)
     : cfg_(cfg), span_(span), lora_(lora) {
-  if (trains_adapters()) {
-    ZP_REQUIRE(!lora_.target_modules.empty(), "lora.target_modules is empty: name the modules to adapt (",
-               nlohmann::json(lora_modules_of(cfg.model_type)).dump(), ")");
-    const std::vector<std::string> offered = lora_modules_of(cfg.model_type);
-    for (const std::string& t : lora_.target_modules) {
-      bool found = false;
-      for (const std::string& m : offered) found = found || lora_targets({t}, "model.layers.0." + m);
-      ZP_REQUIRE(found, "lora.target_modules: '", t, "' names no module of a ", cfg.model_type, " layer (its linear "
-                 "modules: ", nlohmann::json(offered).dump(), ")");
-    }
-  }
+  if (trains_adapters()) check_lora_targets(lora_, lora_modules_of(cfg.model_type), cfg.model_type);
   if (span_.end < 0) span_.end = cfg.layers;
   ZP_CHECK(0 <= span_.begin && span_.begin <= span_.end && span_.end <= cfg.layers, "layer span [", span_.begin, ", ",
            span_.end, ") of a model with ", cfg.layers, " layers");
@@ -241,38 +218,12 @@ Transformer::Transformer(const TransformerConfig& cfg, Device dev, DType dt, Str
     if (trains_adapters()) {
       b.freeze();
       l.adapters = std::make_unique<ParamBlock>(b.name() + ".lora");
-      ParamBlock& ab = *l.adapters;
-      // Per Linear: the targeted modules' A matrices packed back to back (one GEMM for them all), then
-      // their B matrices; a module's adapter adds into its own rows of the packed weight.
-      struct Targeted {
-        Parameter* base;
-        int64_t col;
-        Parameter *a = nullptr, *b = nullptr;
-      };
-      std::vector<std::pair<Linear*, std::vector<Targeted>>> linears;
-      using Group = std::pair<Linear*, std::vector<Parameter*>>;
-      for (const auto& [linear, weights] :
-           std::vector<Group>{{&qkv, qkv_w}, {&o, {ow}}, {&up, up_w}, {&down, {dw}}}) {
-        std::vector<Targeted> hit;
-        int64_t col = 0;
-        for (Parameter* w : weights) {
-          if (lora_targets(lora_.target_modules, module_of(w->name))) hit.push_back({w, col});
-          col += w->shape[0];
-        }
-        if (!hit.empty()) linears.push_back({linear, std::move(hit)});
-      }
-      for (auto& [linear, hit] : linears) {
-        for (size_t k = 0; k < hit.size(); ++k)
-          hit[k].a = ab.add(module_of(hit[k].base->name) + ".lora_A.weight", {lora_.r, hit[k].base->shape[1]}, true,
-                            k > 0);
-        for (Targeted& t : hit) t.b = ab.add(module_of(t.base->name) + ".lora_B.weight", {t.base->shape[0], lora_.r}, true);
-      }
-      place(ab);
-      for (auto& [linear, hit] : linears) {
-        std::vector<LowRankAdapter> adapters;
-        for (const Targeted& t : hit) adapters.push_back({t.a, t.b, t.col});
-        linear->set_adapters(std::move(adapters), float(lora_.scale_for(lora_.r, lora_.alpha)), float(lora_.dropout));
-      }
+      LoraAttacher lora(lora_, *l.adapters);
+      lora.attach(qkv, qkv_w);
+      lora.attach(o, {ow});
+      lora.attach(up, up_w);
+      lora.attach(down, {dw});
+      place(*l.adapters);
     }
     AttentionShape ash{cfg.heads, cfg.kv_heads, D, !gpt2, cfg.rope_theta};
     l.attn = SelfAttention(qkv, o, ash);

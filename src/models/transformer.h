@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "io/lora_adapter_files.h"
+#include "models/lora_modules.h"
 #include "nn/attention.h"
 #include "nn/block_access.h"
 #include "nn/mlp.h"
@@ -75,7 +75,6 @@ struct LayerSpan {
 // gets <module>.lora_A.weight [r, in] (PEFT's init: uniform within 1/sqrt(in)) and
 // <module>.lora_B.weight [out, r] (zeros), in one extra block per layer ("layer<i>.lora"), and adds
 // scale * B A dropout(x) to its output (nn::Linear's adapters).
-using LoraSpec = io::LoraConfig;
 // The module names a layer of `model_type` offers to LoRA (without the layer prefix).
 std::vector<std::string> lora_modules_of(const std::string& model_type);
 

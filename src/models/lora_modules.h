@@ -1,0 +1,43 @@
+// LoRA's adapters on a model's linear modules (issue 14), shared by the transformer and the UNet:
+// which modules a LoRA config targets (PEFT's rule for a list of names: the module's name is a
+// target or ends with "." + target), and the adapter parameters of each targeted module,
+// <module>.lora_A.weight [r, in] and <module>.lora_B.weight [out, r], added to the layer's or stage's
+// adapter block and given to the Linear that computes the module (nn::Linear's adapters). The A
+// matrices of one Linear (a packed q/k/v or gate/up projection) are added back to back, so the
+// Linear computes them all with one GEMM.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "io/lora_adapter_files.h"
+#include "nn/linear.h"
+#include "nn/parameter.h"
+
+namespace zp::models {
+
+using LoraSpec = io::LoraConfig;
+
+// "model.layers.0.self_attn.q_proj" of "model.layers.0.self_attn.q_proj.weight".
+std::string module_of(const std::string& weight_name);
+// PEFT's matching of a list of target modules.
+bool lora_targets(const std::vector<std::string>& targets, const std::string& module);
+// Throws zp::Error naming a target that matches none of the module names a layer offers (`offered`,
+// relative names such as "self_attn.q_proj"; `family` names the model in the message).
+void check_lora_targets(const LoraSpec& lora, const std::vector<std::string>& offered, const std::string& family);
+
+class LoraAttacher {
+ public:
+  // Adds to `adapters` (not yet laid out) the parameters of every module it attaches.
+  LoraAttacher(const LoraSpec& lora, nn::ParamBlock& adapters) : lora_(lora), adapters_(adapters) {}
+  // `weights`: the parameters packed in `linear`, in row order. Gives `linear` an adapter for each
+  // targeted one; returns how many.
+  int attach(nn::Linear& linear, const std::vector<nn::Parameter*>& weights);
+  int attached() const { return attached_; }
+
+ private:
+  const LoraSpec& lora_;
+  nn::ParamBlock& adapters_;
+  int attached_ = 0;
+};
+
+}  // namespace zp::models
