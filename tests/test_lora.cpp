@@ -7,6 +7,10 @@
 //  - A Transformer (GPT-2 and Llama, every target module kind) with LoRA computes the logits of the
 //    plain model with merged weights, its adapter gradients match finite differences, with and
 //    without activation checkpointing, and the base blocks take no gradient.
+//  - The SDXL-layout UNet with adapters on every linear module kind (attn1/attn2 to_q, to_k, to_v,
+//    to_out.0, ff.net.0.proj, ff.net.2, proj_in, proj_out) gives the merged model's output, exact
+//    adapter gradients, and no gradient to its frozen blocks; SD 1.x's convolution projections are
+//    refused as targets.
 //  - On the golden models (tests/golden/*-tiny/lora: PEFT's own LoRA layers in float64) the logits,
 //    the loss and every adapter gradient meet the parity criterion, fp32 on the CPU, bf16 on a GPU.
 //  - On a GPU the bf16 adapters follow the CPU reference, and the dropout masks are the same.
@@ -15,10 +19,12 @@
 #include "app/parity.h"
 #include "kernels/dropout.h"
 #include "models/transformer.h"
+#include "models/unet.h"
 #include "nn/init.h"
 #include "nn/linear.h"
 #include "test_util.h"
 #include "tiny_llama_config.h"
+#include "tiny_unet_config.h"
 
 namespace zp::test {
 namespace {
@@ -356,6 +362,103 @@ TEST(LoraTransformer, TargetsThatNameNoModuleAreRefused) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'qkv_proj' names no module of a llama layer"), std::string::npos) << e.what();
   }
+}
+
+TEST(LoraUNet, MergedWeightsGiveTheSameOutputAndAdapterGradientsAreExact) {
+  const models::UNetConfig cfg = models::UNetConfig::from_hub_json(tiny_unet_config(true), "tiny_unet_config");
+  models::LoraSpec lora{2, 3, 0, {"to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2", "proj_in", "proj_out"}, false};
+  models::UNet m(cfg, Device::cpu(), DType::F64, nullptr, 1, true, lora), plain(cfg, Device::cpu(), DType::F64);
+  for (nn::Parameter* p : plain.parameters()) nn::init_normal(*p, 11, 0.2);
+  size_t adapters = 0;
+  for (nn::Parameter* p : m.parameters()) {
+    if (p->name.ends_with(".lora_A.weight") || p->name.ends_with(".lora_B.weight"))
+      fill(*p, 300 + adapters++, 0.3);
+    else
+      nn::init_normal(*p, 11, 0.2);
+  }
+  // 12 modules (attn1 and attn2 q, k, v, out; ff in and out; proj_in and proj_out) x (A, B) in each of
+  // the four Transformer2D: down block 0's one, the mid block's, up block 1's two.
+  EXPECT_EQ(adapters, 4u * 12u * 2u);
+  for (nn::Parameter* p : m.parameters()) {
+    if (!p->name.ends_with(".lora_A.weight")) continue;
+    const std::string module = p->name.substr(0, p->name.size() - std::string(".lora_A.weight").size());
+    nn::Parameter* b = m.find(module + ".lora_B.weight");
+    nn::Parameter* w = plain.find(module + ".weight");
+    ASSERT_TRUE(b && w) << module;
+    const int64_t out = w->shape[0], in = w->shape[1];
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) {
+        double sum = 0;
+        for (int64_t r = 0; r < lora.r; ++r) sum += b->value.data<double>()[o * lora.r + r] * p->value.data<double>()[r * in + i];
+        w->value.data<double>()[o * in + i] += lora.scale_for(lora.r, lora.alpha) * sum;
+      }
+  }
+  const int64_t B = 2, S = 8, L = 3;
+  models::UNetInputs x;
+  x.sample = upload(randn(size_t(B * cfg.in_channels * S * S), 1), DType::F64, Device::cpu()).view({B, cfg.in_channels, S, S});
+  x.timesteps = {10.f, 700.f};
+  x.encoder_hidden_states = upload(randn(size_t(B * L * cfg.cross_dim[0]), 2), DType::F64, Device::cpu()).view({B, L, cfg.cross_dim[0]});
+  x.text_embeds = upload(randn(size_t(B * cfg.text_embeds_dim()), 3), DType::F64, Device::cpu()).view({B, cfg.text_embeds_dim()});
+  for (int64_t b = 0; b < B; ++b)
+    for (float v : {64.f, 64.f, 0.f, 0.f, 64.f, 64.f}) x.time_ids.push_back(v);
+  auto infer = models::UNetActivations::inference();
+  auto infer2 = models::UNetActivations::inference();
+  EXPECT_LE(rel_error(values(m.forward(x, infer)), values(plain.forward(x, infer2))), 1e-12) << "LoRA vs merged";
+
+  const std::vector<float> g = randn(size_t(B * cfg.out_channels * S * S), 4);
+  Tensor dout = upload(g, DType::F64, Device::cpu()).view({B, cfg.out_channels, S, S});
+  auto loss = [&] {
+    auto a = models::UNetActivations::inference();
+    const std::vector<double> y = values(m.forward(x, a));
+    double sum = 0;
+    for (size_t i = 0; i < y.size(); ++i) sum += y[i] * g[i];
+    return sum;
+  };
+  for (nn::ParamBlock* blk : m.blocks()) blk->zero_grad();
+  auto acts = models::UNetActivations::training(true);  // checkpointed: the re-forward sees the adapters too
+  m.forward(x, acts);
+  m.backward(dout, acts);
+  for (nn::ParamBlock* blk : m.frozen_blocks()) {
+    double sum = 0;
+    for (float v : download(blk->grads())) sum += std::abs(v);
+    EXPECT_EQ(sum, 0.0) << "frozen block " << blk->name() << " took a gradient";
+  }
+  EXPECT_EQ(m.trainable_blocks().size(), 3u);  // down 0, mid, up 1
+  for (nn::Parameter* p : m.parameters()) {
+    if (!p->name.ends_with(".lora_A.weight") && !p->name.ends_with(".lora_B.weight")) continue;
+    const std::vector<double> an = values(p->grad);
+    std::vector<double> got, fd;
+    double* pv = p->value.data<double>();
+    // Three elements of each of the 96 tensors: every adapter checked, the test short.
+    for (int64_t i = 0; i < p->numel(); i += std::max<int64_t>(1, p->numel() / 3)) {
+      // Fourth-order central differences: the UNet's depth makes the second-order ones' error ~1e-6.
+      const double keep = pv[i], h = 1e-4;
+      double f[4];
+      const double at[4] = {2 * h, h, -h, -2 * h};
+      for (int k = 0; k < 4; ++k) {
+        pv[i] = keep + at[k];
+        f[k] = loss();
+      }
+      pv[i] = keep;
+      fd.push_back((-f[0] + 8 * f[1] - 8 * f[2] + f[3]) / (12 * h));
+      got.push_back(an[size_t(i)]);
+    }
+    EXPECT_LE(rel_error(got, fd), 1e-6) << p->name;
+  }
+}
+
+TEST(LoraUNet, ConvolutionProjectionsAreRefusedAsTargets) {
+  const models::UNetConfig cfg = models::UNetConfig::from_hub_json(tiny_unet_config(false), "tiny_unet_config");
+  models::LoraSpec lora{4, 4, 0, {"to_q", "proj_in"}, false};
+  try {
+    models::UNet m(cfg, Device::cpu(), DType::F32, nullptr, 1, false, lora);
+    ADD_FAILURE() << "LoRA on a 1x1 convolution was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("1x1 convolution"), std::string::npos) << e.what();
+  }
+  lora.target_modules = {"to_q", "to_v"};  // the attention alone is fine
+  models::UNet ok(cfg, Device::cpu(), DType::F32, nullptr, 1, false, lora);
+  EXPECT_EQ(ok.trainable_blocks().size(), 3u);
 }
 
 namespace {

@@ -2,7 +2,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+
 #include "core/error.h"
+#include "nn/init.h"
 
 namespace zp::models {
 
@@ -26,6 +29,18 @@ void check_lora_targets(const LoraSpec& lora, const std::vector<std::string>& of
     ZP_REQUIRE(found, "lora.target_modules: '", t, "' names no module of a ", family, " layer (its linear modules: ",
                nlohmann::json(offered).dump(), ")");
   }
+}
+
+bool init_lora_parameter(nn::Parameter& p, uint64_t seed, StreamHandle s) {
+  if (p.name.ends_with(".lora_A.weight")) {
+    nn::init_uniform(p, seed, 1.0 / std::sqrt(double(p.shape.at(1))), s);
+    return true;
+  }
+  if (p.name.ends_with(".lora_B.weight")) {
+    nn::init_constant(p, 0.f, s);
+    return true;
+  }
+  return false;
 }
 
 int LoraAttacher::attach(nn::Linear& linear, const std::vector<nn::Parameter*>& weights) {

@@ -25,6 +25,10 @@ bool lora_targets(const std::vector<std::string>& targets, const std::string& mo
 // relative names such as "self_attn.q_proj"; `family` names the model in the message).
 void check_lora_targets(const LoraSpec& lora, const std::vector<std::string>& offered, const std::string& family);
 
+// PEFT's initialisation of an adapter parameter: A uniform within 1/sqrt(in) (kaiming_uniform with
+// a = sqrt(5)), B zero, so training starts from the base's output. False for any other parameter.
+bool init_lora_parameter(nn::Parameter& p, uint64_t seed, StreamHandle s);
+
 class LoraAttacher {
  public:
   // Adds to `adapters` (not yet laid out) the parameters of every module it attaches.
@@ -33,6 +37,7 @@ class LoraAttacher {
   // targeted one; returns how many.
   int attach(nn::Linear& linear, const std::vector<nn::Parameter*>& weights);
   int attached() const { return attached_; }
+  const std::vector<std::string>& targets() const { return lora_.target_modules; }
 
  private:
   const LoraSpec& lora_;

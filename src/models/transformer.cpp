@@ -282,10 +282,8 @@ void Transformer::init_block_random(ParamBlock& b, uint64_t seed, double std) {
   const double proj_std = std / std::sqrt(2.0 * double(cfg_.layers));
   for (auto& owned : b.params()) {
     Parameter* p = owned.get();
-    if (p->name.ends_with(".lora_A.weight")) {
-      init_uniform(*p, seed, 1.0 / std::sqrt(double(p->shape[1])), ctx_.s);
-    } else if (p->name.ends_with(".lora_B.weight")) {
-      init_constant(*p, 0.f, ctx_.s);
+    if (init_lora_parameter(*p, seed, ctx_.s)) {
+      continue;
     } else if (p->shape.size() == 1) {
       const bool norm_weight = p->name.ends_with(".weight");  // every 1-d weight is a norm's
       init_constant(*p, norm_weight ? 1.f : 0.f, ctx_.s);
@@ -309,7 +307,7 @@ double Transformer::flops_per_token(int64_t T) const {
 }
 
 void Transformer::load(const io::WeightSource& files) {
-  for (ParamBlock* b : blocks()) load_block(files, *b);
+  for (ParamBlock* b : trains_adapters() ? frozen_blocks() : blocks()) load_block(files, *b);
 }
 
 void Transformer::load_block(const io::WeightSource& files, ParamBlock& b) {

@@ -268,10 +268,13 @@ GroupNorm add_group_norm(ParamBlock& b, const std::string& p, int64_t C, int64_t
   Parameter* bias = b.add(p + ".bias", {C}, false);
   return GroupNorm(w, bias, groups, eps, silu);
 }
-Linear add_linear(ParamBlock& b, const std::string& p, int64_t in, int64_t out) {
+// lora: the stage's LoRA adapters, which this Linear gets when its module is a target.
+Linear add_linear(ParamBlock& b, const std::string& p, int64_t in, int64_t out, LoraAttacher* lora = nullptr) {
   Parameter* w = b.add(p + ".weight", {out, in}, true);
   Parameter* bias = b.add(p + ".bias", {out}, false);
-  return Linear(w, bias);
+  Linear l(w, bias);
+  if (lora) lora->attach(l, {w});
+  return l;
 }
 Norm add_layer_norm(ParamBlock& b, const std::string& p, int64_t C) {
   Parameter* w = b.add(p + ".weight", {C}, false);
@@ -295,7 +298,7 @@ ResBlock add_res_block(ParamBlock& b, const std::string& p, int64_t cin, int64_t
 // BasicTransformerBlock of width I: attn1's to_q, to_k, to_v packed into one [3I, I] projection,
 // attn2's to_k, to_v into one [2I, cross_dim] projection of the context.
 BasicTransformerBlock add_transformer_block(ParamBlock& b, const std::string& p, int64_t I, int64_t heads,
-                                            int64_t cross_dim) {
+                                            int64_t cross_dim, LoraAttacher* lora) {
   const int64_t F = 4 * I;
   Norm norm1 = add_layer_norm(b, p + ".norm1", I);
   SelfAttention attn1;
@@ -304,12 +307,14 @@ BasicTransformerBlock add_transformer_block(ParamBlock& b, const std::string& p,
     Parameter* q = b.add(a + "to_q.weight", {I, I}, true);
     Parameter* k = b.add(a + "to_k.weight", {I, I}, true, /*packed=*/true);
     Parameter* v = b.add(a + "to_v.weight", {I, I}, true, /*packed=*/true);
-    Linear out = add_linear(b, a + "to_out.0", I, I);
+    Linear out = add_linear(b, a + "to_out.0", I, I, lora);
     nn::AttentionShape shape;
     shape.Hq = shape.Hkv = heads;
     shape.D = I / heads;
     shape.causal = false;
-    attn1 = SelfAttention(Linear({q, k, v}, {}), out, shape);
+    Linear qkv({q, k, v}, {});
+    if (lora) lora->attach(qkv, {q, k, v});
+    attn1 = SelfAttention(qkv, out, shape);
   }
   Norm norm2 = add_layer_norm(b, p + ".norm2", I);
   CrossAttention attn2;
@@ -318,31 +323,42 @@ BasicTransformerBlock add_transformer_block(ParamBlock& b, const std::string& p,
     Parameter* q = b.add(a + "to_q.weight", {I, I}, true);
     Parameter* k = b.add(a + "to_k.weight", {I, cross_dim}, true);
     Parameter* v = b.add(a + "to_v.weight", {I, cross_dim}, true, /*packed=*/true);
-    Linear out = add_linear(b, a + "to_out.0", I, I);
-    attn2 = CrossAttention(Linear(q, nullptr), Linear({k, v}, {}), out, heads);
+    Linear out = add_linear(b, a + "to_out.0", I, I, lora);
+    Linear lq(q, nullptr), lkv({k, v}, {});
+    if (lora) {
+      lora->attach(lq, {q});
+      lora->attach(lkv, {k, v});
+    }
+    attn2 = CrossAttention(lq, lkv, out, heads);
   }
   Norm norm3 = add_layer_norm(b, p + ".norm3", I);
-  Linear ff_proj = add_linear(b, p + ".ff.net.0.proj", I, 2 * F);
-  Linear ff_out = add_linear(b, p + ".ff.net.2", F, I);
+  Linear ff_proj = add_linear(b, p + ".ff.net.0.proj", I, 2 * F, lora);
+  Linear ff_out = add_linear(b, p + ".ff.net.2", F, I, lora);
   return BasicTransformerBlock(norm1, attn1, norm2, attn2, norm3, ff_proj, ff_out);
 }
 
 // Transformer2DModel on C channels with `layers` transformer blocks of heads * (C / heads) width.
 Transformer2D add_transformer2d(ParamBlock& b, const std::string& p, int64_t C, int64_t heads, int64_t layers,
-                                int64_t cross_dim, const UNetConfig& cfg) {
+                                int64_t cross_dim, const UNetConfig& cfg, LoraAttacher* lora) {
   const int64_t inner = heads * (C / heads);
   GroupNorm norm = add_group_norm(b, p + ".norm", C, cfg.groups, 1e-6f, false);
   Linear in_lin;
   Conv2d in_conv;
-  if (cfg.linear_projection)
-    in_lin = add_linear(b, p + ".proj_in", C, inner);
-  else
+  if (cfg.linear_projection) {
+    in_lin = add_linear(b, p + ".proj_in", C, inner, lora);
+  } else {
+    for (const char* proj : {".proj_in", ".proj_out"})
+      ZP_REQUIRE(!lora || !lora_targets(lora->targets(), p + proj), "lora.target_modules: ", p, proj,
+                 " is a 1x1 convolution in this UNet (use_linear_projection false, SD 1.x): LoRA on convolutions "
+                 "is not implemented; leave proj_in / proj_out out of the targets");
     in_conv = add_conv(b, p + ".proj_in", C, inner, 1, 1, 0);
+  }
   std::vector<BasicTransformerBlock> blocks;
   for (int64_t l = 0; l < layers; ++l)
-    blocks.push_back(add_transformer_block(b, p + ".transformer_blocks." + std::to_string(l), inner, heads, cross_dim));
+    blocks.push_back(
+        add_transformer_block(b, p + ".transformer_blocks." + std::to_string(l), inner, heads, cross_dim, lora));
   if (cfg.linear_projection)
-    return Transformer2D(norm, in_lin, std::move(blocks), add_linear(b, p + ".proj_out", inner, C));
+    return Transformer2D(norm, in_lin, std::move(blocks), add_linear(b, p + ".proj_out", inner, C, lora));
   return Transformer2D(norm, in_conv, std::move(blocks), add_conv(b, p + ".proj_out", inner, C, 1, 1, 0));
 }
 
@@ -379,6 +395,7 @@ struct UNet::Stage {
   enum class Kind { Down, Mid, Up };
   Kind kind;
   std::unique_ptr<ParamBlock> block;
+  std::unique_ptr<ParamBlock> adapters;   // LoRA's A and B matrices of this stage, or null
   std::vector<ResBlock> resnets;
   std::vector<Transformer2D> attentions;  // empty for DownBlock2D / UpBlock2D
   Downsample2D downsampler;               // Down: downsamplers.0, but in the last block
@@ -495,6 +512,7 @@ struct UNetActivations::State {
   StageActivations mid;
   Tensor h_last, o;  // input and output of the final GroupNorm + SiLU
   GroupNorm::Saved n_out;
+  nn::DropoutDraw dropout;  // the forward's, for its backward
 };
 
 UNetActivations::UNetActivations(bool saves, bool checkpoint) : saves_(saves), checkpoint_(checkpoint) {}
@@ -507,8 +525,15 @@ UNetActivations::~UNetActivations() = default;
 
 UNet::~UNet() = default;
 
-UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t pad_multiple, bool allocate)
-    : cfg_(cfg) {
+static std::vector<std::string> unet_lora_modules() {
+  return {"attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_k",
+          "attn2.to_v", "attn2.to_out.0", "ff.net.0.proj", "ff.net.2", "proj_in", "proj_out"};
+}
+
+UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t pad_multiple, bool allocate,
+           const LoraSpec& lora)
+    : cfg_(cfg), lora_(lora) {
+  if (lora_.r > 0) check_lora_targets(lora_, unet_lora_modules(), "UNet transformer");
   auto place = [&](ParamBlock& b) {
     if (allocate)
       b.allocate(dev, dt, s, pad_multiple);
@@ -520,7 +545,21 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
   ctx_.dt = dt;
   const int64_t n = cfg.num_blocks(), T = cfg.time_embed_dim, C0 = cfg.block_out[0];
 
+  // With LoRA: a stage's adapters go into a block of their own, placed after the stage's (frozen) one.
+  auto adapters_of = [&](Stage& st) -> std::optional<LoraAttacher> {
+    if (lora_.r <= 0) return std::nullopt;
+    st.block->freeze();
+    st.adapters = std::make_unique<ParamBlock>(st.block->name() + ".lora");
+    return LoraAttacher(lora_, *st.adapters);
+  };
+  auto place_adapters = [&](Stage& st, const std::optional<LoraAttacher>& attacher) {
+    if (attacher && attacher->attached() > 0)
+      place(*st.adapters);
+    else
+      st.adapters.reset();
+  };
   stem_ = std::make_unique<ParamBlock>("stem");
+  if (lora_.r > 0) stem_->freeze();
   conv_in_ = add_conv(*stem_, "conv_in", cfg.in_channels, C0, cfg.conv_in_kernel, 1, (cfg.conv_in_kernel - 1) / 2);
   time_1_ = add_linear(*stem_, "time_embedding.linear_1", C0, T);
   time_2_ = add_linear(*stem_, "time_embedding.linear_2", T, T);
@@ -533,6 +572,7 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
   for (int64_t i = 0; i < n; ++i) {
     const std::string p = "down_blocks." + std::to_string(i);
     auto st = std::make_unique<Stage>(Stage::Kind::Down, p);
+    std::optional<LoraAttacher> lora_here = adapters_of(*st);
     const int64_t cin = cfg.block_out[size_t(i == 0 ? 0 : i - 1)], cout = cfg.block_out[size_t(i)];
     for (int64_t l = 0; l < cfg.layers[size_t(i)]; ++l) {
       const std::string ls = std::to_string(l);
@@ -540,28 +580,34 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
                                           cfg.resnet_scale));
       if (cfg.down_attn[size_t(i)])
         st->attentions.push_back(add_transformer2d(*st->block, p + ".attentions." + ls, cout, cfg.heads[size_t(i)],
-                                                   cfg.transformer_layers[size_t(i)], cfg.cross_dim[size_t(i)], cfg));
+                                                   cfg.transformer_layers[size_t(i)], cfg.cross_dim[size_t(i)], cfg,
+                                                   lora_here ? &*lora_here : nullptr));
     }
     if (i + 1 < n)
       st->downsampler = Downsample2D(add_conv(*st->block, p + ".downsamplers.0.conv", cout, cout, 3, 2, 1));
     place(*st->block);
+    place_adapters(*st, lora_here);
     down_.push_back(std::move(st));
   }
 
   {
     const int64_t C = cfg.block_out.back();
     mid_ = std::make_unique<Stage>(Stage::Kind::Mid, "mid_block");
+    std::optional<LoraAttacher> lora_here = adapters_of(*mid_);
     mid_->resnets.push_back(add_res_block(*mid_->block, "mid_block.resnets.0", C, C, cfg, cfg.mid_scale));
     mid_->attentions.push_back(add_transformer2d(*mid_->block, "mid_block.attentions.0", C, cfg.heads.back(),
-                                                 cfg.transformer_layers.back(), cfg.cross_dim.back(), cfg));
+                                                 cfg.transformer_layers.back(), cfg.cross_dim.back(), cfg,
+                                                 lora_here ? &*lora_here : nullptr));
     mid_->resnets.push_back(add_res_block(*mid_->block, "mid_block.resnets.1", C, C, cfg, cfg.mid_scale));
     place(*mid_->block);
+    place_adapters(*mid_, lora_here);
   }
 
   for (int64_t i = 0; i < n; ++i) {
     const size_t r = size_t(n - 1 - i);  // the down block this up block mirrors
     const std::string p = "up_blocks." + std::to_string(i);
     auto st = std::make_unique<Stage>(Stage::Kind::Up, p);
+    std::optional<LoraAttacher> lora_here = adapters_of(*st);
     const int64_t out = cfg.block_out[r], prev = i == 0 ? out : cfg.block_out[r + 1],
                   in = cfg.block_out[r == 0 ? 0 : r - 1];
     const int64_t num = cfg.layers[r] + 1;
@@ -573,24 +619,47 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
           add_res_block(*st->block, p + ".resnets." + ls, res_in + skip, out, cfg, cfg.resnet_scale));
       if (cfg.up_attn[size_t(i)])
         st->attentions.push_back(add_transformer2d(*st->block, p + ".attentions." + ls, out, cfg.heads[r],
-                                                   cfg.transformer_layers[r], cfg.cross_dim[r], cfg));
+                                                   cfg.transformer_layers[r], cfg.cross_dim[r], cfg,
+                                                   lora_here ? &*lora_here : nullptr));
     }
     if (i + 1 < n) st->upsampler = Upsample2D(add_conv(*st->block, p + ".upsamplers.0.conv", out, out, 3, 1, 1));
     place(*st->block);
+    place_adapters(*st, lora_here);
     up_.push_back(std::move(st));
   }
 
   head_ = std::make_unique<ParamBlock>("head");
+  if (lora_.r > 0) head_->freeze();
   norm_out_ = add_group_norm(*head_, "conv_norm_out", C0, cfg.groups, cfg.norm_eps, true);
   conv_out_ = add_conv(*head_, "conv_out", C0, cfg.out_channels, cfg.conv_out_kernel, 1, (cfg.conv_out_kernel - 1) / 2);
   place(*head_);
 }
 std::vector<ParamBlock*> UNet::blocks() {
   std::vector<ParamBlock*> b{stem_.get()};
-  for (auto& st : down_) b.push_back(st->block.get());
-  b.push_back(mid_->block.get());
-  for (auto& st : up_) b.push_back(st->block.get());
+  auto stage = [&](const Stage& st) {
+    b.push_back(st.block.get());
+    if (st.adapters) b.push_back(st.adapters.get());
+  };
+  for (auto& st : down_) stage(*st);
+  stage(*mid_);
+  for (auto& st : up_) stage(*st);
   b.push_back(head_.get());
+  return b;
+}
+
+std::vector<ParamBlock*> UNet::trainable_blocks() {
+  std::vector<ParamBlock*> b;
+  for (ParamBlock* x : blocks())
+    if (!x->frozen()) b.push_back(x);
+  return b;
+}
+
+std::vector<ParamBlock*> UNet::base_blocks() { return lora_.r > 0 ? frozen_blocks() : blocks(); }
+
+std::vector<ParamBlock*> UNet::frozen_blocks() {
+  std::vector<ParamBlock*> b;
+  for (ParamBlock* x : blocks())
+    if (x->frozen()) b.push_back(x);
   return b;
 }
 
@@ -606,7 +675,7 @@ int64_t UNet::num_parameters() {
 
 void UNet::check_weights(const io::WeightSource& files) {
   std::set<std::string> used;
-  for (Parameter* p : parameters()) {
+  for (Parameter* p : parameters_of(base_blocks())) {
     ZP_REQUIRE(files.contains(p->name), files.path(), ": model weights: tensor '", p->name, "' is missing");
     const Shape have = files.shape(p->name, false);
     ZP_REQUIRE(have == p->shape, files.path(), ": tensor '", p->name, "' has shape ", shape_str(have),
@@ -624,7 +693,7 @@ void UNet::load_block(const io::WeightSource& files, ParamBlock& b) {
 
 void UNet::load(const io::WeightSource& files) {
   check_weights(files);
-  for (ParamBlock* b : blocks()) load_block(files, *b);
+  for (ParamBlock* b : base_blocks()) load_block(files, *b);
 }
 
 
@@ -633,6 +702,7 @@ Tensor UNet::forward(const UNetInputs& in, UNetActivations& acts) const {
              "give this forward its own UNetActivations");
   Ctx c = ctx_;
   c.saves = acts.saves();
+  if (c.saves) c.dropout = in.dropout;  // an inference forward draws none
   const bool checkpoint = acts.checkpointed();
   const UNetConfig& cfg = cfg_;
   ZP_REQUIRE(in.sample.defined() && in.sample.dim() == 4 && in.sample.size(1) == cfg.in_channels,
@@ -649,6 +719,7 @@ Tensor UNet::forward(const UNetInputs& in, UNetActivations& acts) const {
   st.H = H;
   st.W = W;
   st.sample = in.sample;
+  st.dropout = c.dropout;
 
   // The stem's parameters serve the time embedding here and conv_in below.
   std::optional<ParamsInUse> stem_use(std::in_place, access_, *stem_);
@@ -721,19 +792,16 @@ Tensor UNet::forward(const UNetInputs& in, UNetActivations& acts) const {
   st.down.resize(down_.size());
   st.up.resize(up_.size());
   int64_t h_ = H, w_ = W, top = 0;
-  for (size_t i = 0; i < down_.size(); ++i) {
-    ParamsInUse use(access_, *down_[i]->block);
-    h = down_[i]->forward(c, h, h_, w_, st.cond, st.skips, top, st.down[i], checkpoint);
-  }
-  {
-    ParamsInUse use(access_, *mid_->block);
-    h = mid_->forward(c, h, h_, w_, st.cond, st.skips, top, st.mid, checkpoint);
-  }
+  auto stage_forward = [&](const Stage& sg, StageActivations& a) {
+    ParamsInUse use(access_, *sg.block);
+    std::optional<ParamsInUse> adapters;
+    if (sg.adapters) adapters.emplace(access_, *sg.adapters);
+    h = sg.forward(c, h, h_, w_, st.cond, st.skips, top, a, checkpoint);
+  };
+  for (size_t i = 0; i < down_.size(); ++i) stage_forward(*down_[i], st.down[i]);
+  stage_forward(*mid_, st.mid);
   top = int64_t(st.skips.size());
-  for (size_t i = 0; i < up_.size(); ++i) {
-    ParamsInUse use(access_, *up_[i]->block);
-    h = up_[i]->forward(c, h, h_, w_, st.cond, st.skips, top, st.up[i], checkpoint);
-  }
+  for (size_t i = 0; i < up_.size(); ++i) stage_forward(*up_[i], st.up[i]);
   ZP_CHECK(top == 0 && h_ == H && w_ == W, "UNet: skip connections or sizes out of step");
   st.h_last = h;
   st.o = c.saved({B, C0, H, W});
@@ -751,7 +819,8 @@ Tensor UNet::backward(const Tensor& dout, UNetActivations& acts) const {
   ZP_REQUIRE(!acts.empty(), acts.saves() ? "UNet backward without a forward (each forward's activations serve one "
                                            "backward)"
                                          : "UNet backward of an inference forward, which keeps nothing");
-  const Ctx& c = ctx_;
+  Ctx c = ctx_;
+  c.dropout = acts.state_->dropout;
   const UNetConfig& cfg = cfg_;
   UNetActivations::State& st = *acts.state_;
   const int64_t B = st.B, H = st.H, W = st.W, T = cfg.time_embed_dim, C0 = cfg.block_out[0];
@@ -764,7 +833,8 @@ Tensor UNet::backward(const Tensor& dout, UNetActivations& acts) const {
   Tensor g = c.act({B, C0, H, W});
   {
     ParamsInUse use(access_, *head_);
-    GradsInUse grads(access_, *head_);
+    std::optional<GradsInUse> grads;
+    if (!head_->frozen()) grads.emplace(access_, *head_);
     Tensor dout_o = c.act({B, C0, H, W});
     conv_out_.backward(c, dout_o.data(), dout.data(), st.o.data(), B, H, W);
     norm_out_.backward(c, g.data(), dout_o.data(), st.h_last.data(), B, H * W, st.n_out);
@@ -774,7 +844,13 @@ Tensor UNet::backward(const Tensor& dout, UNetActivations& acts) const {
   std::vector<Tensor> dskips(st.skips.size());
   auto stage_backward = [&](const Stage& sg, StageActivations& a) {
     ParamsInUse use(access_, *sg.block);
-    GradsInUse grads(access_, *sg.block);
+    std::optional<ParamsInUse> adapters;
+    std::optional<GradsInUse> grads, adapter_grads;
+    if (sg.adapters) {
+      adapters.emplace(access_, *sg.adapters);
+      adapter_grads.emplace(access_, *sg.adapters);
+    }
+    if (!sg.block->frozen()) grads.emplace(access_, *sg.block);
     g = sg.backward(c, g, st.cond, dtemb, dskips, a);
   };
   for (size_t i = up_.size(); i-- > 0;) stage_backward(*up_[i], st.up[i]);
@@ -782,7 +858,8 @@ Tensor UNet::backward(const Tensor& dout, UNetActivations& acts) const {
   for (size_t i = down_.size(); i-- > 0;) stage_backward(*down_[i], st.down[i]);
   add_into(c, g, dskips[0]);
   ParamsInUse stem_use(access_, *stem_);
-  GradsInUse stem_grads(access_, *stem_);
+  std::optional<GradsInUse> stem_grads;
+  if (!stem_->frozen()) stem_grads.emplace(access_, *stem_);
   Tensor dsample = c.act({B, cfg.in_channels, H, W});
   conv_in_.backward(c, dsample.data(), g.data(), st.sample.data(), B, H, W);
 

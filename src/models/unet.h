@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "models/lora_modules.h"
 #include "nn/block_access.h"
 #include "nn/conv2d.h"
 #include "nn/group_norm.h"
@@ -90,6 +91,8 @@ struct UNetInputs {
   Tensor encoder_hidden_states;   // [B, L, cross_attention_dim]
   Tensor text_embeds;             // SDXL: [B, text_embeds_dim()]
   std::vector<float> time_ids;    // SDXL: [B * kTimeIdsPerSample] (host)
+  // LoRA's dropout masks (nn/context.h) of a training forward; its backward draws them again.
+  nn::DropoutDraw dropout;
 };
 
 // What one forward keeps for its backward (DESIGN decision 11). The caller owns it: UNet::forward
@@ -128,20 +131,33 @@ class UNet {
   // alignment, so each rank owns an equal slice).
   // allocate = false only lays the blocks out; the ZeRO engine then allocates and fills them one at a
   // time (load_block, or the diffusion loop's per-block random init).
+  // lora (issue 14): adapters on the named linear modules of every transformer block (diffusers'
+  // names: to_q, to_k, to_v, to_out.0 of attn1 and attn2, ff.net.0.proj, ff.net.2, and proj_in /
+  // proj_out where they are linear (SDXL); a 1x1-convolution projection (SD 1.x) is refused), one
+  // adapter block per down, mid and up block with attention ("<block>.lora"); every other block is
+  // frozen. Throws zp::Error for a target that names no module.
   UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s = nullptr, int64_t pad_multiple = 1,
-       bool allocate = true);
+       bool allocate = true, const LoraSpec& lora = {});
   // The engine told about every block's use (ZeRO); nullptr = blocks always resident.
   void set_block_access(nn::BlockAccess* a) { access_ = a; }
   ~UNet();
   const UNetConfig& config() const { return cfg_; }
   nn::Ctx ctx() const { return ctx_; }
+  // Every block in model order; with LoRA each stage's adapter block follows it.
   std::vector<nn::ParamBlock*> blocks();
+  // Those that train (all without LoRA; the adapter blocks with it) and those that do not.
+  std::vector<nn::ParamBlock*> trainable_blocks();
+  std::vector<nn::ParamBlock*> frozen_blocks();
+  // The blocks whose weights the weights files hold: every block but LoRA's adapters.
+  std::vector<nn::ParamBlock*> base_blocks();
+  const LoraSpec& lora() const { return lora_; }
   std::vector<nn::Parameter*> parameters();
   nn::Parameter* find(const std::string& name);  // nullptr when absent
   int64_t num_parameters();
 
-  // Loads every parameter from diffusers safetensors or a ZeRO-Pipe .h5 (io/weight_source.h); a
-  // missing, mis-shaped or unexpected tensor is an error naming it.
+  // Loads every base parameter (LoRA's adapters are not in weights files) from diffusers safetensors
+  // or a ZeRO-Pipe .h5 (io/weight_source.h); a missing, mis-shaped or unexpected tensor is an error
+  // naming it.
   void load(const io::WeightSource& files);
   // The checks of load() without reading anything, then one block's tensors.
   void check_weights(const io::WeightSource& files);
@@ -159,6 +175,7 @@ class UNet {
 
  private:
   UNetConfig cfg_;
+  LoraSpec lora_;
   nn::Ctx ctx_;
   nn::BlockAccess* access_ = nullptr;
   std::unique_ptr<nn::ParamBlock> stem_, head_;

@@ -33,7 +33,8 @@ void Conv2d::forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t H,
 void Conv2d::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, int64_t H, int64_t W,
                       bool accumulate_dx) const {
   const Conv2dShape s = shape(N, H, W);
-  ZP_KERNEL_CALL(c.dev, conv2d_backward_filter, c.s, c.dt, w_->g(), b_ ? b_->g() : nullptr, dy, x, s);
+  if (!w_->frozen)  // a frozen weight (LoRA's base) takes no gradient
+    ZP_KERNEL_CALL(c.dev, conv2d_backward_filter, c.s, c.dt, w_->g(), b_ ? b_->g() : nullptr, dy, x, s);
   if (!dx) return;
   if (!accumulate_dx) {
     ZP_KERNEL_CALL(c.dev, conv2d_backward_data, c.s, c.dt, dx, dy, w_->v(), s);

@@ -21,7 +21,18 @@ void GroupNorm::forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t
 
 void GroupNorm::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, int64_t HW,
                          const Saved& saved) const {
-  ZP_KERNEL_CALL(c.dev, groupnorm_backward, c.s, c.dt, dx, w_->g(), b_->g(), dy, x, w_->v(), b_->v(),
+  // Frozen weights (LoRA's base) have no gradient buffer: the kernel's sums go to scratch.
+  Tensor scratch;
+  float *dw = nullptr, *db = nullptr;
+  if (w_->frozen) {
+    scratch = Tensor::zeros({2 * channels()}, DType::F32, c.dev, "activations", c.s);
+    dw = scratch.data<float>();
+    db = dw + channels();
+  } else {
+    dw = w_->g();
+    db = b_->g();
+  }
+  ZP_KERNEL_CALL(c.dev, groupnorm_backward, c.s, c.dt, dx, dw, db, dy, x, w_->v(), b_->v(),
                  saved.mean.data<float>(), saved.rstd.data<float>(), N, channels(), HW, groups_, silu_);
 }
 

@@ -12,6 +12,8 @@
 #include "models/unet.h"
 #include "models/unet_flops.h"
 #include "models/unet_init.h"
+#include "nn/init.h"
+#include "runtime/base_fingerprint.h"
 #include "runtime/diffusion_draws.h"
 #include "runtime/noise_schedule.h"
 #include "runtime/training_driver.h"
@@ -58,8 +60,6 @@ class DiffusionTask final : public TrainingTask {
   DiffusionTask(const TrainConfig& common, const DiffusionConfig& diffusion, const TrainingPlace& at)
       : cfg_(common), diffusion_(diffusion), at_(at), noise_(diffusion) {
     // Model config and data first: a bad config or file is reported before any model memory exists.
-    ZP_REQUIRE(cfg_.lora_r == 0, "lora.r = ", cfg_.lora_r, ": LoRA for the UNet is not implemented yet (the "
-               "language models have it); train the UNet fully with lora.r = 0");
     std::string source;
     hub_ = cfg_.hub_config_json(source);
     mcfg_ = models::UNetConfig::from_hub_json(hub_, source);
@@ -100,18 +100,23 @@ class DiffusionTask final : public TrainingTask {
   }
 
   std::vector<nn::ParamBlock*> lay_out_model(int64_t pad_multiple) override {
-    model_.emplace(mcfg_, at_.dev, cfg_.dtype, at_.s(), pad_multiple, /*allocate=*/false);
+    lora_ = {cfg_.lora_r, cfg_.lora_alpha, cfg_.lora_dropout, cfg_.lora_targets, cfg_.lora_rslora};
+    model_.emplace(mcfg_, at_.dev, cfg_.dtype, at_.s(), pad_multiple, /*allocate=*/false, lora_);
     if (cfg_.init == "hub") {
       hub_weights_ = io::WeightSource::open(cfg_.hub_dir, "diffusion_pytorch_model");
       model_->check_weights(*hub_weights_);
     }
     return model_->blocks();
   }
+  // LoRA's adapters start from PEFT's initialisation whatever the base came from; the base's
+  // fingerprint is taken as its blocks are filled.
   void fill_block(nn::ParamBlock& b) override {
-    if (hub_weights_)
+    const bool adapters = lora_.r > 0 && !b.frozen();
+    if (hub_weights_ && !adapters)
       model_->load_block(*hub_weights_, b);
     else
       models::init_unet_block_random(b, cfg_.seed, cfg_.init_std, at_.s());
+    if (lora_.r > 0 && b.frozen()) fingerprint_.add(b, at_.s());
   }
   void set_block_access(nn::BlockAccess* access) override { model_->set_block_access(access); }
 
@@ -120,6 +125,11 @@ class DiffusionTask final : public TrainingTask {
     m.config_json = cfg_.config_json;
     m.model_config = hub_;
     m.model_family = "unet";
+    if (lora_.r == 0) return m;
+    m.lora = lora_.to_json();
+    m.base_model = hub_weights_ ? cfg_.hub_dir : detail::cat("random initialisation (seed ", cfg_.seed, ", std ",
+                                                             cfg_.init_std, ")");
+    m.base_fingerprint = fingerprint_.hex();
     return m;
   }
   ProgressUnit progress() override { return {"samples", 1, models::unet_train_flops_per_sample(*model_, H_, W_, L_)}; }
@@ -136,11 +146,15 @@ class DiffusionTask final : public TrainingTask {
                        at_.dev.str(), " | ", dtype_name(cfg_.dtype), " | global batch ", at_.global_batch, " x ", C_,
                        "x", H_, "x", W_, " latents, ", L_, " text tokens (micro ", B_, ", accum ", cfg_.grad_accum,
                        ") | ", train_ds_->size(), " training samples | ", diffusion_.prediction_type, ", ",
-                       noise_.num_timesteps(), " timesteps", gamma);
+                       noise_.num_timesteps(), " timesteps", gamma, lora_description());
   }
 
   double micro_step(int64_t step, int64_t first, float loss_scale) override {
-    return forward_backward(timed_read([&] { return make_batch(*train_ds_, step, first, true); }), true, loss_scale);
+    DiffusionBatch b = timed_read([&] { return make_batch(*train_ds_, step, first, true); });
+    if (lora_.r > 0 && lora_.dropout > 0)  // keyed by (seed, step), rows apart per micro-batch
+      b.in.dropout = {nn::splitmix64(cfg_.seed ^ nn::splitmix64(0x4C6F5241ull + uint64_t(step))) | 1,
+                      first << 24};
+    return forward_backward(b, true, loss_scale);
   }
   bool has_validation() const override { return val_ds_.has_value(); }
   // Draws keyed by step -1: the same noise every evaluation, so validation losses compare over training.
@@ -177,6 +191,16 @@ class DiffusionTask final : public TrainingTask {
     b.target = upload(target_, {B, n}, DType::F32, dev, s);
     b.weights = upload(weights_, {B}, DType::F32, dev, s);
     return b;
+  }
+
+  std::string lora_description() {
+    if (lora_.r == 0) return "";
+    int64_t trained = 0, frozen = 0;
+    for (nn::ParamBlock* b : model_->blocks())
+      for (const auto& p : b->params()) (b->frozen() ? frozen : trained) += p->numel();
+    return detail::cat(" | LoRA r=", lora_.r, " alpha=", lora_.alpha, lora_.rslora ? " (rslora)" : "", " dropout=",
+                       lora_.dropout, " on ", io::json(lora_.target_modules).dump(), ": ", trained / 1e6,
+                       "M trainable, ", frozen / 1e6, "M frozen");
   }
 
   // The model's part of a micro-batch: forward, weighted MSE, and the backward when training.
@@ -216,6 +240,8 @@ class DiffusionTask final : public TrainingTask {
   std::vector<float> x0_, eps_, xt_, target_, context_, text_embeds_, time_ids_, weights_;
   std::optional<models::UNet> model_;
   std::unique_ptr<io::WeightSource> hub_weights_;
+  models::LoraSpec lora_;
+  BaseFingerprint fingerprint_;  // LoRA: of the frozen blocks
 };
 
 }  // namespace
