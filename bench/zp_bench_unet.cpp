@@ -121,7 +121,10 @@ Tensor random_tensor(const Shape& shape, DType dt, uint64_t seed, StreamHandle s
   return h.to(Device::cuda(0), s);
 }
 
-void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, bool checkpoint, bool in_backward) {
+// lora_r > 0: LoRA of that rank (alpha = r) on the attention projections (to_q, to_k, to_v, to_out.0
+// of attn1 and attn2), the rest frozen (issue 14).
+void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, bool checkpoint, bool in_backward,
+                int64_t lora_r = 0) {
   const auto cfg = models::UNetConfig::from_hub_json(hub, "bench");
   const int64_t S = hub["sample_size"].get<int64_t>(), C = cfg.in_channels, n = C * S * S;
   const int64_t D = cfg.cross_dim.back(), E = cfg.text_embeds_dim();
@@ -131,7 +134,8 @@ void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, boo
   double flops_sample = 0;
   int64_t params = 0;
   {
-    models::UNet model(cfg, Device::cuda(0), DType::BF16, s);
+    const models::LoraSpec lora{lora_r, double(lora_r), 0.0, {"to_q", "to_k", "to_v", "to_out.0"}, false};
+    models::UNet model(cfg, Device::cuda(0), DType::BF16, s, 1, true, lora);
     fill_blocks_random(model.blocks(), Device::cuda(0), s);
     parallel::AdamWHyper hyper{1e-4, 0.9, 0.999, 1e-8, 0.01, false};
     hyper.step_in_backward = in_backward;
@@ -177,6 +181,10 @@ void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, boo
     st.counters["peak_engine_GiB"] = peaks.engine_gib();
     st.counters["peak_device_GiB"] = peaks.device_gib();
     st.counters["params_M"] = double(params) / 1e6;
+    int64_t trained = 0;
+    for (nn::ParamBlock* b : model.trainable_blocks())
+      for (const auto& p : b->params()) trained += p->numel();
+    st.counters["trainable_M"] = double(trained) / 1e6;
     st.counters["train_GFLOP_per_sample"] = flops_sample / 1e9;
   }
   stream.synchronize();
@@ -190,6 +198,12 @@ void BM_TrainStepSdxl(benchmark::State& st) {
 }
 BENCHMARK(BM_TrainStepSd15)->ArgNames({"B", "ckpt", "in_backward"})->ArgsProduct({{8}, {0, 1}, {0, 1}})
     ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(10);
+// SDXL LoRA r=32 on the attention projections (issue 14), beside the full fine-tune above.
+void BM_LoraStepSdxl(benchmark::State& st) {
+  train_step(st, sdxl_config(), st.range(0), 77, st.range(1), false, st.range(2));
+}
+BENCHMARK(BM_LoraStepSdxl)->ArgNames({"B", "ckpt", "r"})->ArgsProduct({{2}, {0, 1}, {32}})
+    ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
 BENCHMARK(BM_TrainStepSdxl)->ArgNames({"B", "ckpt", "in_backward"})->ArgsProduct({{2}, {0, 1}, {0, 1}})
     ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
 
