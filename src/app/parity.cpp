@@ -63,8 +63,9 @@ DumpTokens dump_tokens(io::SafetensorsFile& ref, const std::string& io_path, int
 // the adapters' gradients, on the model folder's input ids). The base loads from the model folder,
 // frozen; the adapters take the dump's values.
 ParityReport run_lora_parity(const fs::path& dir, Device dev, DType dt, bool print, const AlterResult& alter) {
-  const fs::path model_dir = dir.parent_path();
+  const fs::path model_dir = (dir.has_filename() ? dir : dir.parent_path()).parent_path();
   const json cfg_json = io::read_json_file((model_dir / "config.json").string());
+  if (cfg_json.contains("_class_name")) return run_unet_parity(model_dir.string(), dir.string(), dev, dt, print, alter);
   const auto cfg = models::TransformerConfig::from_hub_json(cfg_json, (model_dir / "config.json").string());
   const models::LoraSpec lora =
       io::LoraConfig::from_json(io::read_json_file((dir / "lora.json").string()), (dir / "lora.json").string());

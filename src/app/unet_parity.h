@@ -15,5 +15,10 @@ namespace zp::app {
 // `alter_result` is for tests (ParityReport::alter_results). Throws zp::Error for a folder it cannot run.
 ParityReport run_unet_parity(const std::string& dir, Device dev, DType dt, bool print = true,
                              const AlterResult& alter_result = {});
+// The same with LoRA: `lora_dir` (<dir>/lora, tests/reference/lora_golden_reference.py) holds the
+// LoRA settings (lora.json), the adapters' values and the expected output, input gradient and
+// adapter gradients on `dir`'s inputs; the base is frozen.
+ParityReport run_unet_parity(const std::string& dir, const std::string& lora_dir, Device dev, DType dt,
+                             bool print = true, const AlterResult& alter_result = {});
 
 }  // namespace zp::app
