@@ -244,6 +244,26 @@ TEST(LoraLinear, DropoutIsTheDenseFormulaWithTheHashedMaskAndItsExactGradient) {
 
 namespace {
 
+// plain's weights += scale * B A for every adapter of `with_lora` (same model without LoRA; both f64
+// on the CPU): the dense formulation the adapters must equal.
+template <class Model>
+void merge_adapters(Model& with_lora, Model& plain, const models::LoraSpec& lora) {
+  for (nn::Parameter* a : with_lora.parameters()) {
+    if (!a->name.ends_with(".lora_A.weight")) continue;
+    const std::string module = a->name.substr(0, a->name.size() - std::string(".lora_A.weight").size());
+    nn::Parameter* b = with_lora.find(module + ".lora_B.weight");
+    nn::Parameter* w = plain.find(module + ".weight");
+    ASSERT_TRUE(b && w) << module;
+    const int64_t out = w->shape[0], in = w->shape[1];
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) {
+        double sum = 0;
+        for (int64_t r = 0; r < lora.r; ++r) sum += b->value.data<double>()[o * lora.r + r] * a->value.data<double>()[r * in + i];
+        w->value.data<double>()[o * in + i] += lora.scale_for(lora.r, lora.alpha) * sum;
+      }
+  }
+}
+
 models::TransformerConfig tiny(const std::string& type) {
   const nlohmann::json hub = type == "gpt2" ? nlohmann::json{{"model_type", "gpt2"}, {"vocab_size", 50}, {"n_positions", 16},
                                                              {"n_embd", 16}, {"n_layer", 2}, {"n_head", 2}}
@@ -285,20 +305,7 @@ TEST(LoraTransformer, MergedWeightsGiveTheSameLogitsAndAdapterGradientsAreExact)
     EXPECT_EQ(adapters, size_t(cfg.layers) * lora.target_modules.size() + (type == "gpt2" ? 2u : 0u))
         << type << ": c_proj names both attn.c_proj and mlp.c_proj";
     // Merge into the plain model: W += scale B A (the engine layout [out, in] for GPT-2 too).
-    for (nn::Parameter* p : m.parameters()) {
-      if (!p->name.ends_with(".lora_A.weight")) continue;
-      const std::string module = p->name.substr(0, p->name.size() - std::string(".lora_A.weight").size());
-      nn::Parameter* b = m.find(module + ".lora_B.weight");
-      nn::Parameter* w = plain.find(module + ".weight");
-      ASSERT_TRUE(b && w) << module;
-      const int64_t out = w->shape[0], in = w->shape[1];
-      for (int64_t o = 0; o < out; ++o)
-        for (int64_t i = 0; i < in; ++i) {
-          double s = 0;
-          for (int64_t r = 0; r < lora.r; ++r) s += b->value.data<double>()[o * lora.r + r] * p->value.data<double>()[r * in + i];
-          w->value.data<double>()[o * in + i] += lora.scale_for(lora.r, lora.alpha) * s;
-        }
-    }
+    merge_adapters(m, plain, lora);
     const int64_t B = 2, T = 6, N = B * T;
     std::vector<float> ids_f(static_cast<size_t>(N));
     for (size_t i = 0; i < ids_f.size(); ++i) ids_f[i] = float((i * 7 + 3) % 50);
@@ -380,20 +387,7 @@ TEST(LoraUNet, MergedWeightsGiveTheSameOutputAndAdapterGradientsAreExact) {
   // 12 modules (attn1 and attn2 q, k, v, out; ff in and out; proj_in and proj_out) x (A, B) in each of
   // the four Transformer2D: down block 0's one, the mid block's, up block 1's two.
   EXPECT_EQ(adapters, 4u * 12u * 2u);
-  for (nn::Parameter* p : m.parameters()) {
-    if (!p->name.ends_with(".lora_A.weight")) continue;
-    const std::string module = p->name.substr(0, p->name.size() - std::string(".lora_A.weight").size());
-    nn::Parameter* b = m.find(module + ".lora_B.weight");
-    nn::Parameter* w = plain.find(module + ".weight");
-    ASSERT_TRUE(b && w) << module;
-    const int64_t out = w->shape[0], in = w->shape[1];
-    for (int64_t o = 0; o < out; ++o)
-      for (int64_t i = 0; i < in; ++i) {
-        double sum = 0;
-        for (int64_t r = 0; r < lora.r; ++r) sum += b->value.data<double>()[o * lora.r + r] * p->value.data<double>()[r * in + i];
-        w->value.data<double>()[o * in + i] += lora.scale_for(lora.r, lora.alpha) * sum;
-      }
-  }
+  merge_adapters(m, plain, lora);
   const int64_t B = 2, S = 8, L = 3;
   models::UNetInputs x;
   x.sample = upload(randn(size_t(B * cfg.in_channels * S * S), 1), DType::F64, Device::cpu()).view({B, cfg.in_channels, S, S});
