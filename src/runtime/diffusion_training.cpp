@@ -15,6 +15,7 @@
 #include "nn/init.h"
 #include "runtime/base_fingerprint.h"
 #include "runtime/diffusion_draws.h"
+#include "runtime/lora_run.h"
 #include "runtime/noise_schedule.h"
 #include "runtime/training_driver.h"
 
@@ -125,11 +126,7 @@ class DiffusionTask final : public TrainingTask {
     m.config_json = cfg_.config_json;
     m.model_config = hub_;
     m.model_family = "unet";
-    if (lora_.r == 0) return m;
-    m.lora = lora_.to_json();
-    m.base_model = hub_weights_ ? cfg_.hub_dir : detail::cat("random initialisation (seed ", cfg_.seed, ", std ",
-                                                             cfg_.init_std, ")");
-    m.base_fingerprint = fingerprint_.hex();
+    set_lora_identity(m, lora_, cfg_, hub_weights_ != nullptr, fingerprint_.hex());
     return m;
   }
   ProgressUnit progress() override { return {"samples", 1, models::unet_train_flops_per_sample(*model_, H_, W_, L_)}; }
@@ -146,7 +143,7 @@ class DiffusionTask final : public TrainingTask {
                        at_.dev.str(), " | ", dtype_name(cfg_.dtype), " | global batch ", at_.global_batch, " x ", C_,
                        "x", H_, "x", W_, " latents, ", L_, " text tokens (micro ", B_, ", accum ", cfg_.grad_accum,
                        ") | ", train_ds_->size(), " training samples | ", diffusion_.prediction_type, ", ",
-                       noise_.num_timesteps(), " timesteps", gamma, lora_description());
+                       noise_.num_timesteps(), " timesteps", gamma, lora_summary(lora_, model_->blocks()));
   }
 
   double micro_step(int64_t step, int64_t first, float loss_scale) override {
@@ -193,15 +190,6 @@ class DiffusionTask final : public TrainingTask {
     return b;
   }
 
-  std::string lora_description() {
-    if (lora_.r == 0) return "";
-    int64_t trained = 0, frozen = 0;
-    for (nn::ParamBlock* b : model_->blocks())
-      for (const auto& p : b->params()) (b->frozen() ? frozen : trained) += p->numel();
-    return detail::cat(" | LoRA r=", lora_.r, " alpha=", lora_.alpha, lora_.rslora ? " (rslora)" : "", " dropout=",
-                       lora_.dropout, " on ", io::json(lora_.target_modules).dump(), ": ", trained / 1e6,
-                       "M trainable, ", frozen / 1e6, "M frozen");
-  }
 
   // The model's part of a micro-batch: forward, weighted MSE, and the backward when training.
   // Returns the mean weighted loss, read after the backward is queued.

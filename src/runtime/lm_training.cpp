@@ -17,6 +17,7 @@
 #include "nn/init.h"
 #include "runtime/base_fingerprint.h"
 #include "runtime/causal_lm_loss.h"
+#include "runtime/lora_run.h"
 #include "runtime/training_driver.h"
 
 namespace zp::runtime {
@@ -307,11 +308,7 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
     m.config_json = cfg_.config_json;
     m.model_config = hub_;
     m.model_family = "transformer";
-    if (lora_.r == 0) return m;
-    m.lora = lora_.to_json();
-    m.base_model = hub_weights_ ? cfg_.hub_dir : detail::cat("random initialisation (seed ", cfg_.seed, ", std ",
-                                                             cfg_.init_std, ")");
-    m.base_fingerprint = base_fingerprint();
+    set_lora_identity(m, lora_, cfg_, hub_weights_ != nullptr, lora_.r > 0 ? base_fingerprint() : "");
     return m;
   }
   ProgressUnit progress() override { return {"tok", cfg_.seq_len, chunks_[0]->flops_per_token(cfg_.seq_len)}; }
@@ -333,7 +330,7 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
                        " layers, d=", mcfg_.hidden, stages, " | ", at_.world(), " rank(s) on ", at_.dev.str(), " | ",
                        dtype_name(cfg_.dtype), " | global batch ", at_.global_batch, " x ", cfg_.seq_len,
                        " tokens (micro ", cfg_.micro_batch, ", accum ", cfg_.grad_accum, ") | ",
-                       train_ds_->describe("training"), lora_description());
+                       train_ds_->describe("training"), lora_summary(lora_, all_blocks()));
   }
 
   double micro_step(int64_t step, int64_t first, float loss_scale) override {
@@ -353,6 +350,12 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
     if (lora_.r == 0 || lora_.dropout == 0) return {};
     return {nn::splitmix64(cfg_.seed ^ nn::splitmix64(0x4C6F5241ull + uint64_t(step))) | 1, first * cfg_.seq_len};
   }
+  std::vector<nn::ParamBlock*> all_blocks() const {
+    std::vector<nn::ParamBlock*> b;
+    for (const auto& c : chunks_)
+      for (nn::ParamBlock* x : c->blocks()) b.push_back(x);
+    return b;
+  }
   // The fingerprint of the whole base: every stage's part (each fingerprints the blocks it filled).
   // Collective over the pipeline group on the first call, which every rank makes at the same point
   // (the driver's first checkpoint_model(), after the engine filled every block).
@@ -367,16 +370,6 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
     }
     fingerprint_hex_ = all.hex();
     return *fingerprint_hex_;
-  }
-  std::string lora_description() const {
-    if (lora_.r == 0) return "";
-    int64_t trained = 0, all = 0;
-    for (const auto& c : chunks_)
-      for (nn::ParamBlock* b : c->blocks())
-        for (const auto& p : b->params()) (b->frozen() ? all : trained) += p->numel();
-    return detail::cat(" | LoRA r=", lora_.r, " alpha=", lora_.alpha, lora_.rslora ? " (rslora)" : "", " dropout=",
-                       lora_.dropout, " on ", io::json(lora_.target_modules).dump(), ": ", trained / 1e6, "M trainable, ",
-                       all / 1e6, "M frozen");
   }
 
   // The model's part of a micro-batch: forward, the next-token loss, and the backward when training.

@@ -1,0 +1,22 @@
+// What a LoRA run (issue 14) prints and records about its adapters and its frozen base, the same for
+// every model family.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "models/lora_modules.h"
+#include "nn/parameter.h"
+#include "runtime/checkpoint.h"
+#include "runtime/train_config.h"
+
+namespace zp::runtime {
+
+// " | LoRA r=16 alpha=32 dropout=0.05 on [...]: 41.9M trainable, 8030.3M frozen" for the start-up
+// line; "" without LoRA.
+std::string lora_summary(const models::LoraSpec& lora, const std::vector<nn::ParamBlock*>& blocks);
+// The LoRA fields of a checkpoint's model identity: the settings, the base's path (model.hub_dir, or
+// its random initialisation's seed and std) and fingerprint. Nothing without LoRA.
+void set_lora_identity(CheckpointModel& m, const models::LoraSpec& lora, const TrainConfig& cfg, bool base_from_hub,
+                       const std::string& fingerprint);
+
+}  // namespace zp::runtime
