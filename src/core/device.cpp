@@ -90,7 +90,7 @@ std::string cuda_device_name(int index) {
 }
 std::string cuda_pci_bus_id(int index) {
   char id[64] = {0};
-  if (cudaDeviceGetPCIBusId(id, sizeof(id), index) != cudaSuccess) return "";
+  if (cudaDeviceGetPCIBusId(id, int(sizeof(id)), index) != cudaSuccess) return "";
   return id;
 }
 void stream_synchronize(StreamHandle s) { ZP_CUDA_CHECK(cudaStreamSynchronize(s)); }
