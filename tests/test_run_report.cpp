@@ -124,7 +124,11 @@ TEST(RunReport, ReadsStepRecordsAndEventsIgnoringUnknownFields) {
                     R"({"grad_norm":null,"loss":null,"lr":1e-4,"step":2,"step_ms":150,"tokens_per_s":3300,"skipped":true})"});
   // The engine's own breakdown: forward_backward_ms for the compute, the communication's busy time inside.
   write_lines(unet, {R"({"loss":0.9,"lr":1e-4,"step":1,"step_ms":500,"samples_per_s":8.0,"breakdown":)"
-                     R"({"data_ms":1,"forward_backward_ms":400,"optimizer_ms":50,"comm_busy_ms":30,"other_ms":49}})"});
+                     R"({"data_ms":1,"forward_backward_ms":400,"optimizer_ms":50,"comm_busy_ms":30,"other_ms":49}})",
+                     // With the exposed communication, which lies inside the two phases: out of them in the stack.
+                     R"({"loss":0.8,"lr":1e-4,"step":2,"step_ms":500,"samples_per_s":8.0,"breakdown":)"
+                     R"({"data_ms":1,"forward_backward_ms":400,"optimizer_ms":50,"comm_busy_ms":30,"other_ms":49,)"
+                     R"("exposed_comm_ms":410,"forward_ms":150,"backward_ms":250,"comm_busy_by_kind_ms":{"all_gather":30}}})"});
   const RunReport r = read_run_report({paths[0], paths[1], old, unet});
   ASSERT_EQ(r.files.size(), 4u);
   const RunFile& f = r.files[0];
@@ -166,6 +170,11 @@ TEST(RunReport, ReadsStepRecordsAndEventsIgnoringUnknownFields) {
   EXPECT_DOUBLE_EQ(r.files[3].steps[0].breakdown->compute_ms, 400.0);
   EXPECT_DOUBLE_EQ(r.files[3].steps[0].breakdown->exposed_comm_ms, 0.0);
   EXPECT_DOUBLE_EQ(r.files[3].steps[0].comm_busy_ms, 30.0);
+  ASSERT_EQ(r.files[3].steps.size(), 2u);
+  const StepBreakdown& e = *r.files[3].steps[1].breakdown;
+  EXPECT_DOUBLE_EQ(e.exposed_comm_ms, 410.0);
+  EXPECT_DOUBLE_EQ(e.compute_ms, 0.0) << "all 400 ms of the forward and backward were waiting";
+  EXPECT_DOUBLE_EQ(e.optimizer_ms, 40.0) << "and 10 of the update's 50";
 }
 
 TEST(RunReport, SameFileNamesAreLabelledByPath) {

@@ -1,5 +1,6 @@
 // The training loop end to end on the CPU: a tiny model overfits one batch, fp16 loss scaling skips
 // overflowing steps and recovers, bad configurations are errors naming the key.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -96,9 +97,10 @@ TEST(Training, HfZero2ConfigTrainsAndWritesDeepSpeedsCsv) {
   EXPECT_FALSE(fs::exists(csv / "run" / "Train_Samples_loss_scale.csv")) << "fp32 on the CPU: no loss scale";
 }
 
-// The metrics JSONL that `zeropipe report` reads: a start event with the configuration and the
-// banner, every step's time breakdown (data, forward and backward, update, communication busy), and
-// an event per checkpoint with its bytes and GB/s.
+// The metrics JSONL that `zeropipe report` reads: a start event with the configuration, the
+// banner and the rank's start line, every step's time breakdown (data, forward, backward, update,
+// communication busy per collective kind and exposed), an event per checkpoint with its bytes and
+// GB/s, and the run's summary (steps, tokens, best validation loss and its step, last checkpoint).
 TEST(Training, MetricsHaveTheStepBreakdownAndEvents) {
   const std::string data = token_file("zp_metrics.bin", 16 * 16 + 1, 64, 5);
   const fs::path dir = fs::temp_directory_path() / "zp_metrics_events";
@@ -106,21 +108,41 @@ TEST(Training, MetricsHaveTheStepBreakdownAndEvents) {
   io::Config c = tiny_config(data);
   for (const std::string& s : {std::string("training.max_steps=4"), "training.metrics_file=" + (dir / "m.jsonl").string(),
                                std::string("wall_clock_breakdown=true"), "checkpoint.dir=" + (dir / "ck").string(),
-                               std::string("checkpoint.save_every=2")})
+                               std::string("checkpoint.save_every=2"), std::string("data.val_fraction=0.25"),
+                               std::string("training.eval_every=2"), std::string("training.eval_batches=1")})
     c.set(s);
   const TrainResult r = train(TrainConfig::from(c), runtime());
   ASSERT_EQ(r.saved.size(), 2u);
+  ASSERT_EQ(r.val_losses.size(), 2u);
   std::ifstream in(dir / "m.jsonl");
   std::vector<io::json> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(io::json::parse(line));
-  ASSERT_EQ(lines.size(), 1u + 4u + 2u) << "a start event, 4 steps, 2 checkpoints";
+  ASSERT_EQ(lines.size(), 1u + 4u + 2u + 1u) << "a start event, 4 steps, 2 checkpoints, the summary";
   EXPECT_EQ(lines[0].at("event"), "start");
   EXPECT_EQ(lines[0].at("config").at("training").at("max_steps"), 4);
   ASSERT_EQ(lines[0].at("banner").size(), 4u);
   EXPECT_NE(lines[0].at("banner")[0].get<std::string>().find("ZeRO stage"), std::string::npos);
+  const std::string rank_line = lines[0].at("rank_line");
+  EXPECT_EQ(rank_line.rfind("rank 0/1: host ", 0), 0u) << rank_line;
+  for (const char* part : {", cpu, NUMA node ", " | per rank: device ", " GB, host ", " GB, NVMe 0.00 GB"})
+    EXPECT_NE(rank_line.find(part), std::string::npos) << part << " in " << rank_line;
+
+  const io::json& summary = lines.back();
+  ASSERT_EQ(summary.at("event"), "summary");
+  EXPECT_EQ(summary.at("steps"), 4);
+  EXPECT_EQ(summary.at("first_step"), 1);
+  EXPECT_EQ(summary.at("last_step"), 4);
+  EXPECT_EQ(summary.at("tokens").get<double>(), 4.0 * 4 * 16) << "4 steps of 4 windows of 16 tokens";
+  const double best = std::min(r.val_losses[0], r.val_losses[1]);
+  EXPECT_DOUBLE_EQ(summary.at("best_val_loss").get<double>(), best);
+  EXPECT_EQ(summary.at("best_val_step"), best == r.val_losses[0] ? 2 : 4);
+  EXPECT_EQ(summary.at("checkpoint"), r.saved.back());
+  EXPECT_GE(summary.at("wall_s").get<double>(), summary.at("steps_s").get<double>()) << "start-up included";
+  EXPECT_GT(summary.at("mean_tokens_per_s").get<double>(), 0.0);
+
   int steps = 0, checkpoints = 0;
-  double data_ms = 0;
-  for (size_t i = 1; i < lines.size(); ++i) {
+  double data_ms = 0, forward_ms = 0;
+  for (size_t i = 1; i + 1 < lines.size(); ++i) {
     const io::json& j = lines[i];
     if (j.contains("event")) {
       EXPECT_EQ(j.at("event"), "checkpoint");
@@ -139,7 +161,38 @@ TEST(Training, MetricsHaveTheStepBreakdownAndEvents) {
               j.at("step_ms").get<double>() * 1.001 + 1e-3)
         << "the phases fit in the step: " << j.dump();
     data_ms += b.at("data_ms").get<double>();
+    // The forward and backward split the phase; the per-kind busy times split the busy total.
+    const double fb = b.at("forward_backward_ms").get<double>();
+    EXPECT_GE(b.at("backward_ms").get<double>(), 0.0) << j.dump();
+    EXPECT_NEAR(b.at("forward_ms").get<double>() + b.at("backward_ms").get<double>(), fb, 1e-9 * fb) << j.dump();
+    forward_ms += b.at("forward_ms").get<double>();
+    double by_kind = 0;
+    for (const char* kind : {"all_reduce", "reduce_scatter", "all_gather"})
+      by_kind += b.at("comm_busy_by_kind_ms").at(kind).get<double>();
+    EXPECT_NEAR(by_kind, b.at("comm_busy_ms").get<double>(), 1e-9) << j.dump();
+    // On the CPU every collective runs on the host, which waits for it: all of it is exposed.
+    EXPECT_NEAR(b.at("exposed_comm_ms").get<double>(), b.at("comm_busy_ms").get<double>(), 1e-9) << j.dump();
   }
+  EXPECT_GT(forward_ms, 0.0) << "the forwards take some time";
+
+  // Resumed from the first checkpoint, the run appends its load to the file: seconds, bytes, GB/s.
+  TrainConfig again = TrainConfig::from(c);
+  again.resume = r.saved.front();
+  const TrainResult resumed = train(again, runtime());
+  ASSERT_EQ(resumed.first_step, 2);
+  std::ifstream in2(dir / "m.jsonl");
+  std::vector<io::json> all;
+  for (std::string line; std::getline(in2, line);) all.push_back(io::json::parse(line));
+  ASSERT_GT(all.size(), lines.size() + 1);
+  EXPECT_EQ(all[lines.size()].at("event"), "start");
+  const io::json& load = all[lines.size() + 1];
+  ASSERT_EQ(load.at("event"), "checkpoint_load") << load.dump();
+  EXPECT_EQ(load.at("step"), 2);
+  EXPECT_EQ(load.at("path"), r.saved.front());
+  EXPECT_EQ(load.at("bytes").get<int64_t>(), int64_t(fs::file_size(r.saved.front())));
+  EXPECT_GT(load.at("gb_per_s").get<double>(), 0.0);
+  EXPECT_EQ(all.back().at("event"), "summary");
+  EXPECT_EQ(all.back().at("first_step"), 3);
   EXPECT_EQ(steps, 4);
   EXPECT_EQ(checkpoints, 2);
   EXPECT_GT(data_ms, 0.0) << "reading the batches takes some time";

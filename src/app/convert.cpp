@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/progress_meter.h"
 #include "io/bounded_json.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint_file.h"
@@ -198,8 +199,19 @@ void hub_to_weights(const ConvertOptions& o, std::optional<DType> want) {
   w.file().create_group("/model");
 
   std::vector<uint64_t> raw, converted, transposed;
+  // Progress for a big model (a line every 10 s with an ETA; nothing for a quick conversion): the
+  // source bytes of the tensors converted so far.
+  auto source_size = [&](const std::string& name) {
+    const io::SafetensorsEntry& e = st.file_of(name).entry(name);
+    return double(e.end - e.begin);
+  };
+  double source_bytes = 0, converted_bytes = 0;
+  for (const std::string& name : names) source_bytes += source_size(name);
+  ProgressMeter progress("convert " + o.to, source_bytes, "GB");
   for (const std::string& name : names) {
     const io::SafetensorsFile& f = st.file_of(name);
+    progress.update(converted_bytes);
+    converted_bytes += source_size(name);
     try {
       ZP_REQUIRE(name.find('/') == std::string::npos, "a tensor name with '/' cannot be an HDF5 dataset name");
       const io::SafetensorsEntry& e = f.entry(name);
@@ -285,7 +297,7 @@ void copy_tensor(const io::CheckpointReader& r, const OutTensor& t, io::AtomicFi
 }
 
 void write_shard(const std::string& path, const json& metadata, const io::CheckpointReader& r,
-                 const std::vector<const OutTensor*>& tensors) {
+                 const std::vector<const OutTensor*>& tensors, ProgressMeter& progress, double& done_bytes) {
   json hdr = json::object();
   hdr["__metadata__"] = metadata;
   uint64_t off = 0;
@@ -303,6 +315,8 @@ void write_shard(const std::string& path, const json& metadata, const io::Checkp
   out.write(h.data(), h.size());
   std::vector<uint64_t> converted, transposed;
   for (const OutTensor* t : tensors) {
+    progress.update(done_bytes);
+    done_bytes += double(t->bytes);
     try {
       copy_tensor(r, *t, out, converted, transposed);
     } catch (const Error& err) {
@@ -426,7 +440,12 @@ void h5_to_weights(const ConvertOptions& o, std::optional<DType> want, const io:
     w.file().set_attr_string("/", "merged_lora",
                              json{{"adapter", merge->source}, {"lora", merge->config.to_json()}}.dump());
   w.file().create_group("/model");
+  double total_bytes = 0, done_bytes = 0;
+  for (const OutTensor& t : m.tensors) total_bytes += double(t.bytes);
+  ProgressMeter progress("convert " + o.to, total_bytes, "GB");
   for (const OutTensor& t : m.tensors) {
+    progress.update(done_bytes);
+    done_bytes += double(t.bytes);
     try {
       if (auto it = merged_weight.find(t.name); it != merged_weight.end()) {
         const int64_t n = shape_numel(t.file_shape);
@@ -493,15 +512,17 @@ void h5_to_hub(const ConvertOptions& o, std::optional<DType> want) {
   }
 
   std::vector<std::string> written;
+  ProgressMeter progress("convert " + o.to, double(total), "GB");
+  double done_bytes = 0;
   try {
     if (shards.size() == 1) {
-      write_shard((fs::path(o.to) / (stem + ".safetensors")).string(), metadata, r, shards[0]);
+      write_shard((fs::path(o.to) / (stem + ".safetensors")).string(), metadata, r, shards[0], progress, done_bytes);
       written.push_back(stem + ".safetensors");
     } else {
       json index = {{"metadata", {{"total_size", total}}}, {"weight_map", json::object()}};
       for (size_t i = 0; i < shards.size(); ++i) {
         const std::string name = shard_name(stem, i, shards.size());
-        write_shard((fs::path(o.to) / name).string(), metadata, r, shards[i]);
+        write_shard((fs::path(o.to) / name).string(), metadata, r, shards[i], progress, done_bytes);
         written.push_back(name);
         for (const OutTensor* t : shards[i]) index["weight_map"][t->name] = name;
       }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/progress_meter.h"
 #include "io/atomic_file.h"
 #include "io/bounded_json.h"
 #include "io/config.h"
@@ -100,7 +101,10 @@ int make_latents(const std::string& path, const std::string& unet_config_json_or
 
     std::vector<float> lat(size_t(C * H * W)), ctx(size_t(L * D));
     const double two_pi = 2.0 * M_PI;
+    // Progress for a big set (a line every 10 s with an ETA; nothing for a quick one).
+    ProgressMeter progress("make-latents " + path, double(n), "samples");
     for (int64_t s = 0; s < n; ++s) {
+      progress.update(double(s));
       const uint64_t r = nn::splitmix64(nn::splitmix64(seed) + uint64_t(s));
       const int64_t k = int64_t(r % kClasses), q = int64_t((r >> 8) % kPhases);
       const double amp = 0.75 + 0.5 * double((r >> 16) & 0xffff) / 65535.0;

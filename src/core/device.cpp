@@ -88,6 +88,11 @@ std::string cuda_device_name(int index) {
   ZP_CUDA_CHECK(cudaGetDeviceProperties(&p, index));
   return p.name;
 }
+std::string cuda_pci_bus_id(int index) {
+  char id[64] = {0};
+  if (cudaDeviceGetPCIBusId(id, int(sizeof(id)), index) != cudaSuccess) return "";
+  return id;
+}
 void stream_synchronize(StreamHandle s) { ZP_CUDA_CHECK(cudaStreamSynchronize(s)); }
 void cuda_memory_info(int index, size_t& free, size_t& total) {
   int current = 0;
@@ -121,6 +126,7 @@ double cuda_peak_bf16_tflops(int) { return 0; }
 double cuda_peak_dram_gbs(int) { return 0; }
 bool cuda_supports_bf16(int) { return false; }
 std::string cuda_device_name(int) { return "none"; }
+std::string cuda_pci_bus_id(int) { return ""; }
 void stream_synchronize(StreamHandle) {}
 #endif
 

@@ -74,6 +74,8 @@ double cuda_peak_dram_gbs(int index);
 // Whether device `index` computes in bf16 at full speed (Ampere, compute capability 8, and later).
 bool cuda_supports_bf16(int index);
 std::string cuda_device_name(int index);
+// Device `index`'s PCI bus id, "0000:1b:00.0" as CUDA writes it; "" when unknown.
+std::string cuda_pci_bus_id(int index);
 
 void device_synchronize();
 // Makes `d` the calling thread's current CUDA device (a thread starts on device 0); nothing for the CPU.

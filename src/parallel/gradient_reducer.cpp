@@ -62,7 +62,7 @@ void GradientReducer::all_reduce(Accumulator& a) {
   comm_.after_compute();
   const StreamHandle cs = comm_.handle();
   void* g = a.block->grads().data();
-  comm_.timed(cs, [&] { dp_->all_reduce(g, g, a.block->padded(), DType::F32, comm::ReduceOp::Avg, cs); });
+  comm_.timed(CollectiveKind::AllReduce, cs, [&] { dp_->all_reduce(g, g, a.block->padded(), DType::F32, comm::ReduceOp::Avg, cs); });
   a.reduced = true;
 }
 
@@ -80,7 +80,7 @@ void GradientReducer::reduce_scatter(Accumulator& a) {
   Tensor mine = full.flat(rank_ * a.shard_size, a.shard_size);
   if (dp_) {
     mine = Tensor::empty({a.shard_size}, DType::F32, b.device(), "gradients in flight", cs);
-    comm_.timed(cs, [&] {
+    comm_.timed(CollectiveKind::ReduceScatter, cs, [&] {
       dp_->reduce_scatter(full.data(), mine.data(), a.shard_size, DType::F32, comm::ReduceOp::Avg, cs);
     });
   }

@@ -107,14 +107,14 @@ void ParameterGatherer::gather(Sharded& u, Tensor& full, StreamHandle cs) {
     return;
   }
   if (u.shard.device() == b.device()) {
-    comm_.timed(cs, [&] { dp_->all_gather(u.shard.data(), full.data(), u.shard_size, b.dtype(), cs); });
+    comm_.timed(CollectiveKind::AllGather, cs, [&] { dp_->all_gather(u.shard.data(), full.data(), u.shard_size, b.dtype(), cs); });
     return;
   }
   // A host shard goes up into this rank's block of the output, and the gather runs in place there:
   // no device copy of the shard exists, even for a moment.
   void* mine = static_cast<char*>(full.data()) + size_t(rank_) * u.shard.nbytes();
   copy_bytes_async(mine, b.device(), u.shard.data(), Device::cpu(), u.shard.nbytes(), cs);
-  comm_.timed(cs, [&] { dp_->all_gather(mine, full.data(), u.shard_size, b.dtype(), cs); });
+  comm_.timed(CollectiveKind::AllGather, cs, [&] { dp_->all_gather(mine, full.data(), u.shard_size, b.dtype(), cs); });
 }
 
 size_t ParameterGatherer::shard_bytes() const {

@@ -154,7 +154,7 @@ void ZeroEngine::update_in_backward(size_t i, const Tensor& grad, StreamHandle c
   void* out = weights_out(i);
   opt_->update({i, grad.data<float>(), out}, update_scale_, update_lr_, cs);
   if (policy_.gathers_updated_weights() && dp_)
-    comm_.timed(cs, [&] { dp_->all_gather(out, b.values().data(), n, b.dtype(), cs); });
+    comm_.timed(CollectiveKind::AllGather, cs, [&] { dp_->all_gather(out, b.values().data(), n, b.dtype(), cs); });
 }
 
 void ZeroEngine::begin_step() {
@@ -214,7 +214,7 @@ void ZeroEngine::all_gather_compute_weights() {
   for (size_t i = 0; i < blocks_.size(); ++i) {
     nn::ParamBlock& b = *blocks_[i];
     const int64_t n = opt_->ranges()[i].size();
-    comm_.timed(s_, [&] { dp_->all_gather(weights_out(i), b.values().data(), n, b.dtype(), s_); });
+    comm_.timed(CollectiveKind::AllGather, s_, [&] { dp_->all_gather(weights_out(i), b.values().data(), n, b.dtype(), s_); });
   }
 }
 

@@ -128,9 +128,11 @@ class ZeroEngine : public nn::BlockAccess {
   // overlap_comm = false runs every collective on the compute stream (for measuring the overlap).
   void set_overlap_comm(bool on);
   // Communication time: with timing on, every collective is bracketed by CUDA events on the stream
-  // it runs on (or timed on the host for MPI); comm_ms() returns the total since its last call.
-  // With overlap this is time the communication stream is busy, mostly hidden behind compute.
+  // it runs on (or timed on the host for MPI); comm_times() returns the busy time per collective
+  // kind and the time compute waited for communication since its last call, comm_ms() the busy
+  // total. With overlap the busy time is the communication stream's, mostly hidden behind compute.
   void set_timing(bool on) { comm_.set_timing(on); }
+  CommTimes comm_times() { return comm_.take(); }
   double comm_ms() { return comm_.take_ms(); }
 
   // nn::BlockAccess

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/progress_meter.h"
 #include "io/bounded_json.h"
 #include "io/checkpoint_file.h"
 
@@ -19,6 +20,15 @@ namespace zp::runtime {
 namespace fs = std::filesystem;
 
 namespace {
+
+// The fp32 states (weights, two moments, and the delayed update's lagging weights: `states`) of the
+// blocks this rank's engine visits, for the progress of a save or load.
+int64_t state_bytes(parallel::ZeroEngine& engine, int states) {
+  int64_t n = 0;
+  for (const nn::ParamBlock* b : engine.blocks()) n += b->padded() * 4 * states;
+  return n;
+}
+
 
 constexpr const char* kKind = "checkpoint";
 
@@ -194,9 +204,15 @@ void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngin
   };
 
   // The visit waits for a delayed update in flight: the file holds the state after every update.
+  // Progress on rank 0 for a big model (a line every 10 s; nothing for a save that takes less): the
+  // states of the blocks visited so far, of this rank's part of the model.
+  ProgressMeter progress("saving " + path, double(state_bytes(engine, lagging ? 4 : 3)), "GB");
+  double visited_bytes = 0;
   size_t index = 0;
   engine.visit_state([&](parallel::BlockState& st) {
     const nn::ParamBlock& b = st.block();
+    visited_bytes += double(b.padded()) * 4 * (lagging ? 4 : 3);
+    progress.update(visited_bytes);
     const int64_t position = position_of(b, index++, stages);
     if (stages && &b == stages->replica) return;
     write_others_before(position);
@@ -322,7 +338,11 @@ TrainState load_stage(const std::string& path, MPI_Comm comm, parallel::ZeroEngi
 
   // The compute weights are rewritten from the loaded master weights when the visit ends (with the
   // delayed update and the file's lagging weights: from those, and the master weights go in next).
+  ProgressMeter progress("loading " + path, double(state_bytes(engine, lagging ? 4 : 3)), "GB");
+  double visited_bytes = 0;
   engine.visit_state([&](parallel::BlockState& bs) {
+    progress.update(visited_bytes);
+    visited_bytes += double(bs.block().padded()) * 4 * (lagging ? 4 : 3);
     const int64_t begin = bs.owned_begin(), size = bs.owned_end() - begin;
     if (lagging) {
       Tensor host = Tensor::empty({size}, DType::F32, Device::cpu(), "checkpoint");

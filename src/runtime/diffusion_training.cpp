@@ -201,9 +201,11 @@ class DiffusionTask final : public TrainingTask {
     // Validation runs for the loss alone: an inference forward, which keeps nothing.
     auto acts = train_step ? models::UNetActivations::training(cfg_.activation_checkpointing)
                            : models::UNetActivations::inference();
+    if (train_step) forward_begins(s);
     Tensor pred = model_->forward(b.in, acts);
     ZP_KERNEL_CALL(dev, mse_forward, s, cfg_.dtype, losses.data<float>(), pred.data(), b.target.data<float>(),
                    b.weights.data<float>(), B, n);
+    if (train_step) forward_ends(s);
     if (train_step) {
       Tensor dpred = Tensor::empty(pred.shape(), cfg_.dtype, dev, "activations", s);
       ZP_KERNEL_CALL(dev, mse_backward, s, cfg_.dtype, dpred.data(), pred.data(), b.target.data<float>(),

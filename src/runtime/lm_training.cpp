@@ -382,12 +382,14 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
     using models::ForwardMode;
     models::Transformer& model = *chunks_[0];
     models::TransformerActivations acts;
+    if (train_step) forward_begins(s);
     forward_chunk(model, ids.data<int32_t>(), Tensor(), layout, cfg_.micro_batch, cfg_.seq_len, acts,
                   !train_step                     ? ForwardMode::Inference
                   : cfg_.activation_checkpointing ? ForwardMode::TrainCheckpointed
                                                   : ForwardMode::Train,
                   dropout);
     CausalLmLoss lm(acts.logits, mcfg_.vocab, tgt.data<int32_t>(), valid, s);
+    if (train_step) forward_ends(s);
     if (train_step) model.backward(acts, lm.backward(acts.logits, loss_scale));
     return lm.mean();  // read after the backward is queued, so the GPU never waits for the host
   }

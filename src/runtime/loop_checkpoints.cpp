@@ -111,6 +111,9 @@ void LoopCheckpoints::resume(LossScaler& scaler, TrainResult& result) {
              damaged.size(), " tried, newest first, each renamed to <name>.damaged); nothing to resume from");
   start_step_ = st.step;
   data_position_ = st.data_position;
+  std::error_code size_error;
+  load_ = {seconds_since(t0), int64_t(fs::file_size(from, size_error))};
+  if (size_error) load_.bytes = 0;
   result.first_step = start_step_;
   result.resumed_from = from;
 

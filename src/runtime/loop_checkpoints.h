@@ -51,10 +51,14 @@ class LoopCheckpoints {
     int64_t bytes = 0;
   };
   const SaveTiming& last_save() const { return last_save_; }
+  // The resume's load (zero when the run started fresh): its wall seconds, checks included, and the
+  // file's bytes.
+  const SaveTiming& load_timing() const { return load_; }
   // Steps skipped for an fp16 overflow over the whole training, those before the resume included.
   int64_t skipped_steps(const LossScaler& scaler) const { return skipped_before_ + scaler.skipped(); }
 
  private:
+  SaveTiming load_;
   LossScalerState scaler_state(const LossScaler& sc) const;
   const StageBlocks* stage_blocks() const { return stages_ ? &*stages_ : nullptr; }
   void save(int64_t steps_done, const LossScaler& scaler, TrainResult& result);

@@ -1,5 +1,7 @@
 #include "runtime/run_report.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -71,9 +73,20 @@ StepRecord step_record(const json& o, RunFile& file, const Place& at) {
   if (const json* b = object(o, "breakdown", at)) {
     auto ms = [&](const char* key) { const double v = number(*b, key, at); return std::isnan(v) ? 0.0 : v; };
     // The engine writes forward_backward_ms for the compute, and the communication's busy time (which
-    // overlaps the compute, so it is no part of the stack) inside the breakdown.
-    r.breakdown = StepBreakdown{ms("data_ms"), ms(b->contains("compute_ms") ? "compute_ms" : "forward_backward_ms"),
-                                ms("optimizer_ms"), ms("exposed_comm_ms"), ms("other_ms")};
+    // overlaps the compute, so it is no part of the stack) inside the breakdown. Its exposed_comm_ms
+    // is time inside the forward-and-backward and update phases (compute waiting for communication):
+    // taken out of them, first the former, so the stack still adds up to the step.
+    if (b->contains("compute_ms")) {
+      r.breakdown = StepBreakdown{ms("data_ms"), ms("compute_ms"), ms("optimizer_ms"), ms("exposed_comm_ms"),
+                                  ms("other_ms")};
+    } else {
+      double compute = ms("forward_backward_ms"), update = ms("optimizer_ms");
+      const double exposed = std::min(ms("exposed_comm_ms"), compute + update);
+      const double from_compute = std::min(exposed, compute);
+      compute -= from_compute;
+      update -= exposed - from_compute;
+      r.breakdown = StepBreakdown{ms("data_ms"), compute, update, exposed, ms("other_ms")};
+    }
     if (std::isnan(r.comm_busy_ms)) r.comm_busy_ms = number(*b, "comm_busy_ms", at);
   }
   if (const json* p = object(o, "per_rank", at)) {

@@ -1,5 +1,6 @@
 #include "runtime/step_loop.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -79,7 +80,16 @@ void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t
     bd.data_ms = loop.data_seconds ? 1e3 * loop.data_seconds() : 0.0;
     bd.forward_backward_ms = loop.s ? phase[1]->elapsed_ms_since(*phase[0]) : ms_between(t0, t1) - bd.data_ms;
     bd.optimizer_ms = loop.s ? phase[2]->elapsed_ms_since(*phase[1]) : ms_between(t1, t2);
-    bd.comm_busy_ms = loop.engine.comm_ms();
+    const parallel::CommTimes comm = loop.engine.comm_times();
+    bd.comm_busy_ms = comm.busy_total_ms();
+    bd.exposed_comm_ms = comm.exposed_ms;
+    for (int k = 0; k < int(parallel::CollectiveKind::Count); ++k)
+      bd.comm_busy_by_kind_ms.emplace_back(parallel::collective_kind_name(parallel::CollectiveKind(k)), comm.busy_ms[k]);
+    if (loop.forward_ms && !loop.pipeline) {
+      // The forward as the task measured it, the backward the rest of the phase (the two add up to it).
+      bd.forward_ms = std::clamp(loop.forward_ms(), 0.0, bd.forward_backward_ms);
+      bd.backward_ms = bd.forward_backward_ms - bd.forward_ms;
+    }
     loop.reporter.set_breakdown(bd);
     loss = dp_mean(loss);
     result.losses.push_back(loss);

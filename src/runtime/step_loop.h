@@ -37,6 +37,9 @@ struct StepLoop {
   const PipelineGradients* pipeline_grads = nullptr;
   // Host seconds spent reading training batches since the last call (TrainingTask::take_data_seconds).
   std::function<double()> data_seconds;
+  // Milliseconds of the training forwards since the last call (TrainingTask::take_forward_ms); empty:
+  // the breakdown has no forward/backward split.
+  std::function<double()> forward_ms;
 };
 
 // Position `first` is a global index into the sample order. train(step, first, loss_scale) runs one

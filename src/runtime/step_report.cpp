@@ -42,6 +42,13 @@ void StepReporter::set_csv_monitor(const std::string& dir, int64_t samples_per_s
 void StepReporter::report(int64_t step, double loss, double lr, double grad_norm, double secs, bool skipped,
                           float loss_scale, double val) {
   const double rate = double(items_per_step_) / secs;
+  if (steps_++ == 0) first_step_ = step;
+  last_step_ = step;
+  steps_s_ += secs;
+  if (!std::isnan(val) && (std::isnan(best_val_) || val < best_val_)) {
+    best_val_ = val;
+    best_val_step_ = step;
+  }
   const double mfu = peak_tflops_ > 0 ? flops_per_item_ * rate / world_ / (peak_tflops_ * 1e12) : 0.0;
   const double mem_gib = dev_.is_cuda() ? double(device_allocator(dev_.index).stats().peak) / double(1ull << 30)
                                         : host_peak_rss_bytes() / double(1ull << 30);
@@ -55,9 +62,14 @@ void StepReporter::report(int64_t step, double loss, double lr, double grad_norm
                   skipped ? " | SKIPPED (overflow)" : "");
     std::string extra = std::isnan(val) ? "" : " | val loss " + std::to_string(val);
     if (show_breakdown_ && breakdown_) {
-      char b[160];
-      std::snprintf(b, sizeof(b), " | data %.1f fwd+bwd %.1f opt %.1f comm busy %.1f ms", breakdown_->data_ms,
-                    breakdown_->forward_backward_ms, breakdown_->optimizer_ms, breakdown_->comm_busy_ms);
+      const Breakdown& d = *breakdown_;
+      char phases[96], b[256];
+      if (std::isnan(d.forward_ms))
+        std::snprintf(phases, sizeof(phases), "fwd+bwd %.1f", d.forward_backward_ms);
+      else
+        std::snprintf(phases, sizeof(phases), "fwd %.1f bwd %.1f", d.forward_ms, d.backward_ms);
+      std::snprintf(b, sizeof(b), " | data %.1f %s opt %.1f comm busy %.1f exposed %.1f ms", d.data_ms, phases,
+                    d.optimizer_ms, d.comm_busy_ms, d.exposed_comm_ms);
       extra = b + extra;
     }
     if (pipeline_) {
@@ -81,13 +93,23 @@ void StepReporter::report(int64_t step, double loss, double lr, double grad_norm
                         {"step_ms", secs * 1e3},  {"skipped", skipped}, {"loss_scale", loss_scale}};
     j[rate_key_] = rate;
     if (!std::isnan(val)) j["val_loss"] = val;
-    if (breakdown_)
-      j["breakdown"] = {{"data_ms", breakdown_->data_ms},
-                        {"forward_backward_ms", breakdown_->forward_backward_ms},
-                        {"optimizer_ms", breakdown_->optimizer_ms},
-                        {"comm_busy_ms", breakdown_->comm_busy_ms},
-                        {"other_ms", std::max(0.0, secs * 1e3 - breakdown_->data_ms - breakdown_->forward_backward_ms -
-                                                       breakdown_->optimizer_ms)}};
+    if (breakdown_) {
+      const Breakdown& d = *breakdown_;
+      nlohmann::json& b = j["breakdown"];
+      b = {{"data_ms", d.data_ms},
+           {"forward_backward_ms", d.forward_backward_ms},
+           {"optimizer_ms", d.optimizer_ms},
+           {"comm_busy_ms", d.comm_busy_ms},
+           {"exposed_comm_ms", d.exposed_comm_ms},
+           {"other_ms", std::max(0.0, secs * 1e3 - d.data_ms - d.forward_backward_ms - d.optimizer_ms)}};
+      if (!std::isnan(d.forward_ms)) {
+        b["forward_ms"] = d.forward_ms;
+        b["backward_ms"] = d.backward_ms;
+      }
+      nlohmann::json kinds = nlohmann::json::object();
+      for (const auto& [kind, ms] : d.comm_busy_by_kind_ms) kinds[kind] = ms;
+      b["comm_busy_by_kind_ms"] = kinds;
+    }
     if (pipeline_)
       j["pipeline"] = {{"stage", pipeline_->stage},         {"busy_ms", pipeline_->busy_ms},
                        {"idle_ms", pipeline_->span_ms - pipeline_->busy_ms},
@@ -98,12 +120,69 @@ void StepReporter::report(int64_t step, double loss, double lr, double grad_norm
   }
 }
 
-void StepReporter::start_event(const nlohmann::json& config, const std::vector<std::string>& banner) {
+void StepReporter::start_event(const nlohmann::json& config, const std::vector<std::string>& banner,
+                               const std::string& rank_line) {
   if (!metrics_.is_open()) return;
-  metrics_ << nlohmann::json{{"event", "start"}, {"rank", rank_}, {"world", world_}, {"config", config},
-                             {"banner", banner}}.dump()
+  nlohmann::json j{{"event", "start"}, {"rank", rank_}, {"world", world_}, {"config", config}, {"banner", banner}};
+  if (!rank_line.empty()) j["rank_line"] = rank_line;
+  metrics_ << j.dump() << "\n";
+  metrics_.flush();
+}
+
+void StepReporter::checkpoint_load_event(int64_t step, const std::string& path, double seconds, int64_t bytes) {
+  if (!metrics_.is_open()) return;
+  metrics_ << nlohmann::json{{"event", "checkpoint_load"}, {"step", step}, {"path", path}, {"seconds", seconds},
+                             {"bytes", bytes}, {"gb_per_s", seconds > 0 ? double(bytes) / seconds / 1e9 : 0.0}}.dump()
            << "\n";
   metrics_.flush();
+}
+
+std::string StepReporter::summary(double wall_s, const std::string& last_checkpoint) {
+  const double items = double(items_per_step_) * double(steps_);
+  const double rate = steps_s_ > 0 ? items / steps_s_ : 0.0;
+  const std::string items_key = unit_ == "tok" ? std::string("tokens") : unit_;
+  std::ostringstream line;
+  line.setf(std::ios::fixed);
+  line.precision(1);
+  line << "run done: " << steps_ << " step" << (steps_ == 1 ? "" : "s");
+  if (steps_ > 0) line << " (" << first_step_ << ".." << last_step_ << " of " << max_steps_ << ")";
+  line.precision(0);
+  line << ", " << items << ' ' << unit_ << " in ";
+  line.precision(1);
+  line << wall_s << " s (mean " << rate << ' ' << unit_ << "/s over the steps)";
+  line.precision(4);
+  if (std::isnan(best_val_)) line << ", no validation";
+  else line << ", best val loss " << best_val_ << " at step " << best_val_step_;
+  line << ", " << (last_checkpoint.empty() ? std::string("no checkpoint") : "checkpoint " + last_checkpoint);
+  if (rank_ == 0) {
+    std::printf("%s\n", line.str().c_str());
+    std::fflush(stdout);
+  }
+  if (metrics_.is_open()) {
+    nlohmann::json j{{"event", "summary"}, {"rank", rank_}, {"steps", steps_}, {items_key, items},
+                     {"wall_s", wall_s}, {"steps_s", steps_s_}, {"mean_" + rate_key_, rate}};
+    if (steps_ > 0) {
+      j["first_step"] = first_step_;
+      j["last_step"] = last_step_;
+    }
+    if (!std::isnan(best_val_)) {
+      j["best_val_loss"] = best_val_;
+      j["best_val_step"] = best_val_step_;
+    }
+    j["checkpoint"] = last_checkpoint.empty() ? nlohmann::json() : nlohmann::json(last_checkpoint);
+    metrics_ << j.dump() << "\n";
+    metrics_.flush();
+  }
+  return line.str();
+}
+
+std::string rank_start_line(int rank, int world, const std::string& host, const std::string& device, int numa_node,
+                            double device_bytes, double host_bytes, double nvme_bytes) {
+  char b[512];
+  std::snprintf(b, sizeof(b), "rank %d/%d: host %s, %s, NUMA node %d | per rank: device %.2f GB, host %.2f GB, NVMe %.2f GB",
+                rank, world, host.c_str(), device.c_str(), numa_node, device_bytes / 1e9, host_bytes / 1e9,
+                nvme_bytes / 1e9);
+  return b;
 }
 
 void StepReporter::checkpoint_event(int64_t step, const std::string& path, double seconds, int64_t bytes) {

@@ -5,8 +5,10 @@
 #pragma once
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -40,19 +42,36 @@ class StepReporter {
   // communication included; on the host clock on a CPU), and the busy time of the communication
   // (mostly hidden behind compute when it overlaps). `show` puts it in rank 0's progress line
   // (wall_clock_breakdown); the metrics JSONL always has it.
+  // The forward-and-backward phase splits into forward_ms (the training micro-batches' forwards and
+  // objectives, TrainingTask::take_forward_ms) and backward_ms, the rest of the phase, so the two add
+  // up to it; NaN where not measured (a pipeline stage's schedule). The communication's busy time
+  // splits by collective kind (comm_busy_by_kind_ms, adding up to comm_busy_ms), and
+  // exposed_comm_ms is how long compute waited for it (parallel::CommTimes says how it is measured).
   struct Breakdown {
     double data_ms = 0, forward_backward_ms = 0, optimizer_ms = 0, comm_busy_ms = 0;
+    double forward_ms = std::numeric_limits<double>::quiet_NaN(), backward_ms = std::numeric_limits<double>::quiet_NaN();
+    double exposed_comm_ms = 0;
+    std::vector<std::pair<std::string, double>> comm_busy_by_kind_ms;  // ("all_reduce", ms), ...
   };
   void set_breakdown(const Breakdown& b) { breakdown_ = b; }
   void show_breakdown(bool on) { show_breakdown_ = on; }
   // Event lines in the metrics JSONL, for `zeropipe report`: the run's start (its configuration, the
   // start-up banner's lines and the world size) and every checkpoint saved (seconds, bytes, GB/s).
-  void start_event(const nlohmann::json& config, const std::vector<std::string>& banner);
+  // `rank_line` is this rank's start line (rank_start_line).
+  void start_event(const nlohmann::json& config, const std::vector<std::string>& banner,
+                   const std::string& rank_line = "");
   void checkpoint_event(int64_t step, const std::string& path, double seconds, int64_t bytes);
+  // The resumed checkpoint's load ("checkpoint_load": the step it resumes at, seconds, bytes, GB/s).
+  void checkpoint_load_event(int64_t step, const std::string& path, double seconds, int64_t bytes);
 
   // step is 1-based; val is NaN when no validation ran this step.
   void report(int64_t step, double loss, double lr, double grad_norm, double secs, bool skipped, float loss_scale,
               double val);
+  // The run's end, from what report() saw: steps, items processed, `wall_s` (the whole run, start-up
+  // included), the mean throughput over the steps' own time, the best validation loss and its step,
+  // and `last_checkpoint` ("" when none was written). Rank 0 logs the line returned; every rank's
+  // metrics file gets a `summary` event.
+  std::string summary(double wall_s, const std::string& last_checkpoint);
 
  private:
   std::ofstream metrics_;
@@ -64,9 +83,18 @@ class StepReporter {
   std::optional<PipelineTimes> pipeline_;
   std::optional<Breakdown> breakdown_;
   bool show_breakdown_ = false;
+  // For summary(): the steps reported this run, their seconds, the best validation loss.
+  int64_t steps_ = 0, first_step_ = 0, last_step_ = 0, best_val_step_ = 0;
+  double steps_s_ = 0, best_val_ = std::numeric_limits<double>::quiet_NaN();
   std::optional<CsvMonitor> csv_;
   int64_t csv_samples_per_step_ = 0;
   bool csv_loss_scale_ = false;
 };
+
+// One line per rank when a run starts: where it runs and what it holds,
+// "rank 1/2: host n1, cuda:1 (NVIDIA H100 80GB HBM3), NUMA node 0 | per rank: device 12.30 GB, host
+// 4.50 GB, NVMe 0.00 GB" (the memory plan's bytes per tier; NUMA node -1: unknown).
+std::string rank_start_line(int rank, int world, const std::string& host, const std::string& device, int numa_node,
+                            double device_bytes, double host_bytes, double nvme_bytes);
 
 }  // namespace zp::runtime

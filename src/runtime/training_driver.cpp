@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "core/cpu_share.h"
 #include "core/log.h"
+#include "core/numa_node.h"
 #include "io/bounded_json.h"
 #include "parallel/nvme_state_store.h"
 #include "parallel/pipeline_schedule.h"
@@ -91,6 +93,7 @@ std::vector<float> gather_stages(const std::vector<float>& mine, const TrainingP
 
 TrainResult run_training(const TrainConfig& given, comm::Runtime& rt, MPI_Comm group, bool return_params,
                          const TrainingTaskFactory& make_task) {
+  const auto run_start = std::chrono::steady_clock::now();  // for the final summary's wall time
   TrainingPlace at = place_training(given, rt, group);
   const TrainConfig cfg = given.resolve_for_place(at.data_size(), at.world(), at.dev);
   at.global_batch = cfg.train_batch_size;
@@ -184,6 +187,16 @@ TrainResult run_training(const TrainConfig& given, comm::Runtime& rt, MPI_Comm g
   const std::vector<std::string> banner = {engine.policy().str() + " | " + std::to_string(at.world()) + " rank(s): " + ranks,
                                            engine.memory_plan().str(), fit, task->describe()};
   for (size_t i = 0; i + 1 < banner.size(); ++i) ZP_LOG_INFO(banner[i]);
+  // And every rank's own line: host, device, its NUMA node (for checking the launcher's binding)
+  // and what it holds in each tier.
+  char host[64] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  const parallel::MemoryPlan mem = engine.memory_plan();
+  const std::string rank_line =
+      rank_start_line(at.rank(), at.world(), host,
+                      at.dev.is_cuda() ? at.dev.str() + " (" + cuda_device_name(at.dev.index) + ")" : at.dev.str(),
+                      numa_node_of(at.dev), mem.device_bytes(), mem.host_bytes(), mem.nvme_optimizer_bytes);
+  ZP_LOG_INFO_ALL(rank_line);
   // A resumed run continues its metrics file.
   StepReporter reporter(cfg.metrics_file, at.rank(), at.world(), at.dev, unit.unit,
                         at.global_batch * unit.items_per_sample, unit.flops_per_item, cfg.max_steps, cfg.print_every,
@@ -191,15 +204,22 @@ TrainResult run_training(const TrainConfig& given, comm::Runtime& rt, MPI_Comm g
   reporter.set_csv_monitor(cfg.csv_monitor_dir, at.global_batch, cfg.fp16);
   reporter.show_breakdown(cfg.wall_clock_breakdown);
   const std::string& config = task->checkpoint_model().config_json;
-  reporter.start_event(config.empty() ? io::json() : io::parse_json_bounded(config, "the run's configuration"), banner);
+  reporter.start_event(config.empty() ? io::json() : io::parse_json_bounded(config, "the run's configuration"), banner,
+                       rank_line);
+  if (!result.resumed_from.empty())
+    reporter.checkpoint_load_event(result.first_step, result.resumed_from, checkpoints.load_timing().seconds,
+                                   checkpoints.load_timing().bytes);
   ZP_LOG_INFO(banner.back());
 
   std::function<double(int64_t)> validate;
   if (task->has_validation()) validate = [&](int64_t first) { return task->validation_loss(first); };
   run_steps({cfg, engine, scaler, sched, checkpoints, reporter, comms.control.get(), at.data_rank(), at.data_size(), s,
-             pipeline.get(), stage_model ? &pipeline_grads : nullptr, [&] { return task->take_data_seconds(); }},
+             pipeline.get(), stage_model ? &pipeline_grads : nullptr, [&] { return task->take_data_seconds(); },
+             [&] { return task->take_forward_ms(); }},
             [&](int64_t step, int64_t first, float scale) { return task->micro_step(step, first, scale); }, validate,
             result);
+  reporter.summary(std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count(),
+                   result.saved.empty() ? std::string() : result.saved.back());
   if (return_params) {
     result.final_params = engine.gather_master();
     if (stage_model)

@@ -12,10 +12,12 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/device.h"
 #include "nn/block_access.h"
 #include "nn/parameter.h"
 #include "runtime/checkpoint.h"
@@ -69,8 +71,42 @@ class TrainingTask {
   // Host seconds spent reading and assembling training batches since the last call: the data part
   // of the step-time breakdown.
   double take_data_seconds() { return std::exchange(data_seconds_, 0.0); }
+  // Milliseconds of the training micro-batches' forward passes (objective included) since the last
+  // call, bracketed by forward_begins/forward_ends: the forward part of the step-time breakdown (the
+  // rest of the forward-and-backward phase is the backward). Call after the compute stream is
+  // synchronized. A pipeline stage's schedule does not bracket its forwards: 0.
+  double take_forward_ms() {
+    double ms = std::exchange(forward_host_ms_, 0.0);
+    for (size_t i = 0; i + 1 < forward_events_used_; i += 2)
+      ms += forward_events_[i + 1]->elapsed_ms_since(*forward_events_[i]);
+    forward_events_used_ = 0;
+    return ms;
+  }
 
  protected:
+  // Around a training micro-batch's forward and objective, on the compute stream `s`: CUDA events on
+  // a GPU, so the time is the device's, not the host's queueing; the host clock on the CPU (s null).
+  void forward_begins(StreamHandle s) {
+    if (!s) {
+      forward_t0_ = std::chrono::steady_clock::now();
+      return;
+    }
+    if (forward_events_.size() < forward_events_used_ + 2) {
+      forward_events_.push_back(std::make_unique<Event>());
+      forward_events_.push_back(std::make_unique<Event>());
+    }
+    forward_events_[forward_events_used_]->record(s);
+  }
+  void forward_ends(StreamHandle s) {
+    if (!s) {
+      forward_host_ms_ +=
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - forward_t0_).count();
+      return;
+    }
+    forward_events_[forward_events_used_ + 1]->record(s);
+    forward_events_used_ += 2;
+  }
+
   // Runs `read` (which returns a batch), adding its time to the data seconds.
   template <class Read>
   auto timed_read(Read&& read) {
@@ -82,6 +118,10 @@ class TrainingTask {
 
  private:
   double data_seconds_ = 0;
+  double forward_host_ms_ = 0;
+  std::chrono::steady_clock::time_point forward_t0_;
+  std::vector<std::unique_ptr<Event>> forward_events_;  // pairs: begin, end
+  size_t forward_events_used_ = 0;
 };
 
 }  // namespace zp::runtime

@@ -1,0 +1,55 @@
+// The step-time breakdown on several ranks (CPU, MPI): each rank's metrics file has the
+// communication's busy time per collective kind, summing to comm_busy_ms, the kinds the ZeRO stage
+// uses (stage 0 all-reduces gradients; stage 2 reduce-scatters them and all-gathers the weights),
+// and on the CPU all of it exposed (the host runs each collective and waits for it).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "training_runs.h"
+
+namespace zp::test {
+
+TEST(Telemetry, CommBusyPerCollectiveKindOnEveryRank) {
+  if (world_size() < 2) GTEST_SKIP() << "needs several ranks";
+  comm::Runtime rt;
+  SharedDir dir("telemetry");
+  const std::string data = data_file(dir, "llama");
+  for (int stage : {0, 2}) {
+    TrainingRun r{"llama", stage, world_size()};
+    r.max_steps = 2;
+    const std::string metrics = dir / ("m" + std::to_string(stage) + ".{rank}.jsonl");
+    runtime::TrainConfig t = runtime::TrainConfig::from(user_config(data, r));
+    t.metrics_file = metrics;
+    runtime::train(t, rt, MPI_COMM_WORLD);
+    std::ifstream in(dir / ("m" + std::to_string(stage) + "." + std::to_string(world_rank()) + ".jsonl"));
+    int steps = 0;
+    for (std::string line; std::getline(in, line);) {
+      const io::json j = io::json::parse(line);
+      if (j.contains("event")) continue;
+      ++steps;
+      const io::json& b = j.at("breakdown");
+      const io::json& kinds = b.at("comm_busy_by_kind_ms");
+      double sum = 0;
+      for (const char* kind : {"all_reduce", "reduce_scatter", "all_gather"}) sum += kinds.at(kind).get<double>();
+      EXPECT_NEAR(sum, b.at("comm_busy_ms").get<double>(), 1e-9) << j.dump();
+      EXPECT_NEAR(b.at("exposed_comm_ms").get<double>(), b.at("comm_busy_ms").get<double>(), 1e-9) << j.dump();
+      if (stage == 0) {
+        EXPECT_GT(kinds.at("all_reduce").get<double>(), 0.0) << j.dump();
+        EXPECT_EQ(kinds.at("reduce_scatter").get<double>(), 0.0) << j.dump();
+      } else {
+        EXPECT_GT(kinds.at("reduce_scatter").get<double>(), 0.0) << j.dump();
+        EXPECT_GT(kinds.at("all_gather").get<double>(), 0.0) << j.dump();
+        EXPECT_EQ(kinds.at("all_reduce").get<double>(), 0.0) << j.dump();
+      }
+      EXPECT_NEAR(b.at("forward_ms").get<double>() + b.at("backward_ms").get<double>(),
+                  b.at("forward_backward_ms").get<double>(), 1e-9 * b.at("forward_backward_ms").get<double>());
+    }
+    EXPECT_EQ(steps, 2) << "stage " << stage;
+  }
+}
+
+}  // namespace zp::test
