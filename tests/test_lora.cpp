@@ -16,6 +16,7 @@
 //    the parity criterion, fp32 on the CPU, bf16 on a GPU.
 //  - On a GPU the bf16 adapters follow the CPU reference, and the dropout masks are the same.
 #include <cmath>
+#include <functional>
 
 #include "app/parity.h"
 #include "kernels/dropout.h"
@@ -95,6 +96,23 @@ struct PackedCase {
   }
 };
 
+// Central differences of `loss` with respect to n values in place at `v` (every `stride`-th), the
+// values restored afterwards.
+std::vector<double> central_differences(double* v, int64_t n, const std::function<double()>& loss,
+                                        int64_t stride = 1) {
+  std::vector<double> fd;
+  for (int64_t i = 0; i < n; i += stride) {
+    const double keep = v[i];
+    v[i] = keep + 1e-6;
+    const double lp = loss();
+    v[i] = keep - 1e-6;
+    const double lm = loss();
+    v[i] = keep;
+    fd.push_back((lp - lm) / 2e-6);
+  }
+  return fd;
+}
+
 nn::Ctx cpu64() {
   nn::Ctx c;
   c.dt = DType::F64;
@@ -143,17 +161,7 @@ TEST(LoraLinear, AdaptersEqualTheMergedWeightAndTheirGradientsAreExact) {
       return s;
     };
     for (nn::Parameter* p : {pc.aq, pc.av, pc.bbq, pc.bbv}) {
-      std::vector<double> an = values(p->grad), fd;
-      double* pv = p->value.data<double>();
-      for (int64_t i = 0; i < p->numel(); ++i) {
-        const double keep = pv[i];
-        pv[i] = keep + 1e-6;
-        const double lp = loss();
-        pv[i] = keep - 1e-6;
-        const double lm = loss();
-        pv[i] = keep;
-        fd.push_back((lp - lm) / 2e-6);
-      }
+      const std::vector<double> an = values(p->grad), fd = central_differences(p->value.data<double>(), p->numel(), loss);
       EXPECT_LE(rel_error(an, fd), 1e-7) << p->name;
     }
     // The base: no gradient when frozen, dW = g^T x otherwise.
@@ -227,17 +235,7 @@ TEST(LoraLinear, DropoutIsTheDenseFormulaWithTheHashedMaskAndItsExactGradient) {
   };
   for (const Tensor* t : {&x, &pc.aq->value, &pc.bbv->value}) {
     const std::vector<double> an = t == &x ? values(dx) : values(t == &pc.aq->value ? pc.aq->grad : pc.bbv->grad);
-    std::vector<double> fd;
-    double* pv = t->data<double>();
-    for (int64_t i = 0; i < t->numel(); ++i) {
-      const double keep = pv[i];
-      pv[i] = keep + 1e-6;
-      const double lp = loss();
-      pv[i] = keep - 1e-6;
-      const double lm = loss();
-      pv[i] = keep;
-      fd.push_back((lp - lm) / 2e-6);
-    }
+    const std::vector<double> fd = central_differences(t->data<double>(), t->numel(), loss);
     EXPECT_LE(rel_error(an, fd), 1e-7) << (t == &x ? "dx" : t == &pc.aq->value ? "dA_q" : "dB_v");
   }
 }
@@ -341,18 +339,9 @@ TEST(LoraTransformer, MergedWeightsGiveTheSameLogitsAndAdapterGradientsAreExact)
       for (nn::Parameter* p : m.parameters()) {
         if (!p->name.ends_with(".lora_A.weight") && !p->name.ends_with(".lora_B.weight")) continue;
         const std::vector<double> an = values(p->grad);
-        std::vector<double> got, fd;
-        double* pv = p->value.data<double>();
-        for (int64_t i = 0; i < p->numel(); i += 3) {
-          const double keep = pv[i];
-          pv[i] = keep + 1e-6;
-          const double lp = loss();
-          pv[i] = keep - 1e-6;
-          const double lm = loss();
-          pv[i] = keep;
-          fd.push_back((lp - lm) / 2e-6);
-          got.push_back(an[size_t(i)]);
-        }
+        const std::vector<double> fd = central_differences(p->value.data<double>(), p->numel(), loss, 3);
+        std::vector<double> got;
+        for (int64_t i = 0; i < p->numel(); i += 3) got.push_back(an[size_t(i)]);
         EXPECT_LE(rel_error(got, fd), 1e-6) << type << " " << p->name;
       }
     }
