@@ -1,0 +1,73 @@
+#include "runtime/inference_model.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "io/h5file.h"
+#include "io/tokenizer_files.h"
+#include "io/weight_source.h"
+
+namespace zp::runtime {
+namespace fs = std::filesystem;
+
+Device inference_device(const std::string& name) {
+  ZP_REQUIRE(name == "cpu" || name == "cuda", "--device must be cpu or cuda, got '", name, "'");
+  if (name == "cpu") return Device::cpu();
+  ZP_REQUIRE(cuda_device_count() > 0, "--device cuda: ", cuda_unavailable_reason());
+  return Device::cuda(0);
+}
+
+DType inference_dtype(const std::string& name, Device dev) {
+  if (name == "fp32") return DType::F32;
+  if (name == "bf16") return DType::BF16;
+  if (name == "fp16") return DType::F16;
+  ZP_REQUIRE(name == "fp64", "--dtype must be fp32, bf16 or fp16 (or fp64 on the cpu), got '", name, "'");
+  ZP_REQUIRE(!dev.is_cuda(), "--dtype fp64 runs on the cpu only");
+  return DType::F64;
+}
+
+namespace {
+
+// A hub folder's own tokenizer files, if it has any.
+bool has_tokenizer_files(const fs::path& dir) {
+  for (const char* f : {"tokenizer.json", "vocab.json", "encoder.json"})
+    if (fs::exists(dir / f)) return true;
+  return false;
+}
+
+}  // namespace
+
+InferenceModel::InferenceModel(const InferenceModelOptions& o) : source_(o.model) {
+  ZP_REQUIRE(!o.model.empty(), "--model: a hub folder, a weights .h5 or a checkpoint .h5 is needed");
+  ZP_REQUIRE(fs::exists(o.model), o.model, ": no such file or folder");
+  dev_ = inference_device(o.device);
+  dt_ = inference_dtype(o.dtype, dev_);
+  if (io::is_h5_path(o.model)) {
+    io::H5File f = io::H5File::open(o.model);
+    ZP_REQUIRE(!f.has_attr("/", "lora"), o.model,
+               ": a LoRA checkpoint holds adapters, not a whole model; merge them into the base first: "
+               "zeropipe convert --from ", o.model, " --to ADAPTER_DIR, then zeropipe convert --merge-lora "
+               "ADAPTER_DIR --from BASE --to MERGED");
+  }
+  const io::json hub = io::hub_config_of(o.model);
+  ZP_REQUIRE(!hub.contains("_class_name"), o.model, ": a ", hub.value("_class_name", std::string("diffusers")),
+             " model; generation and evaluation serve language models (GPT-2, Llama, Qwen2)");
+  const std::string where = io::is_h5_path(o.model) ? o.model : (fs::path(o.model) / "config.json").string();
+  const models::TransformerConfig cfg = models::TransformerConfig::from_hub_json(hub, where);
+  model_ = std::make_unique<models::Transformer>(cfg, dev_, dt_, s_);
+  model_->load(*io::WeightSource::open(o.model, "model"));
+
+  if (!o.tokenizer.empty()) {
+    tokenizer_source_ = o.tokenizer;
+  } else if (!io::is_h5_path(o.model) && has_tokenizer_files(o.model)) {
+    tokenizer_source_ = o.model;
+  }
+  if (!tokenizer_source_.empty()) {
+    tokenizer_ = std::make_unique<io::BpeTokenizer>(io::load_tokenizer(tokenizer_source_));
+    // Ids the tokenizer makes must be rows of the embedding; unused added tokens past it are fine
+    // until one is produced (checked where ids are made).
+    ZP_REQUIRE(tokenizer_->vocab_size() > 0, tokenizer_source_, ": an empty vocabulary");
+  }
+}
+
+}  // namespace zp::runtime

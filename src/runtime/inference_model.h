@@ -1,0 +1,59 @@
+// A language model loaded for inference (`zeropipe generate`, `chat`, `eval`; issue 13): the weights,
+// the hub config and, when one is found, the tokenizer.
+//
+// Where it loads from: a hub folder (config.json, model.safetensors or its shards, and tokenizer.json
+// or GPT-2's vocab.json + merges.txt beside them), a ZeRO-Pipe weights file (`zeropipe convert`) or a
+// training checkpoint (its /model). An .h5 file carries no tokenizer: `tokenizer` names one (a folder
+// or a tokenizer.json), else the model runs on token ids alone. A LoRA checkpoint is refused with
+// the command that merges it. The model is built with every block allocated on `device` (no ZeRO
+// engine: one rank holds the whole model; ranks of an mpirun each hold their own copy and share the
+// requests).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "io/bpe_tokenizer.h"
+#include "models/transformer.h"
+
+namespace zp::runtime {
+
+struct InferenceModelOptions {
+  std::string model;          // hub folder, weights .h5 or checkpoint .h5
+  std::string tokenizer;      // "" = the model folder's, if it has one
+  std::string device = "cpu";  // cpu | cuda
+  std::string dtype = "fp32";  // fp32 | bf16 | fp16 (| fp64 on the cpu)
+};
+
+class InferenceModel {
+ public:
+  // Throws zp::Error naming the path and what is wrong (no such file, not a language model, a LoRA
+  // checkpoint, a bad device or dtype, no GPU for --device cuda).
+  explicit InferenceModel(const InferenceModelOptions& options);
+  InferenceModel(const InferenceModel&) = delete;
+  InferenceModel& operator=(const InferenceModel&) = delete;
+
+  models::Transformer& model() { return *model_; }
+  const models::TransformerConfig& config() const { return model_->config(); }
+  // nullptr when no tokenizer was found (the model then reads and writes token ids only).
+  const io::BpeTokenizer* tokenizer() const { return tokenizer_.get(); }
+  Device device() const { return dev_; }
+  DType dtype() const { return dt_; }
+  StreamHandle stream() const { return s_; }
+  const std::string& source() const { return source_; }  // the path it was loaded from
+  const std::string& tokenizer_source() const { return tokenizer_source_; }  // "" without one
+
+ private:
+  std::string source_, tokenizer_source_;
+  Device dev_;
+  DType dt_ = DType::F32;
+  StreamHandle s_ = nullptr;
+  std::unique_ptr<models::Transformer> model_;
+  std::unique_ptr<io::BpeTokenizer> tokenizer_;
+};
+
+// "cpu" | "cuda" -> the device (cuda: device 0 of the rank's node-local choice made at bootstrap is
+// the current one); "fp32" | "bf16" | "fp16" | "fp64" -> the dtype. Throws zp::Error naming the option.
+Device inference_device(const std::string& name);
+DType inference_dtype(const std::string& name, Device dev);
+
+}  // namespace zp::runtime
