@@ -2,12 +2,14 @@
 // (Boost.ProgramOptions); bad input is reported as one clear line and a non-zero exit.
 #include <boost/program_options.hpp>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "app/convert.h"
+#include "app/generate_command.h"
 #include "app/inspect_command.h"
 #include "app/make_latents.h"
 #include "app/parity.h"
@@ -47,6 +49,8 @@ const char* kUsage =
     "  tokenize text or JSONL -> a token file for train, through a Hugging Face or GPT-2 tokenizer:\n"
     "           zeropipe tokenize --tokenizer DIR|tokenizer.json --in FILE --out FILE [--append-eos]\n"
     "           [--format instruct --chat-template auto|llama3|chatml|plain]\n"
+    "  generate prompts (JSONL) -> completions (JSONL) with a paged KV cache and continuous batching:\n"
+    "           zeropipe generate --model DIR|FILE.h5 --prompts in.jsonl --out out.jsonl [--device cpu|cuda]\n"
     "  parity   run a reference folder (hub config, weights, io.safetensors) and hold every tensor to\n"
     "           the parity criterion (its reference_error.json); exit 0 exactly when all gated pass\n"
     "  report   a run's metrics files as one HTML page with charts (loss, lr, speed, memory, time):\n"
@@ -194,6 +198,27 @@ int cmd_tokenize(int argc, char** argv) {
   return zp::app::run_tokenize(o);
 }
 
+// Runs a command on every rank of the job. Errors the ranks agreed on (bad input every rank reads,
+// a full disk, a damaged checkpoint) reach every rank within moments: each has cleaned up (no
+// temporary file left) and the job ends normally. An error seen by one rank only must not leave the
+// others waiting in a collective: it aborts them.
+int on_every_rank(const char* name, int& argc, char**& argv, const std::function<int(zp::comm::Runtime&)>& run) {
+  zp::comm::Runtime rt(&argc, &argv);
+  try {
+    return run(rt);
+  } catch (const zp::Error& e) {
+    const int status = dynamic_cast<const zp::runtime::TrainingDiverged*>(&e) ? kExitDiverged : 1;
+    if (rt.all_ranks_failed(10.0)) {
+      if (rt.rank() == 0) std::fprintf(stderr, "zeropipe %s: error: %s\n", name, e.what());
+      return status;
+    }
+    std::fprintf(stderr, "zeropipe %s: error on rank %d (%s): %s\n", name, rt.rank(), rt.host().c_str(), e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, status);
+    return status;
+  }
+}
+
 int cmd_train(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> sets;
@@ -227,24 +252,46 @@ int cmd_train(int argc, char** argv) {
     tc = zp::runtime::TrainConfig::from(cfg);
     tc->resume = resume;
   }
-  zp::comm::Runtime rt(&argc, &argv);
-  try {
+  return on_every_rank("train", argc, argv, [&](zp::comm::Runtime& rt) {
     const zp::runtime::TrainResult r = unet ? zp::runtime::train_unet(*uc, rt) : zp::runtime::train(*tc, rt);
     return r.stopped_by_signal ? zp::runtime::kExitStopped : 0;
-  } catch (const zp::Error& e) {
-    const int status = dynamic_cast<const zp::runtime::TrainingDiverged*>(&e) ? kExitDiverged : 1;
-    // Errors the ranks agreed on reach every rank here within moments: each has cleaned up (no
-    // temporary file left) and the job ends normally. An error seen by one rank only must not leave
-    // the others waiting in a collective: abort them.
-    if (rt.all_ranks_failed(10.0)) {
-      if (rt.rank() == 0) std::fprintf(stderr, "zeropipe train: error: %s\n", e.what());
-      return status;
-    }
-    std::fprintf(stderr, "zeropipe train: error on rank %d (%s): %s\n", rt.rank(), rt.host().c_str(), e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, status);
-    return status;
-  }
+  });
+}
+
+int cmd_generate(int argc, char** argv) {
+  zp::app::GenerateOptions o;
+  zp::app::SamplingDefaults& d = o.defaults;
+  zp::runtime::GenerationOptions& e = o.engine;
+  std::string kv_memory;
+  po::options_description desc(
+      "zeropipe generate: a batch of prompts (JSONL) -> completions (JSONL, input order), with a paged KV\n"
+      "cache and continuous batching; under mpirun the requests are split across the ranks.\n"
+      "  zeropipe generate --model hub-folder/ --prompts prompts.jsonl --out completions.jsonl\n"
+      "Each line: {\"prompt\": TEXT} or {\"input_ids\": [...]}, and optionally max_new_tokens, temperature\n"
+      "(0 = greedy), top_k, top_p, repetition_penalty, seed, stop, stop_token_ids, ignore_eos, id.\n"
+      "options");
+  desc.add_options()("help,h", "show this help")(
+      "model", po::value<std::string>(&o.model.model)->required(), "hub folder, weights .h5 or checkpoint .h5")(
+      "tokenizer", po::value<std::string>(&o.model.tokenizer), "tokenizer folder or tokenizer.json (default: the model folder's)")(
+      "prompts", po::value<std::string>(&o.prompts)->required(), "input JSONL")(
+      "out", po::value<std::string>(&o.out)->required(), "output JSONL")(
+      "device", po::value<std::string>(&o.model.device)->default_value("auto"), "cpu | cuda | auto (cuda if there is a GPU)")(
+      "dtype", po::value<std::string>(&o.model.dtype)->default_value("auto"), "fp32 | bf16 | fp16 | auto (bf16 on a GPU, else fp32)")(
+      "max-new-tokens", po::value<int64_t>(&d.max_new_tokens)->default_value(256), "per request unless it says")(
+      "temperature", po::value<float>(&d.temperature)->default_value(0.f), "0 = greedy")(
+      "top-k", po::value<int32_t>(&d.top_k)->default_value(0), "0 = off")(
+      "top-p", po::value<float>(&d.top_p)->default_value(1.f), "1 = off")(
+      "repetition-penalty", po::value<float>(&d.repetition_penalty)->default_value(1.f), "1 = off")(
+      "seed", po::value<uint64_t>(&d.seed)->default_value(0), "sampling seed of requests without one")(
+      "max-batch-tokens", po::value<int64_t>(&e.max_batch_tokens)->default_value(8192), "new tokens per step")(
+      "max-seqs", po::value<int64_t>(&e.max_seqs)->default_value(256), "sequences running at once")(
+      "block-size", po::value<int64_t>(&e.block_size)->default_value(16), "tokens per KV cache block")(
+      "kv-cache-memory", po::value<std::string>(&kv_memory),
+      "KV cache size, e.g. 20GiB (default: the GPU memory left after the weights and a step's activations)");
+  po::variables_map vm;
+  if (!parse_options(argc, argv, desc, vm)) return 0;
+  if (!kv_memory.empty()) e.kv_cache_bytes = int64_t(zp::app::parse_bytes(kv_memory, "--kv-cache-memory"));
+  return on_every_rank("generate", argc, argv, [&](zp::comm::Runtime&) { return zp::app::run_generate(o); });
 }
 
 }  // namespace
@@ -264,6 +311,7 @@ int main(int argc, char** argv) {
     if (cmd == "report") return cmd_report(argc - 1, argv + 1);
     if (cmd == "make-latents") return cmd_make_latents(argc - 1, argv + 1);
     if (cmd == "tokenize") return cmd_tokenize(argc - 1, argv + 1);
+    if (cmd == "generate") return cmd_generate(argc - 1, argv + 1);
     std::fprintf(stderr, "zeropipe: unknown command '%s'\n%s", cmd.c_str(), kUsage);
     return 2;
   } catch (const po::error& e) {

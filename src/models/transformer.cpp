@@ -435,6 +435,53 @@ void Transformer::forward_from(const int32_t* ids, Tensor x_in, int64_t B, int64
   }
 }
 
+Tensor Transformer::forward_cached(const int32_t* ids, const nn::CachedBatch& b, const nn::PagedKvCache& cache) {
+  ZP_CHECK(span_.embedding && span_.head, "forward_cached runs the whole model, not a pipeline stage");
+  ZP_CHECK(cache.layers() == cfg_.layers, "forward_cached: the cache has ", cache.layers(), " layers, the model ",
+           cfg_.layers);
+  const int64_t N = b.num_tokens, C = cfg_.hidden, V = cfg_.vocab, S = b.num_outputs;
+  ZP_CHECK(N > 0 && S > 0 && b.num_prefill_tokens >= 0 && b.num_prefill_tokens <= N, "forward_cached: bad batch");
+  Ctx c = ctx_;
+  c.saves = false;
+  c.dropout = {};
+  Tensor x = c.act({N, C});
+  if (tied_here_ && access_) access_->acquire_params(*embed_);
+  {
+    ParamsInUse use(access_, *embed_);
+    ZP_KERNEL_CALL(c.dev, embedding_forward, c.s, c.dt, x.data(), ids, wte_->v(), N, C, V, wpe_ ? wpe_->v() : nullptr,
+                   N, 0, b.positions);
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& l = layers_[i];
+    ParamsInUse use(access_, *l.block);
+    std::optional<ParamsInUse> adapters;
+    if (l.adapters) adapters.emplace(access_, *l.adapters);
+    Tensor a = c.act({N, C}), mid = c.act({N, C}), y = c.act({N, C});
+    nn::Norm::Saved n1, n2;
+    nn::Mlp::Saved mlp;
+    l.ln1.forward(c, a.data(), x.data(), N, n1);
+    l.attn.forward_cached(c, mid.data(), a.data(), b, cache, int64_t(i), x.data());
+    l.ln2.forward(c, a.data(), mid.data(), N, n2);
+    l.mlp.forward(c, y.data(), a.data(), N, mlp, mid.data());
+    x = std::move(y);
+  }
+  // Only the wanted rows go through the head: a prompt's other tokens need no logits. The gather is
+  // the embedding lookup with the hidden states as the table.
+  Tensor last = c.act({S, C}), af = c.act({S, C});
+  ZP_KERNEL_CALL(c.dev, embedding_forward, c.s, c.dt, last.data(), b.output_rows, x.data(), S, C, N, nullptr, S, 0,
+                 nullptr);
+  x = Tensor();
+  Tensor logits = c.act({S, vpad_});
+  {
+    ParamsInUse use(access_, *head_);
+    nn::Norm::Saved nf;
+    lnf_.forward(c, af.data(), last.data(), S, nf);
+    head_linear_.forward(c, logits.data(), af.data(), S, vpad_);
+  }
+  if (tied_here_ && access_) access_->release_params(*embed_);
+  return logits;
+}
+
 Tensor Transformer::backward(TransformerActivations& a, Tensor dout) {
   ZP_CHECK(a.awaiting_backward_, a.mode_ == ForwardMode::Inference && (a.logits.defined() || a.hidden.defined())
                                      ? "backward after an inference forward (it keeps nothing for one)"

@@ -189,6 +189,12 @@ class Transformer {
   // read again by the backward, so it must not change until then).
   void forward_hidden(Tensor hidden_in, int64_t B, int64_t T, TransformerActivations& acts,
                       ForwardMode mode = ForwardMode::Train, nn::DropoutDraw dropout = {}, nn::TokenLayout tokens = {});
+  // Inference against a paged KV cache, the generation path (nn/paged_kv_cache.h): runs the step's
+  // new tokens (ids: device int32 [batch.num_tokens], laid out as CachedBatch says) through every
+  // layer, writing their keys and values into `cache` (made for this model: config().layers layers of
+  // kv_heads x head_dim), and returns the logits [batch.num_outputs, padded_vocab()] of the rows
+  // batch.output_rows names. The whole model only; LoRA adapters apply. Nothing is synchronised.
+  Tensor forward_cached(const int32_t* ids, const nn::CachedBatch& batch, const nn::PagedKvCache& cache);
   // dlogits: the gradient of the objective with respect to acts.logits, [B*T, padded_vocab()] in the
   // model's dtype, zero in the padding columns; usually acts.logits itself, overwritten in place by
   // the objective. Gradients accumulate into every block's fp32 gradient buffer. Consumes `acts`

@@ -1,6 +1,7 @@
 #include "nn/attention.h"
 
 #include "kernels/attention.h"
+#include "kernels/paged_attention.h"
 #include "kernels/rope.h"
 
 namespace zp::nn {
@@ -23,6 +24,37 @@ void SelfAttention::forward(const Ctx& c, void* y, const void* x, int64_t B, int
                  base + size_t(Hq * D) * esz, base + size_t((Hq + Hkv) * D) * esz, B, T, T, Hq, Hkv, D, W, W, W,
                  Hq * D, attention_default_scale(D), sh_.causal, tokens.segments);
   out_.forward(c, y, saved.att.data(), N, 0, residual);
+}
+
+void SelfAttention::forward_cached(const Ctx& c, void* y, const void* x, const CachedBatch& b,
+                                   const PagedKvCache& cache, int64_t layer, const void* residual) const {
+  ZP_CHECK(sh_.causal, "forward_cached: a KV cache serves causal attention only");
+  const int64_t N = b.num_tokens, Np = b.num_prefill_tokens, W = sh_.qkv_width(), Hq = sh_.Hq, Hkv = sh_.Hkv,
+                D = sh_.D;
+  Tensor qkv = c.act({N, W});
+  qkv_.forward(c, qkv.data(), x, N);
+  char* base = static_cast<char*>(qkv.data());
+  const size_t esz = dtype_size(c.dt), ko = size_t(Hq * D) * esz, vo = size_t((Hq + Hkv) * D) * esz;
+  if (sh_.rope)
+    ZP_KERNEL_CALL(c.dev, rope_forward, c.s, c.dt, base, base, 1, N, Hq + Hkv, D, sh_.rope_theta, 0, W, b.positions);
+  ZP_KERNEL_CALL(c.dev, kv_cache_write, c.s, c.dt, cache.k(layer), cache.v(layer), base + ko, base + vo, N, Hkv, D, W,
+                 W, b.slots, cache.block_size());
+  Tensor att = c.act({N, Hq * D});
+  const float scale = attention_default_scale(D);
+  // Fresh prompts see only themselves: one packed row through the flash kernels, a segment per
+  // sequence, straight from the projection (the cache holds the same values).
+  if (Np > 0) {
+    Tensor lse = c.act({1, Hq, Np}, DType::F32);
+    ZP_KERNEL_CALL(c.dev, attention_forward, c.s, c.dt, att.data(), lse.data<float>(), base, base + ko, base + vo, 1,
+                   Np, Np, Hq, Hkv, D, W, W, W, Hq * D, scale, true, b.segments);
+  }
+  if (N > Np) {
+    char* att_dec = static_cast<char*>(att.data()) + size_t(Np * Hq * D) * esz;
+    ZP_KERNEL_CALL(c.dev, paged_attention_forward, c.s, c.dt, att_dec, base + size_t(Np * W) * esz, cache.k(layer),
+                   cache.v(layer), b.block_tables, b.max_blocks, b.context_lens, b.query_starts, b.num_decode_seqs,
+                   N - Np, b.max_context_len, Hq, Hkv, D, cache.block_size(), W, Hq * D, scale);
+  }
+  out_.forward(c, y, att.data(), N, 0, residual);
 }
 
 void SelfAttention::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t B, int64_t T,

@@ -7,6 +7,7 @@
 #pragma once
 #include "nn/context.h"
 #include "nn/linear.h"
+#include "nn/paged_kv_cache.h"
 
 namespace zp::nn {
 
@@ -43,6 +44,11 @@ class SelfAttention {
   // dx = (or += with accumulate_dx) the input gradient; parameter gradients accumulate.
   void backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t B, int64_t T, const Saved& saved,
                 bool accumulate_dx, const TokenLayout& tokens = {}) const;
+  // Inference against a paged KV cache (nn/paged_kv_cache.h): y[N, C] = attention(x[N, C])
+  // (+ residual) for the step's N new tokens, whose keys and values (after RoPE) are written into
+  // layer `layer` of `cache` first. Keeps nothing; causal models only.
+  void forward_cached(const Ctx& c, void* y, const void* x, const CachedBatch& batch, const PagedKvCache& cache,
+                      int64_t layer, const void* residual = nullptr) const;
 
  private:
   Linear qkv_, out_;

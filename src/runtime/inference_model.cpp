@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "comm/bootstrap.h"
 #include "core/error.h"
 #include "io/h5file.h"
 #include "io/tokenizer_files.h"
@@ -11,17 +12,20 @@ namespace zp::runtime {
 namespace fs = std::filesystem;
 
 Device inference_device(const std::string& name) {
-  ZP_REQUIRE(name == "cpu" || name == "cuda", "--device must be cpu or cuda, got '", name, "'");
-  if (name == "cpu") return Device::cpu();
+  ZP_REQUIRE(name == "cpu" || name == "cuda" || name == "auto", "--device must be cpu, cuda or auto, got '", name, "'");
+  if (name == "cpu" || (name == "auto" && cuda_device_count() == 0)) return Device::cpu();
   ZP_REQUIRE(cuda_device_count() > 0, "--device cuda: ", cuda_unavailable_reason());
+  // Under mpirun each rank has the GPU bootstrap chose for it (local rank % GPUs).
+  if (const comm::Runtime* rt = comm::Runtime::current(); rt && rt->device().is_cuda()) return rt->device();
   return Device::cuda(0);
 }
 
 DType inference_dtype(const std::string& name, Device dev) {
+  if (name == "auto") return dev.is_cuda() ? DType::BF16 : DType::F32;
   if (name == "fp32") return DType::F32;
   if (name == "bf16") return DType::BF16;
   if (name == "fp16") return DType::F16;
-  ZP_REQUIRE(name == "fp64", "--dtype must be fp32, bf16 or fp16 (or fp64 on the cpu), got '", name, "'");
+  ZP_REQUIRE(name == "fp64", "--dtype must be fp32, bf16, fp16 or auto (or fp64 on the cpu), got '", name, "'");
   ZP_REQUIRE(!dev.is_cuda(), "--dtype fp64 runs on the cpu only");
   return DType::F64;
 }

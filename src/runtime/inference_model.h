@@ -20,8 +20,8 @@ namespace zp::runtime {
 struct InferenceModelOptions {
   std::string model;          // hub folder, weights .h5 or checkpoint .h5
   std::string tokenizer;      // "" = the model folder's, if it has one
-  std::string device = "cpu";  // cpu | cuda
-  std::string dtype = "fp32";  // fp32 | bf16 | fp16 (| fp64 on the cpu)
+  std::string device = "auto";  // cpu | cuda | auto (cuda when there is a GPU)
+  std::string dtype = "auto";   // fp32 | bf16 | fp16 | auto (bf16 on a GPU, fp32 on the cpu) (| fp64 on the cpu)
 };
 
 class InferenceModel {
@@ -51,8 +51,8 @@ class InferenceModel {
   std::unique_ptr<io::BpeTokenizer> tokenizer_;
 };
 
-// "cpu" | "cuda" -> the device (cuda: device 0 of the rank's node-local choice made at bootstrap is
-// the current one); "fp32" | "bf16" | "fp16" | "fp64" -> the dtype. Throws zp::Error naming the option.
+// "cpu" | "cuda" | "auto" -> the device (cuda: the GPU bootstrap picked for this rank, else device 0);
+// "fp32" | "bf16" | "fp16" | "fp64" | "auto" -> the dtype. Throws zp::Error naming the option.
 Device inference_device(const std::string& name);
 DType inference_dtype(const std::string& name, Device dev);
 

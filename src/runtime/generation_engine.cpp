@@ -1,0 +1,157 @@
+#include "runtime/generation_engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/sampling.h"
+
+namespace zp::runtime {
+
+namespace {
+
+constexpr int64_t kGiB = int64_t(1) << 30;
+
+// Packs the step's arrays into one host buffer, each 16-byte aligned, so one copy moves them all.
+class ArgPacker {
+ public:
+  template <class T>
+  size_t add(const std::vector<T>& v) {
+    const size_t at = (bytes_.size() + 15) / 16 * 16;
+    bytes_.resize(at + v.size() * sizeof(T));
+    if (!v.empty()) std::memcpy(bytes_.data() + at, v.data(), v.size() * sizeof(T));
+    return at;
+  }
+  const std::vector<char>& bytes() const { return bytes_; }
+
+ private:
+  std::vector<char> bytes_;
+};
+
+}  // namespace
+
+int64_t kv_cache_blocks(const models::Transformer& model, const GenerationOptions& o) {
+  const models::TransformerConfig& m = model.config();
+  const nn::Ctx c = model.ctx();
+  const int64_t per_block = nn::PagedKvCache::bytes_for(m.layers, 1, o.block_size, m.kv_heads, m.head_dim, c.dt);
+  int64_t bytes = o.kv_cache_bytes;
+  if (bytes <= 0 && c.dev.is_cuda()) {
+    size_t free = 0, total = 0;
+    cuda_memory_info(c.dev.index, free, total);
+    // A full step's working memory: the projections and MLP of max_batch_tokens tokens, and the
+    // logits of max_seqs rows (fp32 for the sampler's worst case), with a margin for the caching
+    // allocator and cuBLAS.
+    const int64_t esz = int64_t(dtype_size(c.dt));
+    const int64_t per_token = ((m.heads + 2 * m.kv_heads) * m.head_dim + 4 * m.hidden + 3 * m.ffn) * esz;
+    const int64_t headroom = o.max_batch_tokens * per_token + o.max_seqs * model.padded_vocab() * 4 + kGiB;
+    bytes = std::max<int64_t>(0, int64_t(double(int64_t(free) - headroom) * 0.9));
+  } else if (bytes <= 0) {
+    bytes = std::min(kGiB, o.max_seqs * m.max_positions * (per_block / o.block_size));
+  }
+  const int64_t blocks = bytes / per_block;
+  ZP_REQUIRE(blocks >= 1, "generation: ", bytes, " bytes of KV cache do not hold one block of ", o.block_size,
+             " tokens (", per_block, " bytes); give the cache more memory");
+  return blocks;
+}
+
+GenerationEngine::GenerationEngine(models::Transformer& model, const io::BpeTokenizer* tokenizer,
+                                   const GenerationOptions& o)
+    : model_(model),
+      cache_(model.config().layers, kv_cache_blocks(model, o), o.block_size, model.config().kv_heads,
+             model.config().head_dim, model.ctx().dt, model.ctx().dev, model.ctx().s),
+      sched_({o.block_size, kv_cache_blocks(model, o), o.max_batch_tokens, o.max_seqs, model.config().max_positions},
+             tokenizer) {}
+
+GenerationEngine::~GenerationEngine() = default;
+
+int64_t GenerationEngine::submit(GenerationRequest r) {
+  const int64_t id = sched_.submit(std::move(r));
+  submitted_.push_back(Clock::now());
+  first_token_ms_.push_back(0);
+  total_ms_.push_back(0);
+  return id;
+}
+
+std::vector<int64_t> GenerationEngine::step(const TokenCallback& on_token) {
+  const auto t0 = Clock::now();
+  const StepPlan p = sched_.plan();
+  if (p.empty()) return sched_.commit(p, {});
+  const nn::Ctx c = model_.ctx();
+  const int64_t S = int64_t(p.seqs.size());
+
+  ArgPacker pack;
+  const size_t o_ids = pack.add(p.ids), o_pos = pack.add(p.positions), o_slots = pack.add(p.slots),
+               o_seg = pack.add(p.segments), o_bt = pack.add(p.block_tables), o_ctx = pack.add(p.context_lens),
+               o_qs = pack.add(p.query_starts), o_rows = pack.add(p.output_rows), o_par = pack.add(p.sampling),
+               o_hist = pack.add(p.history), o_hs = pack.add(p.history_starts),
+               o_out = pack.add(std::vector<int32_t>(size_t(S)));
+  const size_t bytes = pack.bytes().size();
+  if (!host_args_.defined() || host_args_.nbytes() < bytes) {
+    const int64_t cap = int64_t(std::max(bytes, host_args_.defined() ? 2 * host_args_.nbytes() : size_t(1) << 16));
+    host_args_ = Tensor::empty({cap}, DType::U8, Device::cpu(), "generation", nullptr, /*pinned=*/c.dev.is_cuda());
+    dev_args_ = c.dev.is_cuda() ? Tensor::empty({cap}, DType::U8, c.dev, "generation", c.s) : host_args_;
+  }
+  std::memcpy(host_args_.data(), pack.bytes().data(), bytes);
+  if (c.dev.is_cuda()) copy_bytes_async(dev_args_.data(), c.dev, host_args_.data(), Device::cpu(), bytes, c.s);
+  char* d = static_cast<char*>(dev_args_.data());
+  auto i32 = [&](size_t off) { return reinterpret_cast<int32_t*>(d + off); };
+
+  nn::CachedBatch b;
+  b.num_tokens = p.num_tokens();
+  b.num_prefill_tokens = p.num_prefill_tokens();
+  b.positions = i32(o_pos);
+  b.slots = i32(o_slots);
+  b.segments = i32(o_seg);
+  b.num_decode_seqs = S - p.num_prefill_seqs;
+  b.block_tables = i32(o_bt);
+  b.max_blocks = p.max_blocks;
+  b.context_lens = i32(o_ctx);
+  b.query_starts = i32(o_qs);
+  b.max_context_len = p.max_context_len;
+  b.output_rows = i32(o_rows);
+  b.num_outputs = S;
+  Tensor logits = model_.forward_cached(i32(o_ids), b, cache_);
+  const bool penalty = !p.history_starts.empty();
+  ZP_KERNEL_CALL(c.dev, sample_tokens, c.s, c.dt, i32(o_out), nullptr, logits.data(), S, model_.config().vocab,
+                 model_.padded_vocab(), reinterpret_cast<const kernels::SamplingParams*>(d + o_par),
+                 penalty ? i32(o_hist) : nullptr, penalty ? reinterpret_cast<const int64_t*>(d + o_hs) : nullptr);
+  std::vector<int32_t> tokens(static_cast<size_t>(S));
+  copy_bytes(tokens.data(), Device::cpu(), d + o_out, c.dev, size_t(S) * sizeof(int32_t), c.s);
+
+  const auto t1 = Clock::now();
+  const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  ++stats_.steps;
+  stats_.prefill_tokens += p.num_prefill_tokens();
+  stats_.decode_tokens += p.num_tokens() - p.num_prefill_tokens();
+  (p.num_prefill_seqs > 0 ? stats_.prefill_step_ms : stats_.decode_step_ms) += ms;
+  stats_.occupancy_sum += double(S) / double(sched_.limits().max_seqs);
+  stats_.peak_blocks_used = std::max(stats_.peak_blocks_used, cache_.num_blocks() - sched_.free_blocks());
+  for (int64_t r = 0; r < S; ++r) {
+    const int64_t id = p.seqs[size_t(r)];
+    if (sched_.output(id).empty())
+      first_token_ms_[size_t(id)] = std::chrono::duration<double, std::milli>(t1 - submitted_[size_t(id)]).count();
+  }
+  std::vector<int64_t> done = sched_.commit(p, tokens);
+  stats_.preemptions = sched_.preemptions();
+  if (on_token)
+    for (int64_t r = 0; r < S; ++r) on_token(p.seqs[size_t(r)], tokens[size_t(r)]);
+  for (int64_t id : done)
+    total_ms_[size_t(id)] = std::chrono::duration<double, std::milli>(t1 - submitted_[size_t(id)]).count();
+  return done;
+}
+
+void GenerationEngine::run(const TokenCallback& on_token) {
+  while (!sched_.idle()) step(on_token);
+}
+
+GenerationOutput GenerationEngine::output(int64_t id) const {
+  GenerationOutput o;
+  o.ids = sched_.output(id);
+  o.finish = sched_.finish_reason(id);
+  o.prompt_tokens = int64_t(sched_.request(id).prompt.size());
+  o.first_token_ms = first_token_ms_[size_t(id)];
+  o.total_ms = total_ms_[size_t(id)];
+  return o;
+}
+
+}  // namespace zp::runtime

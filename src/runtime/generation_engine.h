@@ -1,0 +1,78 @@
+// Generation with a paged KV cache and continuous batching (issue 13): requests are submitted, each
+// step runs every running sequence's next token and the prompts of those joining as one batch
+// (runtime/generation_scheduler.h decides), the model's cached forward writes keys and values into
+// the cache (models::Transformer::forward_cached), and one token per sequence is sampled on the
+// device (kernels/sampling.h). A request's tokens depend on its prompt, its settings and its seed;
+// with a fixed batch layout the results are bitwise reproducible.
+#pragma once
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "models/transformer.h"
+#include "nn/paged_kv_cache.h"
+#include "runtime/generation_scheduler.h"
+
+namespace zp::runtime {
+
+struct GenerationOptions {
+  int64_t block_size = 16;
+  // Bytes of KV cache; 0: on a GPU, what is free after the weights less the activations of a full
+  // step; on the CPU, enough for max_seqs sequences of the model's full context, at most 1 GiB.
+  int64_t kv_cache_bytes = 0;
+  int64_t max_batch_tokens = 8192;
+  int64_t max_seqs = 256;
+};
+
+struct GenerationOutput {
+  std::vector<int32_t> ids;
+  FinishReason finish = FinishReason::None;
+  int64_t prompt_tokens = 0;
+  double first_token_ms = 0, total_ms = 0;  // from submission
+};
+
+// What the engine did so far (telemetry).
+struct GenerationStats {
+  int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, preemptions = 0;
+  int64_t peak_blocks_used = 0;
+  double prefill_step_ms = 0, decode_step_ms = 0;  // wall time of steps with / without prompts
+  double occupancy_sum = 0;                        // sum over steps of running sequences / max_seqs
+};
+
+class GenerationEngine {
+ public:
+  // The model's blocks must be resident (no ZeRO engine). Throws zp::Error when the cache cannot
+  // hold one block.
+  GenerationEngine(models::Transformer& model, const io::BpeTokenizer* tokenizer, const GenerationOptions& options);
+  ~GenerationEngine();
+
+  int64_t submit(GenerationRequest request);
+  // One step; on_token(id, token) is called for each sampled token in row order. Returns the
+  // requests that finished in it.
+  using TokenCallback = std::function<void(int64_t id, int32_t token)>;
+  std::vector<int64_t> step(const TokenCallback& on_token = {});
+  // Steps until every submitted request is done.
+  void run(const TokenCallback& on_token = {});
+  bool idle() const { return sched_.idle(); }
+  GenerationOutput output(int64_t id) const;
+  const GenerationStats& stats() const { return stats_; }
+  const GenerationScheduler& scheduler() const { return sched_; }
+  int64_t cache_blocks() const { return cache_.num_blocks(); }
+  int64_t cache_bytes() const { return cache_.bytes_per_token() * cache_.block_size() * cache_.num_blocks(); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  models::Transformer& model_;
+  nn::PagedKvCache cache_;
+  GenerationScheduler sched_;
+  GenerationStats stats_;
+  Tensor host_args_, dev_args_;  // one upload per step
+  std::vector<Clock::time_point> submitted_;
+  std::vector<double> first_token_ms_, total_ms_;
+};
+
+// The KV cache blocks `options` gives `model` on its device (see GenerationOptions::kv_cache_bytes).
+int64_t kv_cache_blocks(const models::Transformer& model, const GenerationOptions& options);
+
+}  // namespace zp::runtime
