@@ -119,6 +119,34 @@ TEST(ChatFormat, Plain) {
                 {"A helpful assistant.<|endoftext|>", "You are welcome.<|endoftext|>"});
 }
 
+// zeropipe chat's prompt: the conversation, then the assistant's header, encoded as Hugging Face
+// encodes apply_chat_template(add_generation_prompt=True)'s text; the reply ends at end_of_turn().
+TEST(ChatFormat, GenerationPromptOpensTheAssistantsTurn) {
+  const std::vector<ChatMessage> talk = {{ChatRole::System, "Be brief."}, {ChatRole::User, "Hi, who are you?"}};
+  struct Case {
+    const BpeTokenizer& tok;
+    ChatTemplate t;
+    std::string text, end;
+  };
+  const Case cases[] = {
+      {llama3(), ChatTemplate::Llama3,
+       "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+       "<|start_header_id|>user<|end_header_id|>\n\nHi, who are you?<|eot_id|>"
+       "<|start_header_id|>assistant<|end_header_id|>\n\n",
+       "<|eot_id|>"},
+      {chatml(), ChatTemplate::ChatMl,
+       "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi, who are you?<|im_end|>\n"
+       "<|im_start|>assistant\n",
+       "<|im_end|>"},
+      {gpt2(), ChatTemplate::Plain, "Be brief.Hi, who are you?", "<|endoftext|>"},
+  };
+  for (const Case& c : cases) {
+    const ChatFormatter f(c.tok, c.t);
+    EXPECT_EQ(f.generation_prompt(talk), c.tok.encode(c.text)) << chat_template_name(c.t);
+    EXPECT_EQ(f.end_of_turn(), *c.tok.token_to_id(c.end)) << chat_template_name(c.t);
+  }
+}
+
 TEST(ChatFormat, TokenAcrossTheResponseStartIsTrained) {
   // "ab" + "cd" is one piece, "abcd": whatever token holds both a prompt byte and a response byte
   // carries response bytes, so it is trained; no token before it is.

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "app/chat_command.h"
 #include "app/convert.h"
 #include "app/generate_command.h"
 #include "app/inspect_command.h"
@@ -51,6 +52,7 @@ const char* kUsage =
     "           [--format instruct --chat-template auto|llama3|chatml|plain]\n"
     "  generate prompts (JSONL) -> completions (JSONL) with a paged KV cache and continuous batching:\n"
     "           zeropipe generate --model DIR|FILE.h5 --prompts in.jsonl --out out.jsonl [--device cpu|cuda]\n"
+    "  chat     a conversation on stdin/stdout in the model's chat format: zeropipe chat --model DIR\n"
     "  parity   run a reference folder (hub config, weights, io.safetensors) and hold every tensor to\n"
     "           the parity criterion (its reference_error.json); exit 0 exactly when all gated pass\n"
     "  report   a run's metrics files as one HTML page with charts (loss, lr, speed, memory, time):\n"
@@ -294,6 +296,33 @@ int cmd_generate(int argc, char** argv) {
   return on_every_rank("generate", argc, argv, [&](zp::comm::Runtime&) { return zp::app::run_generate(o); });
 }
 
+int cmd_chat(int argc, char** argv) {
+  zp::app::ChatOptions o;
+  zp::app::SamplingDefaults& d = o.sampling;
+  po::options_description desc(
+      "zeropipe chat: a conversation on stdin/stdout in the model's chat format; each line is your turn\n"
+      "(/reset forgets the conversation, /exit or end of input ends it); replies stream as they are made.\n"
+      "  zeropipe chat --model hub-folder/ --temperature 0.7 --top-p 0.9\n"
+      "options");
+  desc.add_options()("help,h", "show this help")(
+      "model", po::value<std::string>(&o.model.model)->required(), "hub folder, weights .h5 or checkpoint .h5")(
+      "tokenizer", po::value<std::string>(&o.model.tokenizer), "tokenizer folder or tokenizer.json (default: the model folder's)")(
+      "chat-template", po::value<std::string>(&o.chat_template)->default_value("auto"), "auto | llama3 | chatml | plain")(
+      "system", po::value<std::string>(&o.system), "a system message for the conversation")(
+      "device", po::value<std::string>(&o.model.device)->default_value("auto"), "cpu | cuda | auto")(
+      "dtype", po::value<std::string>(&o.model.dtype)->default_value("auto"), "fp32 | bf16 | fp16 | auto")(
+      "max-new-tokens", po::value<int64_t>(&d.max_new_tokens)->default_value(512), "longest reply")(
+      "temperature", po::value<float>(&d.temperature)->default_value(0.f), "0 = greedy")(
+      "top-k", po::value<int32_t>(&d.top_k)->default_value(0), "0 = off")(
+      "top-p", po::value<float>(&d.top_p)->default_value(1.f), "1 = off")(
+      "repetition-penalty", po::value<float>(&d.repetition_penalty)->default_value(1.f), "1 = off")(
+      "seed", po::value<uint64_t>(&d.seed)->default_value(0), "sampling seed");
+  po::variables_map vm;
+  if (!parse_options(argc, argv, desc, vm)) return 0;
+  o.engine.max_seqs = 1;
+  return zp::app::run_chat(o, std::cin, std::cout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -312,6 +341,7 @@ int main(int argc, char** argv) {
     if (cmd == "make-latents") return cmd_make_latents(argc - 1, argv + 1);
     if (cmd == "tokenize") return cmd_tokenize(argc - 1, argv + 1);
     if (cmd == "generate") return cmd_generate(argc - 1, argv + 1);
+    if (cmd == "chat") return cmd_chat(argc - 1, argv + 1);
     std::fprintf(stderr, "zeropipe: unknown command '%s'\n%s", cmd.c_str(), kUsage);
     return 2;
   } catch (const po::error& e) {

@@ -192,6 +192,32 @@ void ChatFormatter::format(std::span<const ChatMessage> messages, ChatTokens& ou
   encode_parts(parts, out);
 }
 
+std::vector<int32_t> ChatFormatter::generation_prompt(std::span<const ChatMessage> messages) const {
+  ChatTokens t;
+  format(messages, t);
+  std::vector<Part> parts;
+  switch (template_) {
+    case ChatTemplate::Llama3:
+      parts = {{start_header_, {}, false}, {-1, "assistant", false}, {end_header_, {}, false}, {-1, "\n\n", false}};
+      break;
+    case ChatTemplate::ChatMl:
+      parts = {{im_start_, {}, false}, {-1, "assistant", false}, {-1, "\n", false}};
+      break;
+    case ChatTemplate::Plain:
+      break;
+  }
+  encode_parts(parts, t);
+  return t.ids;
+}
+
+int32_t ChatFormatter::end_of_turn() const {
+  switch (template_) {
+    case ChatTemplate::Llama3: return eot_;
+    case ChatTemplate::ChatMl: return im_end_;
+    default: return eos_;
+  }
+}
+
 ChatTokens ChatFormatter::format(std::span<const ChatMessage> messages) const {
   ChatTokens t;
   format(messages, t);

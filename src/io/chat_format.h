@@ -66,6 +66,13 @@ class ChatFormatter {
   void format(std::span<const ChatMessage> messages, ChatTokens& out) const;
   ChatTokens format(std::span<const ChatMessage> messages) const;
 
+  // Generation (zeropipe chat): the conversation so far, then the opening of the assistant's turn
+  // (Hugging Face's apply_chat_template with add_generation_prompt=True); the model writes the rest
+  // and ends it with end_of_turn().
+  std::vector<int32_t> generation_prompt(std::span<const ChatMessage> messages) const;
+  // The token that closes an assistant's turn: <|eot_id|>, <|im_end|>, or EOS (plain).
+  int32_t end_of_turn() const;
+
   ChatTemplate chat_template() const { return template_; }
   const BpeTokenizer& tokenizer() const { return tokenizer_; }
   // What fills a row after its records: the tokenizer's EOS, else the template's closing token.
