@@ -12,6 +12,7 @@
 #include "models/transformer.h"
 #include "runtime/generation_engine.h"
 #include "runtime/generation_scheduler.h"
+#include "runtime/inference_model.h"
 #include "test_util.h"
 
 namespace zp {
@@ -332,6 +333,48 @@ TEST(GreedyGenerationGpu, MatchesTransformers) {
   ZP_SKIP_WITHOUT_GPU();
   for (const char* name : {"gpt2-tiny", "llama-tiny", "qwen2-tiny"})
     expect_greedy_matches_transformers(name, Device::cuda(0));
+}
+
+// ---- weight streaming ------------------------------------------------------------------------------
+
+// Greedy outputs of a few ragged prompts, the model loaded with `offload` ("none" | "cpu").
+std::vector<std::vector<int32_t>> greedy_outputs(const std::string& device, const std::string& dtype,
+                                                 const std::string& offload) {
+  runtime::InferenceModel m({test::golden_path("llama-tiny"), "", device, dtype, offload});
+  EXPECT_EQ(m.streams_weights(), offload != "none");
+  runtime::GenerationOptions o;
+  o.block_size = 8;
+  o.kv_cache_bytes = 1 << 22;
+  runtime::GenerationEngine engine(m.model(), nullptr, o);
+  engine.set_before_forward([&] { m.begin_forward(); });
+  for (int64_t n : {3, 11, 1, 25}) {
+    GenerationRequest r = request(n, 20, 7);
+    engine.submit(r);
+  }
+  engine.run();
+  std::vector<std::vector<int32_t>> out;
+  for (int64_t i = 0; i < 4; ++i) out.push_back(engine.output(i).ids);
+  return out;
+}
+
+TEST(WeightStreaming, SameTokensAsResidentWeights) {
+  EXPECT_EQ(greedy_outputs("cpu", "fp32", "cpu"), greedy_outputs("cpu", "fp32", "none"));
+}
+
+TEST(WeightStreamingGpu, SameTokensAsResidentWeights) {
+  ZP_SKIP_WITHOUT_GPU();
+  for (const char* dt : {"fp32", "bf16"}) EXPECT_EQ(greedy_outputs("cuda", dt, "cpu"), greedy_outputs("cuda", dt, "none")) << dt;
+}
+
+TEST(InferenceModel, BadInputIsNamed) {
+  test::expect_error([] { runtime::InferenceModel m({"/nonexistent/model", "", "cpu", "fp32", "none"}); },
+                     {"/nonexistent/model", "no such file"});
+  test::expect_error([] { runtime::InferenceModel m({test::golden_path("llama-tiny"), "", "tpu", "fp32", "none"}); },
+                     {"--device", "tpu"});
+  test::expect_error([] { runtime::InferenceModel m({test::golden_path("llama-tiny"), "", "cpu", "fp32", "nvme"}); },
+                     {"--offload-param", "nvme"});
+  test::expect_error([] { runtime::InferenceModel m({test::golden_path("unet-sd-tiny"), "", "cpu", "fp32", "none"}); },
+                     {"language models"});
 }
 
 }  // namespace

@@ -279,6 +279,8 @@ int cmd_generate(int argc, char** argv) {
       "out", po::value<std::string>(&o.out)->required(), "output JSONL")(
       "device", po::value<std::string>(&o.model.device)->default_value("auto"), "cpu | cuda | auto (cuda if there is a GPU)")(
       "dtype", po::value<std::string>(&o.model.dtype)->default_value("auto"), "fp32 | bf16 | fp16 | auto (bf16 on a GPU, else fp32)")(
+      "offload-param", po::value<std::string>(&o.model.offload_param)->default_value("none"),
+      "none | cpu: weights in pinned host memory, each layer streamed up for its use (ZeRO-Inference)")(
       "max-new-tokens", po::value<int64_t>(&d.max_new_tokens)->default_value(256), "per request unless it says")(
       "temperature", po::value<float>(&d.temperature)->default_value(0.f), "0 = greedy")(
       "top-k", po::value<int32_t>(&d.top_k)->default_value(0), "0 = off")(
@@ -311,6 +313,8 @@ int cmd_chat(int argc, char** argv) {
       "system", po::value<std::string>(&o.system), "a system message for the conversation")(
       "device", po::value<std::string>(&o.model.device)->default_value("auto"), "cpu | cuda | auto")(
       "dtype", po::value<std::string>(&o.model.dtype)->default_value("auto"), "fp32 | bf16 | fp16 | auto")(
+      "offload-param", po::value<std::string>(&o.model.offload_param)->default_value("none"),
+      "none | cpu: weights in pinned host memory, each layer streamed up for its use")(
       "max-new-tokens", po::value<int64_t>(&d.max_new_tokens)->default_value(512), "longest reply")(
       "temperature", po::value<float>(&d.temperature)->default_value(0.f), "0 = greedy")(
       "top-k", po::value<int32_t>(&d.top_k)->default_value(0), "0 = off")(

@@ -110,6 +110,7 @@ std::vector<int64_t> GenerationEngine::step(const TokenCallback& on_token) {
   b.max_context_len = p.max_context_len;
   b.output_rows = i32(o_rows);
   b.num_outputs = S;
+  if (before_forward_) before_forward_();
   Tensor logits = model_.forward_cached(i32(o_ids), b, cache_);
   const bool penalty = !p.history_starts.empty();
   ZP_KERNEL_CALL(c.dev, sample_tokens, c.s, c.dt, i32(o_out), nullptr, logits.data(), S, model_.config().vocab,

@@ -48,6 +48,8 @@ class GenerationEngine {
   ~GenerationEngine();
 
   int64_t submit(GenerationRequest request);
+  // Called before each step's forward (a streamed model's InferenceModel::begin_forward).
+  void set_before_forward(std::function<void()> f) { before_forward_ = std::move(f); }
   // One step; on_token(id, token) is called for each sampled token in row order. Returns the
   // requests that finished in it.
   using TokenCallback = std::function<void(int64_t id, int32_t token)>;
@@ -68,6 +70,7 @@ class GenerationEngine {
   GenerationScheduler sched_;
   GenerationStats stats_;
   Tensor host_args_, dev_args_;  // one upload per step
+  std::function<void()> before_forward_;
   std::vector<Clock::time_point> submitted_;
   std::vector<double> first_token_ms_, total_ms_;
 };

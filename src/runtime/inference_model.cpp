@@ -7,6 +7,9 @@
 #include "io/h5file.h"
 #include "io/tokenizer_files.h"
 #include "io/weight_source.h"
+#include "parallel/collective_stream.h"
+#include "parallel/parameter_gatherer.h"
+#include "parallel/zero_engine.h"
 
 namespace zp::runtime {
 namespace fs = std::filesystem;
@@ -58,8 +61,29 @@ InferenceModel::InferenceModel(const InferenceModelOptions& o) : source_(o.model
              " model; generation and evaluation serve language models (GPT-2, Llama, Qwen2)");
   const std::string where = io::is_h5_path(o.model) ? o.model : (fs::path(o.model) / "config.json").string();
   const models::TransformerConfig cfg = models::TransformerConfig::from_hub_json(hub, where);
-  model_ = std::make_unique<models::Transformer>(cfg, dev_, dt_, s_);
-  model_->load(*io::WeightSource::open(o.model, "model"));
+  if (dev_.is_cuda()) {
+    stream_ = Stream(dev_);
+    s_ = stream_.handle();
+  }
+  const auto weights = io::WeightSource::open(o.model, "model");
+  ZP_REQUIRE(o.offload_param == "none" || o.offload_param == "cpu", "--offload-param must be none or cpu, got '",
+             o.offload_param, "' (nvme is not implemented for inference yet)");
+  if (o.offload_param == "none") {
+    model_ = std::make_unique<models::Transformer>(cfg, dev_, dt_, s_);
+    model_->load(*weights);
+  } else {
+    // One block at a time: loaded in full on the device, then only its pinned host copy is kept.
+    model_ = std::make_unique<models::Transformer>(cfg, dev_, dt_, s_, parallel::shard_pad_multiple(1),
+                                                   /*allocate=*/false);
+    collective_ = std::make_unique<parallel::CollectiveStream>(nullptr, s_);
+    gatherer_ = std::make_unique<parallel::ParameterGatherer>(nullptr, *collective_, parallel::StateTier::PinnedHost);
+    for (nn::ParamBlock* b : model_->blocks()) {
+      b->bind_values(Tensor::zeros({b->padded()}, b->dtype(), b->device(), "params", s_));
+      model_->load_block(*weights, *b);
+      gatherer_->add(*b);
+    }
+    model_->set_block_access(gatherer_.get());
+  }
 
   if (!o.tokenizer.empty()) {
     tokenizer_source_ = o.tokenizer;
@@ -72,6 +96,16 @@ InferenceModel::InferenceModel(const InferenceModelOptions& o) : source_(o.model
     // until one is produced (checked where ids are made).
     ZP_REQUIRE(tokenizer_->vocab_size() > 0, tokenizer_source_, ": an empty vocabulary");
   }
+}
+
+InferenceModel::~InferenceModel() {
+  if (model_) model_->set_block_access(nullptr);
+  gatherer_.reset();  // before the stream it orders work on
+  collective_.reset();
+}
+
+void InferenceModel::begin_forward() {
+  if (gatherer_) gatherer_->begin_step();
 }
 
 }  // namespace zp::runtime

@@ -8,12 +8,24 @@
 // the command that merges it. The model is built with every block allocated on `device` (no ZeRO
 // engine: one rank holds the whole model; ranks of an mpirun each hold their own copy and share the
 // requests).
+//
+// Weight streaming (offload_param "cpu", ZeRO-Inference): the weights stay in pinned host memory and
+// each block (a layer, the embedding, the head) is copied up for its use and freed after, the next
+// one prefetched on an upload stream while the current one computes (parallel::ParameterGatherer,
+// the parameter tier ZeRO-3 training uses), so the GPU holds two layers, the activations and the KV
+// cache. begin_forward() before each forward lets the prefetch follow the previous forward's order.
 #pragma once
 #include <memory>
 #include <string>
 
+#include "core/device.h"
 #include "io/bpe_tokenizer.h"
 #include "models/transformer.h"
+
+namespace zp::parallel {
+class CollectiveStream;
+class ParameterGatherer;
+}  // namespace zp::parallel
 
 namespace zp::runtime {
 
@@ -22,6 +34,7 @@ struct InferenceModelOptions {
   std::string tokenizer;      // "" = the model folder's, if it has one
   std::string device = "auto";  // cpu | cuda | auto (cuda when there is a GPU)
   std::string dtype = "auto";   // fp32 | bf16 | fp16 | auto (bf16 on a GPU, fp32 on the cpu) (| fp64 on the cpu)
+  std::string offload_param = "none";  // none | cpu (zero_optimization.offload_param.device's names)
 };
 
 class InferenceModel {
@@ -29,6 +42,7 @@ class InferenceModel {
   // Throws zp::Error naming the path and what is wrong (no such file, not a language model, a LoRA
   // checkpoint, a bad device or dtype, no GPU for --device cuda).
   explicit InferenceModel(const InferenceModelOptions& options);
+  ~InferenceModel();
   InferenceModel(const InferenceModel&) = delete;
   InferenceModel& operator=(const InferenceModel&) = delete;
 
@@ -41,12 +55,18 @@ class InferenceModel {
   StreamHandle stream() const { return s_; }
   const std::string& source() const { return source_; }  // the path it was loaded from
   const std::string& tokenizer_source() const { return tokenizer_source_; }  // "" without one
+  bool streams_weights() const { return gatherer_ != nullptr; }
+  // Before each forward: a streamed model's prefetch follows the previous forward's block order.
+  void begin_forward();
 
  private:
   std::string source_, tokenizer_source_;
   Device dev_;
   DType dt_ = DType::F32;
+  Stream stream_;  // the compute stream (a CUDA model)
   StreamHandle s_ = nullptr;
+  std::unique_ptr<parallel::CollectiveStream> collective_;
+  std::unique_ptr<parallel::ParameterGatherer> gatherer_;
   std::unique_ptr<models::Transformer> model_;
   std::unique_ptr<io::BpeTokenizer> tokenizer_;
 };
