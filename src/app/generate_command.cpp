@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "io/atomic_file.h"
 #include "io/bounded_json.h"
+#include "runtime/generation_report.h"
 
 namespace zp::app {
 
@@ -129,13 +130,19 @@ int run_generate(const GenerateOptions& o) {
     mine.push_back(int64_t(i));
     engine.submit(all[i]);
   }
+  runtime::GenerationMetrics metrics(o.metrics_file.empty() || rank == 0 ? o.metrics_file
+                                                                           : o.metrics_file + "." + std::to_string(rank));
   const auto t0 = std::chrono::steady_clock::now();
+  auto last = t0;
   int64_t finished = 0;
   while (!engine.idle()) {
     finished += int64_t(engine.step().size());
+    const auto now = std::chrono::steady_clock::now();
+    metrics.step(engine, std::chrono::duration<double, std::milli>(now - last).count());
+    last = now;
     const auto& st = engine.stats();
     if (o.print_progress && rank == 0 && st.steps % 50 == 0) {
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double s = std::chrono::duration<double>(now - t0).count();
       log_line(LogLevel::Info, false,
                detail::cat("generate: step ", st.steps, ", ", finished, "/", mine.size(), " done on rank 0, ",
                            engine.scheduler().running(), " running, ", engine.scheduler().waiting(), " waiting, ",
@@ -146,7 +153,6 @@ int run_generate(const GenerateOptions& o) {
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string lines;
-  int64_t generated = 0;
   for (size_t k = 0; k < mine.size(); ++k) {
     const runtime::GenerationOutput out = engine.output(int64_t(k));
     const runtime::GenerationRequest& req = all[size_t(mine[k])];
@@ -160,8 +166,12 @@ int run_generate(const GenerateOptions& o) {
     j["time_to_first_token_ms"] = out.first_token_ms;
     j["total_ms"] = out.total_ms;
     lines += j.dump() + "\n";
-    generated += int64_t(out.ids.size());
   }
+  std::vector<int64_t> engine_ids(mine.size());
+  for (size_t k = 0; k < mine.size(); ++k) engine_ids[k] = int64_t(k);
+  const runtime::GenerationSummary summary =
+      runtime::summarize_generation(engine, engine_ids, seconds, model.streamed_bytes_per_forward());
+  metrics.summary(summary);
   const std::vector<std::string> parts = comm::gather_text(lines, 0, rt ? rt->world() : MPI_COMM_NULL);
   if (rank != 0) return 0;
   // Rank r's k-th line is request r + k * world: put them back in input order.
@@ -174,14 +184,8 @@ int run_generate(const GenerateOptions& o) {
   std::string text;
   for (const std::string& l : ordered) text += l + "\n";
   io::write_file_atomically(o.out, text, io::FileSync::BeforeRename);
-  const auto& st = engine.stats();
-  std::printf("generate: %zu requests on %d rank%s, rank 0: %lld prompt + %lld generated tokens in %.2f s "
-              "(%.0f generated tokens/s), %lld steps, mean batch occupancy %.0f%%, %lld preemptions, peak KV "
-              "blocks %lld/%lld -> %s\n",
-              all.size(), world, world > 1 ? "s" : "", (long long)st.prefill_tokens, (long long)generated, seconds,
-              double(generated) / std::max(seconds, 1e-9), (long long)st.steps,
-              st.steps ? 100.0 * st.occupancy_sum / double(st.steps) : 0.0, (long long)st.preemptions,
-              (long long)st.peak_blocks_used, (long long)engine.cache_blocks(), o.out.c_str());
+  std::printf("generate: %d rank%s; rank 0: %s -> %s\n", world, world > 1 ? "s" : "", summary.line().c_str(),
+              o.out.c_str());
   return 0;
 }
 

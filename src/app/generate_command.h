@@ -32,6 +32,7 @@ struct SamplingDefaults {
 struct GenerateOptions {
   runtime::InferenceModelOptions model;
   std::string prompts, out;
+  std::string metrics_file;  // JSONL per step and a summary; ranks other than 0 append ".<rank>"
   SamplingDefaults defaults;
   runtime::GenerationOptions engine;
   bool print_progress = true;

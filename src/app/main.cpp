@@ -277,6 +277,8 @@ int cmd_generate(int argc, char** argv) {
       "tokenizer", po::value<std::string>(&o.model.tokenizer), "tokenizer folder or tokenizer.json (default: the model folder's)")(
       "prompts", po::value<std::string>(&o.prompts)->required(), "input JSONL")(
       "out", po::value<std::string>(&o.out)->required(), "output JSONL")(
+      "metrics-file", po::value<std::string>(&o.metrics_file),
+      "JSONL: one line per step and a summary (latencies, tokens/s, occupancy, KV blocks); other ranks add .RANK")(
       "device", po::value<std::string>(&o.model.device)->default_value("auto"), "cpu | cuda | auto (cuda if there is a GPU)")(
       "dtype", po::value<std::string>(&o.model.dtype)->default_value("auto"), "fp32 | bf16 | fp16 | auto (bf16 on a GPU, else fp32)")(
       "offload-param", po::value<std::string>(&o.model.offload_param)->default_value("none"),

@@ -104,6 +104,10 @@ InferenceModel::~InferenceModel() {
   collective_.reset();
 }
 
+int64_t InferenceModel::streamed_bytes_per_forward() const {
+  return gatherer_ && dev_.is_cuda() ? int64_t(gatherer_->shard_bytes()) : 0;
+}
+
 void InferenceModel::begin_forward() {
   if (gatherer_) gatherer_->begin_step();
 }

@@ -56,6 +56,8 @@ class InferenceModel {
   const std::string& source() const { return source_; }  // the path it was loaded from
   const std::string& tokenizer_source() const { return tokenizer_source_; }  // "" without one
   bool streams_weights() const { return gatherer_ != nullptr; }
+  // Bytes one forward copies up from host memory (a streamed model's weights; 0 otherwise).
+  int64_t streamed_bytes_per_forward() const;
   // Before each forward: a streamed model's prefetch follows the previous forward's block order.
   void begin_forward();
 

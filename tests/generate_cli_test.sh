@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# `zeropipe generate` end to end on the CPU: the same completions at 1, 2 and 3 ranks, in input order
+# (requests split across ranks and merged on rank 0), greedy or seeded sampling; weight streaming
+# gives the same tokens; bad input names the file and line and exits 1 on every rank count.
+# Usage: generate_cli_test.sh ZEROPIPE_BINARY SOURCE_DIR
+set -u
+bin=$1 src=$2
+tmp=$(mktemp -d /tmp/zp_generate.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+model=$src/tests/golden/llama-tiny
+fail() { echo "FAIL: $*"; exit 1; }
+cat > "$tmp/in.jsonl" <<'JSONL'
+{"input_ids": [5, 17, 3], "max_new_tokens": 12, "id": "a"}
+{"input_ids": [200, 1, 2, 3, 4, 5, 6, 7, 8], "max_new_tokens": 5}
+{"input_ids": [42], "temperature": 0.8, "top_p": 0.9, "seed": 3}
+
+{"input_ids": [9, 9], "max_new_tokens": 3, "stop_token_ids": [9]}
+{"input_ids": [1, 2, 3, 4, 5, 6, 7], "temperature": 1.0, "top_k": 20, "repetition_penalty": 1.3, "seed": 11}
+JSONL
+run() {  # run NP OUT [more options]
+  local np=$1 out=$2
+  shift 2
+  mpirun --oversubscribe --bind-to none -np "$np" "$bin" generate --model "$model" --prompts "$tmp/in.jsonl" \
+    --out "$out" --device cpu --max-new-tokens 10 "$@" > "$out.log" 2>&1
+}
+run 1 "$tmp/np1.jsonl" --metrics-file "$tmp/metrics.jsonl" || { cat "$tmp/np1.jsonl.log"; fail "np 1"; }
+[ "$(wc -l < "$tmp/np1.jsonl")" -eq 5 ] || fail "5 output lines expected"
+/usr/bin/python3 - "$tmp/np1.jsonl" "$tmp/metrics.jsonl" <<'PY' || fail "output checks"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["index"] for r in rows] == [0, 1, 2, 3, 4], rows
+assert rows[0]["id"] == "a" and len(rows[0]["output_ids"]) == 12 and rows[0]["finish_reason"] == "length"
+assert len(rows[1]["output_ids"]) == 5 and len(rows[2]["output_ids"]) == 10
+r3 = rows[3]["output_ids"]
+assert r3[-1] == 9 and rows[3]["finish_reason"] == "stop" or len(r3) == 3, rows[3]
+assert all(r["prompt_tokens"] > 0 and r["time_to_first_token_ms"] > 0 for r in rows)
+m = [json.loads(l) for l in open(sys.argv[2])]
+assert m[-1]["event"] == "summary" and m[-1]["generated_tokens"] == sum(len(r["output_ids"]) for r in rows)
+assert sum(x.get("decode_tokens", 0) + x.get("prefill_tokens", 0) for x in m[:-1]) > 0
+PY
+for np in 2 3; do
+  run "$np" "$tmp/np$np.jsonl" || { cat "$tmp/np$np.jsonl.log"; fail "np $np"; }
+done
+run 1 "$tmp/offload.jsonl" --offload-param cpu || { cat "$tmp/offload.jsonl.log"; fail "offload"; }
+ids() { /usr/bin/python3 -c 'import json,sys; [print(json.loads(l)["index"], json.loads(l)["output_ids"]) for l in open(sys.argv[1])]' "$1"; }
+for f in np2 np3 offload; do
+  diff <(ids "$tmp/np1.jsonl") <(ids "$tmp/$f.jsonl") || fail "$f differs from np 1"
+done
+# Bad input: an unknown key, on every rank count, names the file and line.
+printf '{"input_ids": [1]}\n{"input_ids": [1], "temprature": 0.5}\n' > "$tmp/bad.jsonl"
+for np in 1 2; do
+  mpirun --oversubscribe --bind-to none -np $np "$bin" generate --model "$model" --prompts "$tmp/bad.jsonl" \
+    --out "$tmp/bad.out" --device cpu > "$tmp/bad.log" 2>&1
+  rc=$?
+  [ $rc -eq 1 ] || { cat "$tmp/bad.log"; fail "np $np: exit $rc for bad input, 1 expected"; }
+  grep -q "bad.jsonl:2: unknown key \"temprature\"" "$tmp/bad.log" || { cat "$tmp/bad.log"; fail "no FILE:LINE error"; }
+  [ ! -e "$tmp/bad.out" ] || fail "an output file was written for bad input"
+done
+echo "PASS"
