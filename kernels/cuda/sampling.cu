@@ -158,13 +158,26 @@ __device__ void radix_select(const Row<T>& row, uint64_t* hist, int lo, Keep kee
   for (int shift = 24; shift >= lo; shift -= 8) {
     for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
     __syncthreads();
+    // Random logits crowd into a few bins (the top byte is mostly the exponent), so a thread adds up
+    // runs of equal bins before it touches shared memory: fewer atomics on the same few addresses.
+    unsigned run_bin = 0;
+    uint64_t run_w = 0;
+    auto flush = [&] {
+      if (run_w) atomicAdd(reinterpret_cast<unsigned long long*>(&hist[run_bin]), (unsigned long long)run_w);
+    };
     row.for_each([&](int64_t c, float raw) {
       const float v = row.value(c, raw);
       const uint32_t key = order_key(v);
       if ((key & msk) != pre || !keep(key)) return;
-      const uint64_t w = weight(v);
-      if (w) atomicAdd(reinterpret_cast<unsigned long long*>(&hist[(key >> shift) & 255u]), (unsigned long long)w);
+      const unsigned bin = (key >> shift) & 255u;
+      if (bin != run_bin) {
+        flush();
+        run_bin = bin;
+        run_w = 0;
+      }
+      run_w += weight(v);
     });
+    flush();
     __syncthreads();
     uint64_t above, at;
     const uint64_t rest = need;
