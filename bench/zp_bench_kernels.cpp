@@ -20,6 +20,7 @@
 #include "kernels/groupnorm.h"
 #include "kernels/layernorm.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/sampling.h"
 #include "bench_common.h"
 
 namespace zp::bench {
@@ -210,6 +211,31 @@ void BM_CrossEntropy(benchmark::State& st) {
 }
 BENCHMARK(BM_CrossEntropy)->ArgNames({"N", "bwd"})->Args({32768, 0})->Args({32768, 1})
     ->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// --- Token sampling over Llama 3's vocabulary (128256, bf16): greedy (one pass over the logits) and
+// top-p 0.9 at temperature 1 (radix-select passes and the draw). Bytes = the logits read once.
+void BM_SampleTokens(benchmark::State& st) {
+  const int64_t S = st.range(0), V = 128256;
+  const bool top_p = st.range(1);
+  Tensor logits = dev_rand(S * V, DType::BF16, 8.f);
+  std::vector<SamplingParams> hp(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) {
+    if (top_p) hp[size_t(i)].temperature = 1.f, hp[size_t(i)].top_p = 0.9f;
+    hp[size_t(i)].seed = uint64_t(i);
+  }
+  Tensor params = Tensor::empty({S * int64_t(sizeof(SamplingParams))}, DType::U8, Device::cuda(), "bench");
+  ZP_CHECK(cudaMemcpy(params.data(), hp.data(), hp.size() * sizeof(SamplingParams), cudaMemcpyHostToDevice) ==
+           cudaSuccess);
+  Tensor tokens = Tensor::empty({S}, DType::I32, Device::cuda(), "bench");
+  auto* p = static_cast<const SamplingParams*>(params.data());
+  run(st, nullptr, 0, double(S) * V * 2, [&] {
+    cuda::sample_tokens(nullptr, DType::BF16, tokens.data<int32_t>(), nullptr, logits.data(), S, V, V, p, nullptr,
+                        nullptr);
+  });
+}
+BENCHMARK(BM_SampleTokens)->ArgNames({"S", "top_p"})
+    ->Args({64, 0})->Args({64, 1})->Args({256, 0})->Args({256, 1})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // --- AdamW over GPT-2 124M's parameters in 148 tensors (fp32 master, moments, bf16 copy).
 void BM_AdamW(benchmark::State& st) {

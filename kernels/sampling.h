@@ -6,11 +6,24 @@
 // and on how many tokens it has drawn, never on the batch it happened to run in.
 //
 //   logits[S, ld] (dtype dt): row r holds V real columns, then ld - V padding columns that are never
-//   chosen. The rows are processed in place (the penalty and temperature change them).
+//   chosen. The pointer is not const so that a backend may process the rows in place; neither does
+//   today (both apply the penalty and temperature on the fly, in fp64 on the CPU and fp32 on CUDA,
+//   which also keeps the raw row for the logprobs), but callers should treat the rows as consumed.
+//
+// Top-p and ties: HF's TopPLogitsWarper sorts ascending and removes the tokens whose ascending
+// cumulative probability is <= 1 - top_p, i.e. it removes the largest low-probability prefix whose mass
+// is <= 1 - top_p, which keeps the smallest high-probability set whose mass is >= top_p: the set kept
+// here. The two differ only where HF's sort splits a run of equal probabilities at the boundary (its
+// order among equals is arbitrary; here the whole run stays or goes) and where the mass lands within
+// rounding of top_p: HF compares fp32 sums with 1 - top_p; here the mass reaches top_p when it is
+// >= top_p - kTopPSlack, so that a top_p such as 0.8 over probabilities that add up to 0.8 keeps them
+// however the float 0.8f and the sums round (fp64 sums on the CPU, exact integer sums on CUDA).
 #pragma once
 #include "kernels/kernel.h"
 
 namespace zp::kernels {
+
+inline constexpr double kTopPSlack = 1e-6;
 
 // One row's settings (HF's GenerationConfig names).
 struct SamplingParams {
@@ -23,6 +36,11 @@ struct SamplingParams {
   uint64_t draw = 0;               // which draw of this request (the number of tokens it has drawn so far)
 };
 
+// Throws zp::Error unless temperature >= 0, top_k >= 0, 0 < top_p <= 1 and repetition_penalty > 0.
+// The CPU reference checks every row; the CUDA version cannot (params are on the device), so a caller
+// checks its requests before they are uploaded.
+void check_sampling_params(const SamplingParams& p);
+
 // The counter-based uniform number in [0, 1) the draw of (seed, draw) uses; the CPU and CUDA sample
 // with exactly this value.
 double sampling_uniform(uint64_t seed, uint64_t draw);
@@ -30,7 +48,8 @@ double sampling_uniform(uint64_t seed, uint64_t draw);
 // tokens[r] (int32 [S]) = the token chosen for row r under params[r] (SamplingParams [S]).
 // history: int32 token ids, row r's being history[history_starts[r] .. history_starts[r+1]) (int64
 // [S+1]); a token may appear several times (penalised once). history and history_starts may be
-// nullptr when no row has a penalty. logprobs (fp32 [S], may be nullptr) = log softmax of the row's
+// nullptr when no row has a penalty. A history token outside [0, V) is fatal (ZP_CHECK) on the CPU
+// and ignored on CUDA (which cannot report it); the CPU also throws for a row's bad params. logprobs (fp32 [S], may be nullptr) = log softmax of the row's
 // logits as they came in (before any processing) at the chosen token.
 // Every array is on the logits' device.
 ZP_KERNEL(void sample_tokens(StreamHandle s, DType dt, int32_t* tokens, float* logprobs, void* logits, int64_t S,

@@ -1,0 +1,341 @@
+// Token sampling, one block per row, with no sort and no copy of the row: every step is a pass over
+// the (bf16) row that recomputes each token's processed logit on the fly. The tricks:
+//  - Thresholds by radix selection, 8 bits a pass, over an order-preserving 32-bit key of the
+//    processed logit: top-k counts tokens per bin, top-p adds their weights per bin. A bf16 value as
+//    a float has 16 zero low bits, so a bf16 row with no penalty is done in two passes.
+//  - Weights are integers, exp((l - max) / T) scaled by 2^40 and rounded, so every sum (histogram
+//    bins, block scans) is exact whatever order the atomics land in: the top-p mass, the kept total
+//    and the draw's prefix sum agree to the last unit, the draw always finds its token, and a row's
+//    token is a deterministic function of its logits and params.
+//  - The draw walks the row in index order in tiles; a block-wide exclusive scan of the per-thread
+//    weights of a tile tells the one thread whose range holds the target which token it is.
+//  - The repetition penalty is a bitmap of the row's history in shared memory, set with atomicOr
+//    (a token listed twice sets one bit, so it is penalised once) and looked up by every pass. The
+//    logits are never written, so the raw row is still there for the logprobs.
+// Params live on the device, so nothing here can reject bad ones: check_sampling_params on the host.
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/sampling.h"
+#include "kernels/sampling_hash.h"
+
+namespace zp::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 512;  // select_bin needs at least 256
+constexpr float kWeightScale = 0x1p40f;  // 152k weights <= 2^40 sum far below 2^64
+
+// Unsigned order of the keys = numeric order of the floats (-inf lowest; -0 is folded into +0 first).
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t b = __float_as_uint(f);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+template <class T>
+struct Row {
+  const T* x;
+  int64_t V;
+  bool vec;               // 16-byte packs
+  const uint32_t* marks;  // the history bitmap; nullptr: no penalty
+  float penalty;
+
+  // The logit after the penalty; NaN counts as -inf, as on the CPU.
+  __device__ __forceinline__ float value(int64_t c, float raw) const {
+    float v = raw;
+    if (marks && ((marks[c >> 5] >> (c & 31)) & 1u)) v = v < 0.f ? v * penalty : v / penalty;
+    if (isnan(v)) v = -INFINITY;
+    return v == 0.f ? 0.f : v;
+  }
+
+  // f(c, raw value) for this thread's share of the V real columns (padding is never read).
+  template <class F>
+  __device__ __forceinline__ void for_each(F&& f) const {
+    constexpr int VEC = 16 / sizeof(T);
+    int64_t start = 0;
+    if (vec) {
+      const int64_t n_packs = V / VEC;
+      for (int64_t i = threadIdx.x; i < n_packs; i += blockDim.x) {
+        const Pack<T, VEC> p = reinterpret_cast<const Pack<T, VEC>*>(x)[i];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) f(i * VEC + k, to_f(p.v[k]));
+      }
+      start = n_packs * VEC;
+    }
+    for (int64_t c = start + threadIdx.x; c < V; c += blockDim.x) f(c, to_f(x[c]));
+  }
+};
+
+// Exclusive prefix sum in thread order; *total = the block's sum. Safe to call back to back.
+__device__ uint64_t block_exclusive_scan(uint64_t v, uint64_t* total) {
+  __shared__ uint64_t warp_sums[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  uint64_t incl = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint64_t n = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += n;
+  }
+  __syncthreads();  // the previous call's readers are done with warp_sums
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  uint64_t before = 0, all = 0;
+  for (int w = 0; w < nwarps; ++w) {
+    const uint64_t s = warp_sums[w];
+    if (w < warp) before += s;
+    all += s;
+  }
+  *total = all;
+  return before + incl - v;
+}
+
+struct ArgMax {
+  float v;
+  int64_t i;
+};
+__device__ __forceinline__ bool better(ArgMax a, ArgMax b) { return a.v > b.v || (a.v == b.v && a.i < b.i); }
+__device__ __forceinline__ ArgMax warp_argmax(ArgMax a) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const ArgMax b{__shfl_xor_sync(0xffffffffu, a.v, o), __shfl_xor_sync(0xffffffffu, a.i, o)};
+    if (better(b, a)) a = b;
+  }
+  return a;
+}
+// The largest value, the lowest index among equal ones; every thread gets it.
+__device__ ArgMax block_argmax(ArgMax a) {
+  __shared__ float sv[32];
+  __shared__ int64_t si[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  a = warp_argmax(a);
+  __syncthreads();
+  if (lane == 0) sv[warp] = a.v, si[warp] = a.i;
+  __syncthreads();
+  a = lane < int(blockDim.x >> 5) ? ArgMax{sv[lane], si[lane]} : ArgMax{-INFINITY, INT64_MAX};
+  return warp_argmax(a);
+}
+
+// Of 256 bins (bin 255 holds the largest keys), the bin d where the weight counted from the top
+// first reaches need = need_of(total): sfx(d) >= need > sfx(d + 1), sfx(b) = sum of hist[b..255].
+// need_of must return a value in [1, total]. *above = sfx(d + 1), *at = hist[d]; returns d.
+template <class NeedOf>
+__device__ int select_bin(const uint64_t* hist, NeedOf need_of, uint64_t* need, uint64_t* above, uint64_t* at) {
+  __shared__ uint64_t warp_tot[8];
+  __shared__ uint64_t s_total, s_above, s_at;
+  __shared__ int s_bin;
+  const int b = threadIdx.x, lane = b & 31, warp = b >> 5;
+  uint64_t h = 0, sfx = 0;
+  if (b < 256) {  // whole warps
+    h = hist[b];
+    sfx = h;
+    for (int o = 1; o < 32; o <<= 1) {
+      const uint64_t n = __shfl_down_sync(0xffffffffu, sfx, o);
+      if (lane + o < 32) sfx += n;
+    }
+    if (lane == 0) warp_tot[warp] = sfx;
+  }
+  __syncthreads();
+  if (b < 256) {
+    for (int w = warp + 1; w < 8; ++w) sfx += warp_tot[w];
+    if (b == 0) s_total = sfx;
+  }
+  __syncthreads();
+  const uint64_t n = need_of(s_total);
+  if (b < 256 && sfx >= n && sfx - h < n) s_bin = b, s_above = sfx - h, s_at = h;
+  __syncthreads();
+  *need = n;
+  *above = s_above;
+  *at = s_at;
+  return s_bin;
+}
+
+// The threshold key, by radix selection from the top byte down to bit `lo`, among the tokens whose
+// key `keep` admits: the largest t for which the weight of those with key >= t reaches need_of(their
+// total weight). A key is at or above it iff (key & mask) >= prefix; *mass = the weight at or above.
+template <class T, class Keep, class Weight, class NeedOf>
+__device__ void radix_select(const Row<T>& row, uint64_t* hist, int lo, Keep keep, Weight weight, NeedOf need_of,
+                             uint32_t* prefix, uint32_t* mask, uint64_t* mass) {
+  uint32_t pre = 0, msk = 0;
+  uint64_t need = 0, above_all = 0;
+  for (int shift = 24; shift >= lo; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+    __syncthreads();
+    // Random logits crowd into a few bins (the top byte is mostly the exponent), so a thread adds up
+    // runs of equal bins before it touches shared memory: fewer atomics on the same few addresses.
+    unsigned run_bin = 0;
+    uint64_t run_w = 0;
+    auto flush = [&] {
+      if (run_w) atomicAdd(reinterpret_cast<unsigned long long*>(&hist[run_bin]), (unsigned long long)run_w);
+    };
+    row.for_each([&](int64_t c, float raw) {
+      const float v = row.value(c, raw);
+      const uint32_t key = order_key(v);
+      if ((key & msk) != pre || !keep(key)) return;
+      const unsigned bin = (key >> shift) & 255u;
+      if (bin != run_bin) {
+        flush();
+        run_bin = bin;
+        run_w = 0;
+      }
+      run_w += weight(v);
+    });
+    flush();
+    __syncthreads();
+    uint64_t above, at;
+    const uint64_t rest = need;
+    const bool first = shift == 24;
+    const int d = select_bin(hist, [&](uint64_t total) { return first ? need_of(total) : rest; }, &need, &above, &at);
+    need -= above;
+    above_all += above;
+    pre |= uint32_t(d) << shift;
+    msk |= 0xffu << shift;
+    *mass = above_all + at;
+  }
+  *prefix = pre;
+  *mask = msk;
+}
+
+// One draw from the processed row: temperature, top-k, top-p, then the inverse CDF in index order.
+// m and am: the largest processed logit and its lowest index.
+template <class T>
+__device__ int64_t draw_token(const Row<T>& row, const SamplingParams& P, float m, int64_t am, int lo) {
+  __shared__ uint64_t hist[256];
+  const float temp = P.temperature;
+  auto weight = [=](float v) -> uint64_t {
+    const float w = v == m ? 1.f : expf((v - m) / temp);  // v == m also covers m = +-inf
+    return __float2ull_rn(w * kWeightScale);
+  };
+
+  uint32_t k_prefix = 0, k_mask = 0;
+  if (P.top_k > 0 && P.top_k < row.V) {
+    uint64_t unused;
+    const uint64_t k = uint64_t(P.top_k);
+    radix_select(row, hist, lo, [](uint32_t) { return true; }, [](float) -> uint64_t { return 1; },
+                 [=](uint64_t) { return k; }, &k_prefix, &k_mask, &unused);
+  }
+  auto kept_k = [=](uint32_t key) { return (key & k_mask) >= k_prefix; };
+
+  uint32_t p_prefix = 0, p_mask = 0;
+  uint64_t mass = 0;
+  if (P.top_p < 1.f) {
+    const double top_p = double(P.top_p) - kTopPSlack;
+    auto need_of = [=](uint64_t total) -> uint64_t {
+      const double t = ceil(top_p * double(total));  // mass / total >= top_p, in whole units
+      return t < 1.0 ? uint64_t(1) : t >= double(total) ? total : uint64_t(t);
+    };
+    radix_select(row, hist, lo, kept_k, weight, need_of, &p_prefix, &p_mask, &mass);
+  } else {
+    uint64_t local = 0;
+    row.for_each([&](int64_t c, float raw) {
+      const float v = row.value(c, raw);
+      if (kept_k(order_key(v))) local += weight(v);
+    });
+    block_exclusive_scan(local, &mass);
+  }
+  auto kept = [=](uint32_t key) { return kept_k(key) && (key & p_mask) >= p_prefix; };
+
+  // The first kept token whose inclusive prefix weight exceeds U = floor(u * mass): exact integers,
+  // so it exists (the maximum's weight is 2^40, so mass > 0).
+  const double u = sampling_uniform_bits(P.seed, P.draw);
+  uint64_t U = uint64_t(u * double(mass));
+  if (U >= mass) U = mass - 1;
+  constexpr int E = 16 / sizeof(T);
+  __shared__ int64_t s_found;
+  if (threadIdx.x == 0) s_found = -1;  // first read after the scan's barriers
+  uint64_t carry = 0;
+  for (int64_t tile = 0; tile < row.V; tile += int64_t(blockDim.x) * E) {
+    const int64_t c0 = tile + int64_t(threadIdx.x) * E;
+    float raw[E];
+    if (row.vec && c0 + E <= row.V) {
+      const Pack<T, E> p = reinterpret_cast<const Pack<T, E>*>(row.x)[c0 / E];
+#pragma unroll
+      for (int k = 0; k < E; ++k) raw[k] = to_f(p.v[k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < E; ++k) raw[k] = c0 + k < row.V ? to_f(row.x[c0 + k]) : -INFINITY;
+    }
+    uint64_t w[E], local = 0;
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+      const float v = row.value(c0 + k, raw[k]);
+      w[k] = c0 + k < row.V && kept(order_key(v)) ? weight(v) : 0;
+      local += w[k];
+    }
+    uint64_t total;
+    const uint64_t start = carry + block_exclusive_scan(local, &total);
+    if (local > 0 && start <= U && U < start + local) {  // one thread at most
+      uint64_t run = start;
+      int k = 0;
+      while ((run += w[k]) <= U) ++k;
+      s_found = c0 + k;
+    }
+    __syncthreads();
+    if (s_found >= 0) break;
+    carry += total;
+  }
+  return s_found >= 0 ? s_found : am;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    sample_tokens_kernel(int32_t* tokens, float* logprobs, const T* logits, int64_t V, int64_t ld, bool vec,
+                         const SamplingParams* params, const int32_t* history, const int64_t* history_starts) {
+  extern __shared__ uint32_t marks[];
+  const int64_t r = blockIdx.x;
+  const SamplingParams P = params[r];
+  const bool pen = P.repetition_penalty != 1.f && history && history_starts;
+  if (pen) {
+    for (int64_t i = threadIdx.x; i < (V + 31) / 32; i += blockDim.x) marks[i] = 0;
+    __syncthreads();
+    for (int64_t i = history_starts[r] + threadIdx.x; i < history_starts[r + 1]; i += blockDim.x) {
+      const int32_t t = history[i];
+      if (t >= 0 && t < V) atomicOr(&marks[t >> 5], 1u << (t & 31));
+    }
+    __syncthreads();
+  }
+  const Row<T> row{logits + r * ld, V, vec, pen ? marks : nullptr, P.repetition_penalty};
+
+  // One pass for the greedy token (and the maximum the sampling needs) and the raw logsumexp.
+  MaxSum ms{-INFINITY, 0.f};
+  ArgMax best{-INFINITY, INT64_MAX};
+  row.for_each([&](int64_t c, float raw) {
+    if (logprobs) ms = add_value(ms, raw);
+    const ArgMax a{row.value(c, raw), c};
+    if (better(a, best)) best = a;
+  });
+  float lse = 0.f;
+  if (logprobs) {
+    ms = block_merge(ms);
+    lse = ms.m + logf(ms.s);
+  }
+  best = block_argmax(best);
+
+  int64_t tok = best.i;
+  if (P.temperature > 0.f) {
+    // A bf16 key's low 16 bits are zero unless the penalty divided the value.
+    const int lo = !pen && std::is_same_v<T, __nv_bfloat16> ? 16 : 0;
+    tok = draw_token(row, P, best.v, best.i, lo);
+  }
+  if (threadIdx.x == 0) {
+    tokens[r] = int32_t(tok);
+    if (logprobs) logprobs[r] = to_f(row.x[tok]) - lse;
+  }
+}
+
+}  // namespace
+
+void sample_tokens(StreamHandle s, DType dt, int32_t* tokens, float* logprobs, void* logits, int64_t S, int64_t V,
+                   int64_t ld, const SamplingParams* params, const int32_t* history, const int64_t* history_starts) {
+  ZP_CHECK(S >= 0 && V > 0 && ld >= V && V <= INT32_MAX, "sample_tokens: S ", S, ", V ", V, ", ld ", ld);
+  if (S == 0) return;
+  const size_t bitmap_bytes = size_t((V + 31) / 32) * sizeof(uint32_t);
+  ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
+    auto kernel = sample_tokens_kernel<T>;
+    // Below this, bitmap and static shared memory (about 3 KiB) fit the default 48 KiB.
+    if (bitmap_bytes > 40 * 1024) allow_dynamic_smem(kernel, bitmap_bytes, "sample_tokens");
+    const bool vec = can_vectorise<T>(ld, {logits});
+    kernel<<<unsigned(S), kThreads, bitmap_bytes, s>>>(tokens, logprobs, static_cast<const T*>(logits), V, ld, vec,
+                                                      params, history, history_starts);
+  });
+  ZP_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace zp::kernels::cuda
