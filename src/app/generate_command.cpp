@@ -75,10 +75,11 @@ runtime::GenerationRequest parse_generation_record(const json& j, const std::str
   s.top_p = get_number<float>(j, "top_p", where, d.top_p);
   s.repetition_penalty = get_number<float>(j, "repetition_penalty", where, d.repetition_penalty);
   s.seed = get_number<uint64_t>(j, "seed", where, d.seed);
-  ZP_REQUIRE(s.temperature >= 0, where, ": temperature must be >= 0 (0 = greedy), got ", s.temperature);
-  ZP_REQUIRE(s.top_k >= 0, where, ": top_k must be >= 0 (0 = off), got ", s.top_k);
-  ZP_REQUIRE(s.top_p > 0 && s.top_p <= 1, where, ": top_p must be in (0, 1], got ", s.top_p);
-  ZP_REQUIRE(s.repetition_penalty > 0, where, ": repetition_penalty must be > 0, got ", s.repetition_penalty);
+  try {
+    kernels::check_sampling_params(s);
+  } catch (const Error& e) {
+    throw Error(where + ": " + e.what());
+  }
   if (j.contains("stop")) {
     const json& st = j["stop"];
     ZP_REQUIRE(st.is_string() || st.is_array(), where, ": \"stop\" must be a string or a list of strings");

@@ -35,6 +35,8 @@ int64_t GenerationScheduler::submit(GenerationRequest r) {
   ZP_REQUIRE(r.max_new_tokens >= 1, "request ", id, ": max_new_tokens must be at least 1, got ", r.max_new_tokens);
   ZP_REQUIRE(r.stop_strings.empty() || tok_, "request ", id, ": stop strings need a tokenizer");
   for (const std::string& s : r.stop_strings) ZP_REQUIRE(!s.empty(), "request ", id, ": an empty stop string");
+  // Checked here: the CUDA sampler reads the settings on the device and cannot.
+  kernels::check_sampling_params(r.sampling);
   Seq s;
   s.req = std::move(r);
   seqs_.push_back(std::move(s));
