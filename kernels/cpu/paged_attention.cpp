@@ -46,7 +46,7 @@ void paged_attention_forward(StreamHandle, DType dt, void* out, const void* q, c
     auto* pk = static_cast<const T*>(k_cache);
     auto* pv = static_cast<const T*>(v_cache);
     auto* po = static_cast<T*>(out);
-    std::vector<double> p, acc(size_t(D));
+    std::vector<double> p, acc(static_cast<size_t>(D));
     for (int64_t s = 0; s < num_seqs; ++s) {
       const int64_t ctx = context_lens[s], n_s = query_starts[s + 1] - query_starts[s];
       ZP_CHECK(n_s >= 1 && n_s <= ctx, "sequence ", s, ": ", n_s, " query rows for a context of ", ctx);

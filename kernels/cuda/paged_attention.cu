@@ -136,8 +136,13 @@ __global__ void __launch_bounds__(kThreads)
   const int n_vis = p.context_lens[seq] - (p.query_starts[seq + 1] - t) + 1;
   const int k0 = part * p.part_len, k1 = min(n_vis, k0 + p.part_len);
   const int64_t ml0 = (int64_t(t) * p.Hq + h0) * p.parts + part;  // + g * parts for head h0 + g
-  if (k0 >= k1) {  // a partition past this row's keys (split only: partition 0 always has a key)
-    if (threadIdx.x < nh) p.part_ml[ml0 + int64_t(threadIdx.x) * p.parts] = make_float2(-INFINITY, 0.f);
+  if (k0 >= k1) {  // a partition past this row's keys (partition 0 has a key unless context_lens < n_s)
+    if (p.parts > 1) {
+      if (threadIdx.x < nh) p.part_ml[ml0 + int64_t(threadIdx.x) * p.parts] = make_float2(-INFINITY, 0.f);
+    } else {
+      for (int i = threadIdx.x; i < nh * p.D; i += kThreads)
+        out[int64_t(t) * p.os + int64_t(h0) * p.D + i] = from_f<T>(0.f);
+    }
     return;
   }
 
