@@ -16,7 +16,7 @@
 //    a small per-warp shared buffer.
 //  - At the end the 4 warps' (max, sum, acc) are merged in shared memory.
 // When (rows x kv heads x head slices) alone cannot fill the SMs, the context is cut into partitions
-// (at least 256 keys, sized for about two blocks per SM); each block then writes its normalised partial
+// (at least 128 keys, sized for about two blocks per SM); each block then writes its normalised partial
 // output and (max, sum) to KernelScratch and a second kernel combines the partitions. A batch that fills
 // the GPU runs one partition: the first kernel writes the output directly.
 // Every query row is independent (its sequence found by a binary search over query_starts and its own
@@ -58,7 +58,7 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kHeads = 8;      // query heads per block
 constexpr int kChunk = 32;     // keys per warp step (lane = key)
-constexpr int kMinPart = 256;  // keys per partition, at least, when the context is split
+constexpr int kMinPart = 128;  // keys per partition, at least, when the context is split
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct PagedParams {
@@ -218,19 +218,33 @@ __global__ void __launch_bounds__(kThreads)
     }
     slot_sm[warp][lane] = slot;
     __syncwarp();
+    // Value rows in groups of kVGroup keys, all loads of a group issued before any use: the loads
+    // in flight are what bounds a decode kernel.
+    constexpr int kVGroup = VE <= 4 ? 8 : 4;
     const int n = min(kChunk, k1 - j0);
-#pragma unroll 4
-    for (int jj = 0; jj < n; ++jj) {
-      float vf[VE];
-      load_slice<T, VE>(vf, vbase + int64_t(slot_sm[warp][jj]) * slot_stride, d0, p.D, v_packed);
-      const float4 pa = *reinterpret_cast<const float4*>(&psm[warp][jj][0]);
-      const float4 pb = *reinterpret_cast<const float4*>(&psm[warp][jj][4]);
-      const float pw[kHeads] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+    for (int jb = 0; jb < n; jb += kVGroup) {
+      float vf[kVGroup][VE];
 #pragma unroll
-      for (int g = 0; g < kHeads; ++g)
-        if (g < nh)
+      for (int u = 0; u < kVGroup; ++u) {
+        if (jb + u < n) {
+          load_slice<T, VE>(vf[u], vbase + int64_t(slot_sm[warp][jb + u]) * slot_stride, d0, p.D, v_packed);
+        } else {
 #pragma unroll
-          for (int r = 0; r < VE; ++r) acc[g][r] = fmaf(pw[g], vf[r], acc[g][r]);
+          for (int r = 0; r < VE; ++r) vf[u][r] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kVGroup; ++u) {
+        // Keys past n have probability 0 (psm holds all 32 lanes), so no guard is needed here.
+        const float4 pa = *reinterpret_cast<const float4*>(&psm[warp][jb + u][0]);
+        const float4 pb = *reinterpret_cast<const float4*>(&psm[warp][jb + u][4]);
+        const float pw[kHeads] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+#pragma unroll
+        for (int g = 0; g < kHeads; ++g)
+          if (g < nh)
+#pragma unroll
+            for (int r = 0; r < VE; ++r) acc[g][r] = fmaf(pw[g], vf[u][r], acc[g][r]);
+      }
     }
     __syncwarp();  // psm and slot_sm are rewritten by the next step
   }
