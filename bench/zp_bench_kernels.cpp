@@ -5,8 +5,11 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include "core/device.h"
@@ -19,6 +22,7 @@
 #include "kernels/gemm.h"
 #include "kernels/groupnorm.h"
 #include "kernels/layernorm.h"
+#include "kernels/paged_attention.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/sampling.h"
 #include "bench_common.h"
@@ -105,6 +109,36 @@ BENCHMARK(BM_Attention)->ArgNames({"B", "T", "H", "D", "causal", "bwd"})
     ->Args({32, 1024, 12, 64, 1, 0})->Args({32, 1024, 12, 64, 1, 1})
     ->Args({8, 4096, 5, 64, 0, 0})  // SD1.5 self-attention at 64x64 latents (B=8, 320 channels / 64)
     ->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// --- Paged decode attention (memory-bound): Llama-3-8B heads (Hq=32, Hkv=8, D=128), bf16, blocks of
+// 16 tokens handed out in a shuffled order; bytes = the K and V rows read. batch 1 x 4096 takes the
+// split (flash-decoding) path, batch 64 x 1024 fills the GPU without it.
+Tensor dev_ints(const std::vector<int32_t>& h) {
+  Tensor t = Tensor::empty({int64_t(h.size())}, DType::I32, Device::cuda(), "bench");
+  ZP_CHECK(cudaMemcpy(t.data(), h.data(), h.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+  return t;
+}
+
+void BM_PagedDecodeAttention(benchmark::State& st) {
+  const int64_t batch = st.range(0), ctx = st.range(1), Hq = 32, Hkv = 8, D = 128, bs = 16;
+  const int64_t max_blocks = (ctx + bs - 1) / bs, num_blocks = batch * max_blocks;
+  std::vector<int32_t> bt(static_cast<size_t>(num_blocks)), starts(static_cast<size_t>(batch + 1));
+  std::vector<int32_t> lens(static_cast<size_t>(batch), static_cast<int32_t>(ctx));
+  std::iota(bt.begin(), bt.end(), 0);
+  std::shuffle(bt.begin(), bt.end(), std::mt19937(1));
+  std::iota(starts.begin(), starts.end(), 0);
+  Tensor g_bt = dev_ints(bt), g_lens = dev_ints(lens), g_starts = dev_ints(starts);
+  Tensor kc = dev_rand(num_blocks * bs * Hkv * D, DType::BF16), vc = dev_rand(num_blocks * bs * Hkv * D, DType::BF16);
+  Tensor q = dev_rand(batch * Hq * D, DType::BF16), o = dev_rand(batch * Hq * D, DType::BF16);
+  const double kv_bytes = 2.0 * double(batch * ctx * Hkv * D) * 2;
+  run(st, nullptr, 0, kv_bytes, [&] {
+    cuda::paged_attention_forward(nullptr, DType::BF16, o.data(), q.data(), kc.data(), vc.data(),
+                                  g_bt.data<int32_t>(), max_blocks, g_lens.data<int32_t>(), g_starts.data<int32_t>(),
+                                  batch, batch, ctx, Hq, Hkv, D, bs, 0, 0, attention_default_scale(D));
+  });
+}
+BENCHMARK(BM_PagedDecodeAttention)->ArgNames({"batch", "ctx"})->Args({1, 4096})->Args({64, 1024})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // --- Norms (memory-bound): bytes = read x (+ dy) and write y (dx), bf16.
 void BM_LayerNorm(benchmark::State& st) {
