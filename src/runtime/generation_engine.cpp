@@ -56,11 +56,15 @@ int64_t kv_cache_blocks(const models::Transformer& model, const GenerationOption
 
 GenerationEngine::GenerationEngine(models::Transformer& model, const io::BpeTokenizer* tokenizer,
                                    const GenerationOptions& o)
+    : GenerationEngine(model, tokenizer, o, kv_cache_blocks(model, o)) {}
+
+// The block count is worked out once, before the cache takes its memory.
+GenerationEngine::GenerationEngine(models::Transformer& model, const io::BpeTokenizer* tokenizer,
+                                   const GenerationOptions& o, int64_t blocks)
     : model_(model),
-      cache_(model.config().layers, kv_cache_blocks(model, o), o.block_size, model.config().kv_heads,
-             model.config().head_dim, model.ctx().dt, model.ctx().dev, model.ctx().s),
-      sched_({o.block_size, kv_cache_blocks(model, o), o.max_batch_tokens, o.max_seqs, model.config().max_positions},
-             tokenizer) {}
+      cache_(model.config().layers, blocks, o.block_size, model.config().kv_heads, model.config().head_dim,
+             model.ctx().dt, model.ctx().dev, model.ctx().s),
+      sched_({o.block_size, blocks, o.max_batch_tokens, o.max_seqs, model.config().max_positions}, tokenizer) {}
 
 GenerationEngine::~GenerationEngine() = default;
 

@@ -65,6 +65,8 @@ class GenerationEngine {
 
  private:
   using Clock = std::chrono::steady_clock;
+  GenerationEngine(models::Transformer& model, const io::BpeTokenizer* tokenizer, const GenerationOptions& options,
+                   int64_t blocks);
   models::Transformer& model_;
   nn::PagedKvCache cache_;
   GenerationScheduler sched_;
