@@ -255,8 +255,12 @@ __device__ int64_t draw_token(const Row<T>& row, const SamplingParams& P, float 
     uint64_t w[E], local = 0;
 #pragma unroll
     for (int k = 0; k < E; ++k) {
-      const float v = row.value(c0 + k, raw[k]);
-      w[k] = c0 + k < row.V && kept(order_key(v)) ? weight(v) : 0;
+      // Past the row's end there is no token, and no bit of the history bitmap to read either.
+      w[k] = 0;
+      if (c0 + k < row.V) {
+        const float v = row.value(c0 + k, raw[k]);
+        if (kept(order_key(v))) w[k] = weight(v);
+      }
       local += w[k];
     }
     uint64_t total;
