@@ -14,6 +14,7 @@
 #include "runtime/inference_model.h"
 #include "runtime/lm_evaluation.h"
 #include "runtime/loglikelihood_scorer.h"
+#include "runtime/reforward_generator.h"
 #include "test_runtime.h"
 #include "test_util.h"
 
@@ -314,6 +315,26 @@ TEST(LmEvaluation, BatchingDoesNotChangeScores) {
   }
   EXPECT_LT(worst, 1e-6);
   std::printf("batched vs one at a time: largest relative difference %.3g\n", worst);
+}
+
+TEST(LmEvaluation, ReforwardGenerationIsGreedyAndStopsAtUntil) {
+  // What greedy generation makes, the scorer must call greedy (every token the argmax).
+  InferenceModel m({(kEvalData / "demo-model").string()});
+  const BpeTokenizer& t = *m.tokenizer();
+  const Ids ctx = t.encode("This License applies to any");
+  const auto made = generate_greedy_reforward(m.model(), m.stream(), t, 128, {{ctx, {}, 12}});
+  ASSERT_EQ(made.size(), 1u);
+  ASSERT_EQ(made[0].size(), 12u);  // one byte per token, no EOS in the licenses
+  LoglikelihoodScorer scorer(m.model(), m.stream(), 128, 8192);
+  const auto r = scorer.score(std::vector<LoglikelihoodRequest>{LoglikelihoodRequest{ctx, t.encode(made[0])}});
+  EXPECT_TRUE(r[0].is_greedy) << made[0];
+  // A stop string ends generation once it appears (the evaluation then cuts the text there).
+  const std::string stop = made[0].substr(3, 2);
+  const auto stopped = generate_greedy_reforward(m.model(), m.stream(), t, 128, {{ctx, {stop}, 12}});
+  EXPECT_EQ(stopped[0], made[0].substr(0, made[0].find(stop) + stop.size()));
+  // The context plus what is made never passes max_length.
+  const auto capped = generate_greedy_reforward(m.model(), m.stream(), t, int64_t(ctx.size()) + 4, {{ctx, {}, 12}});
+  EXPECT_EQ(capped[0].size(), 4u);
 }
 
 // The acceptance test of issue 13's evaluation: the demo model (trained here, exported to the hub

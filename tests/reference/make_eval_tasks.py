@@ -12,7 +12,7 @@ one byte per token):
                                           token when there is no BOS)
 
 Documents come from the held-out end of the data (the last 5%, the demo's val_fraction) where it has
-enough; the multiple-choice distractors come from anywhere. Deterministic: a fixed seed, so running it
+enough (the multiple-choice distractors too). Deterministic: a fixed seed, so running it
 again gives the same files.
 
     /usr/bin/python3 tests/reference/make_eval_tasks.py [--repo .]
@@ -79,7 +79,9 @@ def span_at(text, start, rng):
 def make_mc(text, val_start, rng):
     items = []
     val_words = word_starts(text, val_start, len(text) - 60)
-    all_words = word_starts(text, 0, len(text) - 60)
+    # Distractors from the held-out text too: the model has partly memorised the training text, and
+    # distractors from there would look likelier than any held-out answer.
+    all_words = val_words
     seen = set()
     attempts = 0
     while len(items) < N_MC and attempts < 100000:
@@ -123,7 +125,7 @@ def make_mc(text, val_start, rng):
         distractors = []
         while len(distractors) < 3:
             d = span_at(text, rng.choice(all_words), rng)
-            if d and d != gold_text and d not in distractors:
+            if d and d != gold_text and d not in distractors and d not in gold_text and gold_text not in d:
                 distractors.append(d)
         gold = rng.randrange(4)
         choices = distractors[:gold] + [gold_text] + distractors[gold:]
