@@ -10,6 +10,7 @@
 
 #include "app/chat_command.h"
 #include "app/convert.h"
+#include "app/eval_command.h"
 #include "app/generate_command.h"
 #include "app/inspect_command.h"
 #include "app/make_latents.h"
@@ -55,6 +56,8 @@ const char* kUsage =
     "  chat     a conversation on stdin/stdout in the model's chat format: zeropipe chat --model DIR\n"
     "  parity   run a reference folder (hub config, weights, io.safetensors) and hold every tensor to\n"
     "           the parity criterion (its reference_error.json); exit 0 exactly when all gated pass\n"
+    "  eval     lm-evaluation-harness-style scores on JSONL task files (under mpirun: requests shared by ranks):\n"
+    "           zeropipe eval --model DIR|FILE.h5 --tasks FILE... [--out results.json] [--limit N]\n"
     "  report   a run's metrics files as one HTML page with charts (loss, lr, speed, memory, time):\n"
     "           zeropipe report metrics.jsonl [more.jsonl ...] [--out report.html]\n"
     "run `zeropipe <command> --help` for the command's options\n";
@@ -221,6 +224,34 @@ int on_every_rank(const char* name, int& argc, char**& argv, const std::function
   }
 }
 
+int cmd_eval(int argc, char** argv) {
+  zp::app::EvalOptions o;
+  po::options_description desc(
+      "zeropipe eval: lm-evaluation-harness-style evaluation on JSONL task files (multiple_choice,\n"
+      "loglikelihood_rolling, generate_until; README, \"Evaluation\"). Under mpirun the requests are\n"
+      "shared by the ranks and rank 0 writes the results.\n"
+      "  zeropipe eval --model my-model/ --tasks mc.jsonl rolling.jsonl --out results.json\n"
+      "options");
+  desc.add_options()("help,h", "show this help")(
+      "model", po::value<std::string>(&o.model)->required(), "hub folder, weights .h5 or checkpoint .h5")(
+      "tasks", po::value<std::vector<std::string>>(&o.tasks)->required()->multitoken(), "task files (JSONL)")(
+      "tokenizer", po::value<std::string>(&o.tokenizer), "tokenizer.json or its folder (default: the model folder's)")(
+      "device", po::value<std::string>(&o.device)->default_value("auto"), "cpu | cuda | auto (cuda if there is a GPU)")(
+      "dtype", po::value<std::string>(&o.dtype)->default_value("auto"),
+      "fp32 | bf16 | fp16 | auto (bf16 on a GPU, else fp32) (| fp64 on the cpu)")(
+      "offload-param", po::value<std::string>(&o.offload_param)->default_value("none"),
+      "none | cpu: weights in pinned host memory, each layer streamed up for its use")(
+      "out", po::value<std::string>(&o.out), "results JSON to write (the harness's shape)")(
+      "limit", po::value<int64_t>(&o.limit)->default_value(-1), "evaluate the first N documents of each task")(
+      "max-length", po::value<int64_t>(&o.max_length)->default_value(0),
+      "context length in tokens (default: the model's positions)")(
+      "max-batch-tokens", po::value<int64_t>(&o.max_batch_tokens)->default_value(8192),
+      "padded tokens per forward when scoring");
+  po::variables_map vm;
+  if (!parse_options(argc, argv, desc, vm)) return 0;
+  return on_every_rank("eval", argc, argv, [&](zp::comm::Runtime& rt) { return zp::app::run_eval(o, rt); });
+}
+
 int cmd_train(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> sets;
@@ -348,6 +379,7 @@ int main(int argc, char** argv) {
     if (cmd == "tokenize") return cmd_tokenize(argc - 1, argv + 1);
     if (cmd == "generate") return cmd_generate(argc - 1, argv + 1);
     if (cmd == "chat") return cmd_chat(argc - 1, argv + 1);
+    if (cmd == "eval") return cmd_eval(argc - 1, argv + 1);
     std::fprintf(stderr, "zeropipe: unknown command '%s'\n%s", cmd.c_str(), kUsage);
     return 2;
   } catch (const po::error& e) {
