@@ -299,7 +299,7 @@ TEST(LmEvaluation, DemoTokenizerGivesByteValues) {
 TEST(LmEvaluation, BatchingDoesNotChangeScores) {
   // The same requests scored one per forward and many per forward: right padding with the causal mask
   // leaves each request's positions as they were, so the scores agree to rounding.
-  InferenceModel m({(kEvalData / "demo-model").string()});
+  InferenceModel m({(kEvalData / "demo-model").string(), "", "cpu", "fp32"});
   const EvalTask t = read_eval_task((kEvalData / "licenses_mc.jsonl").string());
   std::vector<LoglikelihoodRequest> reqs;
   for (size_t d = 0; d < 20; ++d)
@@ -319,7 +319,7 @@ TEST(LmEvaluation, BatchingDoesNotChangeScores) {
 
 TEST(LmEvaluation, UntilGenerationIsGreedyAndStopsAtUntil) {
   // What greedy generation makes, the scorer must call greedy (every token the argmax).
-  InferenceModel m({(kEvalData / "demo-model").string()});
+  InferenceModel m({(kEvalData / "demo-model").string(), "", "cpu", "fp32"});
   const BpeTokenizer& t = *m.tokenizer();
   const Ids ctx = t.encode("This License applies to any");
   const auto made = generate_greedy_until(m.model(), t, 128, {{ctx, {}, 12}});
@@ -347,9 +347,9 @@ TEST(LmEvaluation, UntilGenerationIsGreedyAndStopsAtUntil) {
 //   python3 tests/reference/lm_eval_reference.py --model tests/data/eval/demo-model \
 //     --tasks tests/data/eval/licenses_mc.jsonl tests/data/eval/licenses_rolling.jsonl \
 //     --out tests/data/eval/reference_results.json
-TEST(LmEvaluation, DemoModelMatchesTheHarnessReference) {
+void expect_demo_model_matches_reference(const std::string& device) {
   RuntimeLease lease;
-  InferenceModel m({(kEvalData / "demo-model").string()});
+  InferenceModel m({(kEvalData / "demo-model").string(), "", device, "fp32"});
   const std::vector<EvalTask> tasks = {read_eval_task((kEvalData / "licenses_mc.jsonl").string()),
                                        read_eval_task((kEvalData / "licenses_rolling.jsonl").string())};
   LoglikelihoodScorer scorer(m.model(), m.stream(), m.config().max_positions, 8192);
@@ -378,6 +378,13 @@ TEST(LmEvaluation, DemoModelMatchesTheHarnessReference) {
                  b = ref["results"]["licenses_rolling"][k].get<double>();
     EXPECT_NEAR(a, b, 1e-3 * std::abs(b)) << k << ": ours " << a << ", reference " << b;
   }
+}
+
+TEST(LmEvaluation, DemoModelMatchesTheHarnessReference) { expect_demo_model_matches_reference("cpu"); }
+
+TEST(LmEvaluationGpu, DemoModelMatchesTheHarnessReference) {
+  ZP_SKIP_WITHOUT_GPU();
+  expect_demo_model_matches_reference("cuda");
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ int run_chat(const ChatOptions& o, std::istream& in, std::ostream& out) {
   const io::BpeTokenizer& tok = *model.tokenizer();
   const io::ChatFormatter formatter(tok, io::chat_template_from_name(o.chat_template, tok, "--chat-template"));
   runtime::GenerationEngine engine(model.model(), &tok, o.engine);
-  engine.set_before_forward([&] { model.begin_forward(); });
+  engine.set_before_forward(model.forward_hook());
   std::vector<io::ChatMessage> messages;
   auto reset = [&] {
     messages.clear();

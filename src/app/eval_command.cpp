@@ -26,7 +26,7 @@ int run_eval(const EvalOptions& o, comm::Runtime& rt) {
   const int64_t max_length = o.max_length > 0 ? o.max_length : positions;
   ZP_REQUIRE(max_length <= positions, "--max-length ", max_length, " exceeds the model's ", positions, " positions");
   runtime::LoglikelihoodScorer scorer(m.model(), m.stream(), max_length, o.max_batch_tokens);
-  scorer.set_before_forward([&] { m.begin_forward(); });
+  scorer.set_before_forward(m.forward_hook());
   runtime::LmEvaluationOptions eo;
   eo.max_length = max_length;
   eo.limit = o.limit;
@@ -45,7 +45,7 @@ int run_eval(const EvalOptions& o, comm::Runtime& rt) {
   const nlohmann::ordered_json results = runtime::evaluate_tasks(
       tasks, tok, eo, [&](const std::vector<runtime::LoglikelihoodRequest>& r) { return scorer.score(r); },
       [&](const std::vector<runtime::GenerationAsk>& a) {
-        return runtime::generate_greedy_until(m.model(), tok, max_length, a, [&] { m.begin_forward(); });
+        return runtime::generate_greedy_until(m.model(), tok, max_length, a, m.forward_hook());
       },
       rt.world());
   if (rt.rank() != 0) return 0;

@@ -125,7 +125,7 @@ int run_generate(const GenerateOptions& o) {
   ZP_REQUIRE(!all.empty(), o.prompts, ": no requests");
 
   runtime::GenerationEngine engine(model.model(), model.tokenizer(), o.engine);
-  engine.set_before_forward([&] { model.begin_forward(); });
+  engine.set_before_forward(model.forward_hook());
   std::vector<int64_t> mine;  // indices of this rank's requests, by engine id
   for (size_t i = size_t(rank); i < all.size(); i += size_t(world)) {
     mine.push_back(int64_t(i));

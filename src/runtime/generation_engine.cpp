@@ -64,7 +64,8 @@ GenerationEngine::GenerationEngine(models::Transformer& model, const io::BpeToke
     : model_(model),
       cache_(model.config().layers, blocks, o.block_size, model.config().kv_heads, model.config().head_dim,
              model.ctx().dt, model.ctx().dev, model.ctx().s),
-      sched_({o.block_size, blocks, o.max_batch_tokens, o.max_seqs, model.config().max_positions}, tokenizer) {}
+      sched_({o.block_size, blocks, o.max_batch_tokens, o.max_seqs, model.config().max_positions}, tokenizer),
+      max_graph_seqs_(model.ctx().dev.is_cuda() && model.ctx().s ? o.max_graph_seqs : 0) {}
 
 GenerationEngine::~GenerationEngine() = default;
 
@@ -76,19 +77,89 @@ int64_t GenerationEngine::submit(GenerationRequest r) {
   return id;
 }
 
+namespace {
+
+int64_t next_pow2(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+}  // namespace
+
+void GenerationEngine::enqueue_step(const StepPlan& p, int64_t rows, char* d, const ArgOffsets& o) {
+  const nn::Ctx c = model_.ctx();
+  auto i32 = [&](size_t off) { return reinterpret_cast<int32_t*>(d + off); };
+  nn::CachedBatch b;
+  b.num_tokens = rows - p.num_prefill_seqs + p.num_prefill_tokens();
+  b.num_prefill_tokens = p.num_prefill_tokens();
+  b.positions = i32(o.pos);
+  b.slots = i32(o.slots);
+  b.segments = i32(o.seg);
+  b.num_decode_seqs = rows - p.num_prefill_seqs;
+  b.block_tables = i32(o.bt);
+  b.max_blocks = p.max_blocks;
+  b.context_lens = i32(o.ctx);
+  b.query_starts = i32(o.qs);
+  b.max_context_len = p.max_context_len;
+  b.output_rows = i32(o.rows);
+  b.num_outputs = rows;
+  Tensor logits = model_.forward_cached(i32(o.ids), b, cache_);
+  const bool penalty = !p.history_starts.empty();
+  ZP_KERNEL_CALL(c.dev, sample_tokens, c.s, c.dt, i32(o.out), nullptr, logits.data(), rows, model_.config().vocab,
+                 model_.padded_vocab(), reinterpret_cast<const kernels::SamplingParams*>(d + o.par),
+                 penalty ? i32(o.hist) : nullptr, penalty ? reinterpret_cast<const int64_t*>(d + o.hs) : nullptr);
+}
+
 std::vector<int64_t> GenerationEngine::step(const TokenCallback& on_token) {
   const auto t0 = Clock::now();
-  const StepPlan p = sched_.plan();
+  StepPlan p = sched_.plan();
   if (p.empty()) return sched_.commit(p, {});
   const nn::Ctx c = model_.ctx();
   const int64_t S = int64_t(p.seqs.size());
 
+  // A small decode step replays a graph captured for its shape: rows padded up to a power of two
+  // (a padding row decodes a dummy token at position 0 whose key and value are written nowhere,
+  // slot -1), block tables padded to a power-of-two width, and the attention sized for that width.
+  // Everything the graph reads is in its own argument buffer, refilled each step.
+  const bool graph = max_graph_seqs_ > 0 && p.num_prefill_seqs == 0 && p.history_starts.empty() &&
+                     !before_forward_ && S <= max_graph_seqs_;
+  int64_t rows = S;
+  if (graph) {
+    rows = next_pow2(S);
+    const int64_t width = next_pow2(p.max_blocks);
+    std::vector<int32_t> bt(static_cast<size_t>(rows * width), 0);
+    for (int64_t r = 0; r < S; ++r)
+      std::copy(p.block_tables.begin() + r * p.max_blocks, p.block_tables.begin() + (r + 1) * p.max_blocks,
+                bt.begin() + r * width);
+    p.block_tables = std::move(bt);
+    p.max_blocks = width;
+    p.max_context_len = width * cache_.block_size();
+    for (int64_t r = S; r < rows; ++r) {
+      p.ids.push_back(0);
+      p.positions.push_back(0);
+      p.slots.push_back(-1);
+      p.context_lens.push_back(1);
+      p.query_starts.push_back(p.query_starts.back() + 1);
+      p.output_rows.push_back(int32_t(r));
+      p.sampling.push_back({});
+    }
+  }
+
   ArgPacker pack;
-  const size_t o_ids = pack.add(p.ids), o_pos = pack.add(p.positions), o_slots = pack.add(p.slots),
-               o_seg = pack.add(p.segments), o_bt = pack.add(p.block_tables), o_ctx = pack.add(p.context_lens),
-               o_qs = pack.add(p.query_starts), o_rows = pack.add(p.output_rows), o_par = pack.add(p.sampling),
-               o_hist = pack.add(p.history), o_hs = pack.add(p.history_starts),
-               o_out = pack.add(std::vector<int32_t>(size_t(S)));
+  ArgOffsets o;
+  o.ids = pack.add(p.ids);
+  o.pos = pack.add(p.positions);
+  o.slots = pack.add(p.slots);
+  o.seg = pack.add(p.segments);
+  o.bt = pack.add(p.block_tables);
+  o.ctx = pack.add(p.context_lens);
+  o.qs = pack.add(p.query_starts);
+  o.rows = pack.add(p.output_rows);
+  o.par = pack.add(p.sampling);
+  o.hist = pack.add(p.history);
+  o.hs = pack.add(p.history_starts);
+  o.out = pack.add(std::vector<int32_t>(static_cast<size_t>(rows)));
   const size_t bytes = pack.bytes().size();
   if (!host_args_.defined() || host_args_.nbytes() < bytes) {
     const int64_t cap = int64_t(std::max(bytes, host_args_.defined() ? 2 * host_args_.nbytes() : size_t(1) << 16));
@@ -96,38 +167,38 @@ std::vector<int64_t> GenerationEngine::step(const TokenCallback& on_token) {
     dev_args_ = c.dev.is_cuda() ? Tensor::empty({cap}, DType::U8, c.dev, "generation", c.s) : host_args_;
   }
   std::memcpy(host_args_.data(), pack.bytes().data(), bytes);
-  if (c.dev.is_cuda()) copy_bytes_async(dev_args_.data(), c.dev, host_args_.data(), Device::cpu(), bytes, c.s);
   char* d = static_cast<char*>(dev_args_.data());
-  auto i32 = [&](size_t off) { return reinterpret_cast<int32_t*>(d + off); };
-
-  nn::CachedBatch b;
-  b.num_tokens = p.num_tokens();
-  b.num_prefill_tokens = p.num_prefill_tokens();
-  b.positions = i32(o_pos);
-  b.slots = i32(o_slots);
-  b.segments = i32(o_seg);
-  b.num_decode_seqs = S - p.num_prefill_seqs;
-  b.block_tables = i32(o_bt);
-  b.max_blocks = p.max_blocks;
-  b.context_lens = i32(o_ctx);
-  b.query_starts = i32(o_qs);
-  b.max_context_len = p.max_context_len;
-  b.output_rows = i32(o_rows);
-  b.num_outputs = S;
-  if (before_forward_) before_forward_();
-  Tensor logits = model_.forward_cached(i32(o_ids), b, cache_);
-  const bool penalty = !p.history_starts.empty();
-  ZP_KERNEL_CALL(c.dev, sample_tokens, c.s, c.dt, i32(o_out), nullptr, logits.data(), S, model_.config().vocab,
-                 model_.padded_vocab(), reinterpret_cast<const kernels::SamplingParams*>(d + o_par),
-                 penalty ? i32(o_hist) : nullptr, penalty ? reinterpret_cast<const int64_t*>(d + o_hs) : nullptr);
-  std::vector<int32_t> tokens(static_cast<size_t>(S));
-  copy_bytes(tokens.data(), Device::cpu(), d + o_out, c.dev, size_t(S) * sizeof(int32_t), c.s);
+  if (graph) {
+    DecodeGraph& g = graphs_[{rows, p.max_blocks}];
+    if (!g.args.defined()) g.args = Tensor::empty({int64_t(bytes)}, DType::U8, c.dev, "generation", c.s);
+    d = static_cast<char*>(g.args.data());
+    copy_bytes_async(d, c.dev, host_args_.data(), Device::cpu(), bytes, c.s);
+    // The first use runs eagerly (cuBLAS and the allocator settle their workspaces), the second
+    // captures, every later one replays.
+    if (g.uses++ == 0) {
+      enqueue_step(p, rows, d, o);
+    } else {
+      if (!g.graph.ready()) {
+        g.graph = CudaGraph::capture(c.s, [&] { enqueue_step(p, rows, d, o); });
+        ++stats_.graphs_captured;
+      }
+      g.graph.launch(c.s);
+      ++stats_.graph_steps;
+    }
+  } else {
+    if (c.dev.is_cuda()) copy_bytes_async(d, c.dev, host_args_.data(), Device::cpu(), bytes, c.s);
+    if (before_forward_) before_forward_();
+    enqueue_step(p, rows, d, o);
+  }
+  std::vector<int32_t> tokens(static_cast<size_t>(rows));
+  copy_bytes(tokens.data(), Device::cpu(), d + o.out, c.dev, size_t(rows) * sizeof(int32_t), c.s);
+  tokens.resize(static_cast<size_t>(S));
 
   const auto t1 = Clock::now();
   const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
   ++stats_.steps;
   stats_.prefill_tokens += p.num_prefill_tokens();
-  stats_.decode_tokens += p.num_tokens() - p.num_prefill_tokens();
+  stats_.decode_tokens += S - p.num_prefill_seqs;
   (p.num_prefill_seqs > 0 ? stats_.prefill_step_ms : stats_.decode_step_ms) += ms;
   stats_.occupancy_sum += double(S) / double(sched_.limits().max_seqs);
   stats_.peak_blocks_used = std::max(stats_.peak_blocks_used, cache_.num_blocks() - sched_.free_blocks());

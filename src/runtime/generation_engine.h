@@ -7,9 +7,11 @@
 #pragma once
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
+#include "core/cuda_graph.h"
 #include "models/transformer.h"
 #include "nn/paged_kv_cache.h"
 #include "runtime/generation_scheduler.h"
@@ -23,6 +25,10 @@ struct GenerationOptions {
   int64_t kv_cache_bytes = 0;
   int64_t max_batch_tokens = 8192;
   int64_t max_seqs = 256;
+  // Decode steps of up to max_graph_seqs sequences (padded up to a power of two) replay a captured
+  // CUDA graph instead of launching their kernels one by one (core/cuda_graph.h); 0 turns it off.
+  // Not with weight streaming or a repetition penalty, and never for steps with prompts.
+  int64_t max_graph_seqs = 64;
 };
 
 struct GenerationOutput {
@@ -36,6 +42,7 @@ struct GenerationOutput {
 struct GenerationStats {
   int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, preemptions = 0;
   int64_t peak_blocks_used = 0;
+  int64_t graph_steps = 0, graphs_captured = 0;  // decode steps replayed from CUDA graphs
   double prefill_step_ms = 0, decode_step_ms = 0;  // wall time of steps with / without prompts
   double occupancy_sum = 0;                        // sum over steps of running sequences / max_seqs
 };
@@ -72,6 +79,20 @@ class GenerationEngine {
   GenerationScheduler sched_;
   GenerationStats stats_;
   Tensor host_args_, dev_args_;  // one upload per step
+  // Runs the step's forward and sampling from the arguments at `d` (laid out as `o`).
+  struct ArgOffsets {
+    size_t ids, pos, slots, seg, bt, ctx, qs, rows, par, hist, hs, out;
+  };
+  void enqueue_step(const StepPlan& p, int64_t rows, char* d, const ArgOffsets& o);
+  // A decode graph: for `rows` padded rows and block tables `max_blocks` wide, its own argument
+  // buffer (the graph reads its arguments there) and, from its second use on, the graph.
+  struct DecodeGraph {
+    Tensor args;
+    CudaGraph graph;
+    int64_t uses = 0;
+  };
+  std::map<std::pair<int64_t, int64_t>, DecodeGraph> graphs_;
+  int64_t max_graph_seqs_ = 0;
   std::function<void()> before_forward_;
   std::vector<Clock::time_point> submitted_;
   std::vector<double> first_token_ms_, total_ms_;

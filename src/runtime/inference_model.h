@@ -15,6 +15,7 @@
 // the parameter tier ZeRO-3 training uses), so the GPU holds two layers, the activations and the KV
 // cache. begin_forward() before each forward lets the prefetch follow the previous forward's order.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -60,6 +61,12 @@ class InferenceModel {
   int64_t streamed_bytes_per_forward() const;
   // Before each forward: a streamed model's prefetch follows the previous forward's block order.
   void begin_forward();
+  // begin_forward as the engines' before-forward callback; empty when the weights are resident (so
+  // the generation engine may replay decode steps as CUDA graphs).
+  std::function<void()> forward_hook() {
+    if (!gatherer_) return {};
+    return [this] { begin_forward(); };
+  }
 
  private:
   std::string source_, tokenizer_source_;

@@ -22,7 +22,7 @@ using namespace zp::runtime;
 
 TEST(MpiLmEvaluation, SameResultsAtEveryWorldSize) {
   const fs::path data = ZP_EVAL_DATA_DIR;
-  InferenceModel m({(data / "demo-model").string()});
+  InferenceModel m({(data / "demo-model").string(), "", "cpu", "fp32"});
   const std::vector<EvalTask> tasks = {read_eval_task((data / "licenses_mc.jsonl").string()),
                                        read_eval_task((data / "licenses_rolling.jsonl").string())};
   LoglikelihoodScorer scorer(m.model(), m.stream(), m.config().max_positions, 8192);
