@@ -41,24 +41,29 @@ nlohmann::json llama_shape(int which) {
           {"max_position_embeddings", 8192}, {"rope_theta", 500000.0}, {"rms_norm_eps", 1e-5}};
 }
 
-// Device memory bandwidth in GB/s: a 2 GiB device-to-device copy reads and writes every byte.
+// GB/s of repeated copies of `bytes` from a `from` buffer to a `to` one (cudaMemcpyKind): the device's
+// memory bandwidth from a device-to-device copy (which reads and writes every byte, so twice the
+// bytes count), the PCIe bandwidth from a pinned host-to-device one.
+double measured_copy_gbs(cudaMemcpyKind kind) {
+  const size_t bytes = size_t(1) << 30;
+  const bool h2d = kind == cudaMemcpyHostToDevice;
+  void *src = nullptr, *dst = nullptr;
+  if (h2d) cudaMallocHost(&src, bytes); else cudaMalloc(&src, bytes);
+  cudaMalloc(&dst, bytes);
+  cudaMemcpy(dst, src, bytes, kind);
+  Event e0, e1;
+  e0.record(nullptr);
+  for (int i = 0; i < 10; ++i) cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+  e1.record(nullptr);
+  e1.synchronize();
+  const double s = e1.elapsed_ms_since(e0) / 1e3;
+  if (h2d) cudaFreeHost(src); else cudaFree(src);
+  cudaFree(dst);
+  return (h2d ? 1.0 : 2.0) * 10.0 * double(bytes) / s / 1e9;
+}
+
 double measured_bandwidth_gbs() {
-  static const double gbs = [] {
-    const size_t bytes = size_t(1) << 31;
-    void *a = nullptr, *b = nullptr;
-    cudaMalloc(&a, bytes);
-    cudaMalloc(&b, bytes);
-    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
-    Event e0, e1;
-    e0.record(nullptr);
-    for (int i = 0; i < 10; ++i) cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, nullptr);
-    e1.record(nullptr);
-    e1.synchronize();
-    const double s = e1.elapsed_ms_since(e0) / 1e3;
-    cudaFree(a);
-    cudaFree(b);
-    return 2.0 * 10.0 * double(bytes) / s / 1e9;
-  }();
+  static const double gbs = measured_copy_gbs(cudaMemcpyDeviceToDevice);
   return gbs;
 }
 
@@ -161,24 +166,6 @@ void BM_Prefill(benchmark::State& st) {
 }
 BENCHMARK(BM_Prefill)->ArgNames({"model_8b"})->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 
-// Host-to-device bandwidth from pinned memory in GB/s (1 GiB copies).
-double measured_h2d_gbs() {
-  const size_t bytes = size_t(1) << 30;
-  void *h = nullptr, *d = nullptr;
-  cudaMallocHost(&h, bytes);
-  cudaMalloc(&d, bytes);
-  cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
-  Event e0, e1;
-  e0.record(nullptr);
-  for (int i = 0; i < 5; ++i) cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, nullptr);
-  e1.record(nullptr);
-  e1.synchronize();
-  const double gbs = 5.0 * double(bytes) / (e1.elapsed_ms_since(e0) / 1e3) / 1e9;
-  cudaFreeHost(h);
-  cudaFree(d);
-  return gbs;
-}
-
 void BM_StreamedDecode(benchmark::State& st) {
   const int64_t layers = st.range(0), batch = 256, prompt = 128, new_tokens = 8;
   const nlohmann::json hub = {{"model_type", "llama"}, {"vocab_size", 128256}, {"hidden_size", 8192},
@@ -186,7 +173,7 @@ void BM_StreamedDecode(benchmark::State& st) {
                               {"num_attention_heads", 64}, {"num_key_value_heads", 8},
                               {"max_position_embeddings", 8192}, {"rope_theta", 500000.0}, {"rms_norm_eps", 1e-5}};
   const auto cfg = models::TransformerConfig::from_hub_json(hub, "llama-70b-cut");
-  const double pcie = measured_h2d_gbs();
+  const double pcie = measured_copy_gbs(cudaMemcpyHostToDevice);
   Stream stream(Device::cuda(0));
   const StreamHandle s = stream.handle();
   MemoryPeaks peaks;

@@ -57,4 +57,15 @@ for np in 1 2; do
   grep -q "bad.jsonl:2: unknown key \"temprature\"" "$tmp/bad.log" || { cat "$tmp/bad.log"; fail "no FILE:LINE error"; }
   [ ! -e "$tmp/bad.out" ] || fail "an output file was written for bad input"
 done
+# chat: two turns around a /reset on the demo model (byte-level tokenizer, plain format, EOS ends a
+# reply); each reply is streamed and ends with a blank line; greedy, so the same turn gets the same reply.
+printf 'The license\n/reset\nThe license\n' | "$bin" chat --model "$src/tests/data/eval/demo-model" --device cpu \
+  --max-new-tokens 24 > "$tmp/chat.out" 2> "$tmp/chat.err" || { cat "$tmp/chat.err"; fail "chat"; }
+/usr/bin/python3 - "$tmp/chat.out" <<'PY' || fail "chat output"
+import sys
+text = open(sys.argv[1], "rb").read().decode("utf-8", "replace")
+first, rest = text.split("(conversation reset)\n\n")
+assert first.endswith("\n\n") and len(first.strip()) > 0, repr(first)
+assert rest == first, (first, rest)
+PY
 echo "PASS"

@@ -291,6 +291,21 @@ int cmd_train(int argc, char** argv) {
   });
 }
 
+// The options generate and chat share: where the model runs, and the sampling settings.
+void add_model_and_sampling_options(po::options_description& desc, zp::runtime::InferenceModelOptions& m,
+                                    zp::app::SamplingDefaults& d) {
+  desc.add_options()(
+      "device", po::value<std::string>(&m.device)->default_value("auto"), "cpu | cuda | auto (cuda if there is a GPU)")(
+      "dtype", po::value<std::string>(&m.dtype)->default_value("auto"), "fp32 | bf16 | fp16 | auto (bf16 on a GPU, else fp32)")(
+      "offload-param", po::value<std::string>(&m.offload_param)->default_value("none"),
+      "none | cpu: weights in pinned host memory, each layer streamed up for its use (ZeRO-Inference)")(
+      "temperature", po::value<float>(&d.temperature)->default_value(0.f), "0 = greedy")(
+      "top-k", po::value<int32_t>(&d.top_k)->default_value(0), "0 = off")(
+      "top-p", po::value<float>(&d.top_p)->default_value(1.f), "1 = off")(
+      "repetition-penalty", po::value<float>(&d.repetition_penalty)->default_value(1.f), "1 = off")(
+      "seed", po::value<uint64_t>(&d.seed)->default_value(0), "sampling seed (of requests without one)");
+}
+
 int cmd_generate(int argc, char** argv) {
   zp::app::GenerateOptions o;
   zp::app::SamplingDefaults& d = o.defaults;
@@ -310,21 +325,13 @@ int cmd_generate(int argc, char** argv) {
       "out", po::value<std::string>(&o.out)->required(), "output JSONL")(
       "metrics-file", po::value<std::string>(&o.metrics_file),
       "JSONL: one line per step and a summary (latencies, tokens/s, occupancy, KV blocks); other ranks add .RANK")(
-      "device", po::value<std::string>(&o.model.device)->default_value("auto"), "cpu | cuda | auto (cuda if there is a GPU)")(
-      "dtype", po::value<std::string>(&o.model.dtype)->default_value("auto"), "fp32 | bf16 | fp16 | auto (bf16 on a GPU, else fp32)")(
-      "offload-param", po::value<std::string>(&o.model.offload_param)->default_value("none"),
-      "none | cpu: weights in pinned host memory, each layer streamed up for its use (ZeRO-Inference)")(
       "max-new-tokens", po::value<int64_t>(&d.max_new_tokens)->default_value(256), "per request unless it says")(
-      "temperature", po::value<float>(&d.temperature)->default_value(0.f), "0 = greedy")(
-      "top-k", po::value<int32_t>(&d.top_k)->default_value(0), "0 = off")(
-      "top-p", po::value<float>(&d.top_p)->default_value(1.f), "1 = off")(
-      "repetition-penalty", po::value<float>(&d.repetition_penalty)->default_value(1.f), "1 = off")(
-      "seed", po::value<uint64_t>(&d.seed)->default_value(0), "sampling seed of requests without one")(
       "max-batch-tokens", po::value<int64_t>(&e.max_batch_tokens)->default_value(8192), "new tokens per step")(
       "max-seqs", po::value<int64_t>(&e.max_seqs)->default_value(256), "sequences running at once")(
       "block-size", po::value<int64_t>(&e.block_size)->default_value(16), "tokens per KV cache block")(
       "kv-cache-memory", po::value<std::string>(&kv_memory),
       "KV cache size, e.g. 20GiB (default: the GPU memory left after the weights and a step's activations)");
+  add_model_and_sampling_options(desc, o.model, d);
   po::variables_map vm;
   if (!parse_options(argc, argv, desc, vm)) return 0;
   if (!kv_memory.empty()) e.kv_cache_bytes = int64_t(zp::app::parse_bytes(kv_memory, "--kv-cache-memory"));
@@ -344,16 +351,8 @@ int cmd_chat(int argc, char** argv) {
       "tokenizer", po::value<std::string>(&o.model.tokenizer), "tokenizer folder or tokenizer.json (default: the model folder's)")(
       "chat-template", po::value<std::string>(&o.chat_template)->default_value("auto"), "auto | llama3 | chatml | plain")(
       "system", po::value<std::string>(&o.system), "a system message for the conversation")(
-      "device", po::value<std::string>(&o.model.device)->default_value("auto"), "cpu | cuda | auto")(
-      "dtype", po::value<std::string>(&o.model.dtype)->default_value("auto"), "fp32 | bf16 | fp16 | auto")(
-      "offload-param", po::value<std::string>(&o.model.offload_param)->default_value("none"),
-      "none | cpu: weights in pinned host memory, each layer streamed up for its use")(
-      "max-new-tokens", po::value<int64_t>(&d.max_new_tokens)->default_value(512), "longest reply")(
-      "temperature", po::value<float>(&d.temperature)->default_value(0.f), "0 = greedy")(
-      "top-k", po::value<int32_t>(&d.top_k)->default_value(0), "0 = off")(
-      "top-p", po::value<float>(&d.top_p)->default_value(1.f), "1 = off")(
-      "repetition-penalty", po::value<float>(&d.repetition_penalty)->default_value(1.f), "1 = off")(
-      "seed", po::value<uint64_t>(&d.seed)->default_value(0), "sampling seed");
+      "max-new-tokens", po::value<int64_t>(&d.max_new_tokens)->default_value(512), "longest reply");
+  add_model_and_sampling_options(desc, o.model, d);
   po::variables_map vm;
   if (!parse_options(argc, argv, desc, vm)) return 0;
   o.engine.max_seqs = 1;
