@@ -397,9 +397,7 @@ void Transformer::forward_from(const int32_t* ids, Tensor x_in, int64_t B, int64
     Tensor y = streams.saved({N, C});
     LayerSaved sv;
     {
-      ParamsInUse use(access_, *l.block);
-      std::optional<ParamsInUse> adapters;
-      if (l.adapters) adapters.emplace(access_, *l.adapters);
+      nn::AdaptedBlockInUse use(access_, *l.block, l.adapters.get());
       layer_forward(layer_ctx, l, x, y, sv, B, T, tokens);
     }
     // Checkpointing and inference drop sv here; the backward re-runs the layer from its input.
@@ -453,9 +451,7 @@ Tensor Transformer::forward_cached(const int32_t* ids, const nn::CachedBatch& b,
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
-    ParamsInUse use(access_, *l.block);
-    std::optional<ParamsInUse> adapters;
-    if (l.adapters) adapters.emplace(access_, *l.adapters);
+    nn::AdaptedBlockInUse use(access_, *l.block, l.adapters.get());
     Tensor a = c.act({N, C}), mid = c.act({N, C}), y = c.act({N, C});
     nn::Norm::Saved n1, n2;
     nn::Mlp::Saved mlp;
@@ -520,14 +516,7 @@ Tensor Transformer::backward(TransformerActivations& a, Tensor dout) {
   }
   for (size_t i = layers_.size(); i-- > 0;) {
     const Layer& l = layers_[i];
-    ParamsInUse use(access_, *l.block);
-    std::optional<ParamsInUse> adapters;
-    std::optional<GradsInUse> grads, adapter_grads;
-    if (l.adapters) {
-      adapters.emplace(access_, *l.adapters);
-      adapter_grads.emplace(access_, *l.adapters);
-    }
-    if (!l.block->frozen()) grads.emplace(access_, *l.block);
+    nn::AdaptedBlockInUse use(access_, *l.block, l.adapters.get(), /*grads=*/true);
     LayerSaved rerun;
     LayerSaved& sv = a.mode_ == ForwardMode::Train ? a.layers_[i] : rerun;
     if (a.mode_ == ForwardMode::TrainCheckpointed) {

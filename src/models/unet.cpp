@@ -793,9 +793,7 @@ Tensor UNet::forward(const UNetInputs& in, UNetActivations& acts) const {
   st.up.resize(up_.size());
   int64_t h_ = H, w_ = W, top = 0;
   auto stage_forward = [&](const Stage& sg, StageActivations& a) {
-    ParamsInUse use(access_, *sg.block);
-    std::optional<ParamsInUse> adapters;
-    if (sg.adapters) adapters.emplace(access_, *sg.adapters);
+    nn::AdaptedBlockInUse use(access_, *sg.block, sg.adapters.get());
     h = sg.forward(c, h, h_, w_, st.cond, st.skips, top, a, checkpoint);
   };
   for (size_t i = 0; i < down_.size(); ++i) stage_forward(*down_[i], st.down[i]);
@@ -843,14 +841,7 @@ Tensor UNet::backward(const Tensor& dout, UNetActivations& acts) const {
 
   std::vector<Tensor> dskips(st.skips.size());
   auto stage_backward = [&](const Stage& sg, StageActivations& a) {
-    ParamsInUse use(access_, *sg.block);
-    std::optional<ParamsInUse> adapters;
-    std::optional<GradsInUse> grads, adapter_grads;
-    if (sg.adapters) {
-      adapters.emplace(access_, *sg.adapters);
-      adapter_grads.emplace(access_, *sg.adapters);
-    }
-    if (!sg.block->frozen()) grads.emplace(access_, *sg.block);
+    nn::AdaptedBlockInUse use(access_, *sg.block, sg.adapters.get(), /*grads=*/true);
     g = sg.backward(c, g, st.cond, dtemb, dskips, a);
   };
   for (size_t i = up_.size(); i-- > 0;) stage_backward(*up_[i], st.up[i]);

@@ -4,6 +4,8 @@
 // so a block used twice (a tied embedding, used by the input lookup and by the output head) stays
 // available until its last release. The default does nothing: every block is always resident.
 #pragma once
+#include <optional>
+
 #include "nn/parameter.h"
 
 namespace zp::nn {
@@ -43,6 +45,26 @@ class GradsInUse {
  private:
   BlockAccess* a_;
   ParamBlock& b_;
+};
+
+// A layer's block and, with LoRA, its adapter block (nullptr without), in use together for a forward;
+// with `grads`, for a backward too: the adapters' gradients, and the block's unless it is frozen (a
+// LoRA base takes none). Acquired adapters first, released in the reverse order.
+class AdaptedBlockInUse {
+ public:
+  AdaptedBlockInUse(BlockAccess* a, ParamBlock& block, ParamBlock* adapters, bool grads = false)
+      : block_(a, block) {
+    if (adapters) {
+      adapters_.emplace(a, *adapters);
+      if (grads) adapter_grads_.emplace(a, *adapters);
+    }
+    if (grads && !block.frozen()) grads_.emplace(a, block);
+  }
+
+ private:
+  ParamsInUse block_;
+  std::optional<ParamsInUse> adapters_;
+  std::optional<GradsInUse> grads_, adapter_grads_;  // released adapters' first, as declared last
 };
 
 }  // namespace zp::nn
