@@ -39,11 +39,8 @@ int run_chat(const ChatOptions& o, std::istream& in, std::ostream& out) {
     ZP_REQUIRE(room > 0, "the conversation (", r.prompt.size(), " tokens) fills the model's ",
                model.config().max_positions, " positions; /reset to start again");
     r.max_new_tokens = std::min(o.sampling.max_new_tokens, room);
-    r.sampling.temperature = o.sampling.temperature;
-    r.sampling.top_k = o.sampling.top_k;
-    r.sampling.top_p = o.sampling.top_p;
-    r.sampling.repetition_penalty = o.sampling.repetition_penalty;
-    r.sampling.seed = o.sampling.seed + messages.size();  // a new draw sequence each turn
+    r.sampling = o.sampling.params;
+    r.sampling.seed += messages.size();  // a new draw sequence each turn
     const int32_t eot = formatter.end_of_turn();
     r.stop_tokens = {eot};
     if (tok.eos_id() && *tok.eos_id() != eot) r.stop_tokens.push_back(*tok.eos_id());

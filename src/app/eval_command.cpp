@@ -19,8 +19,8 @@ int run_eval(const EvalOptions& o, comm::Runtime& rt) {
   std::vector<runtime::EvalTask> tasks;
   for (const auto& path : o.tasks) tasks.push_back(runtime::read_eval_task(path));
   const auto start = std::chrono::steady_clock::now();
-  runtime::InferenceModel m({o.model, o.tokenizer, o.device, o.dtype, o.offload_param});
-  ZP_REQUIRE(m.tokenizer() != nullptr, o.model,
+  runtime::InferenceModel m(o.model);
+  ZP_REQUIRE(m.tokenizer() != nullptr, o.model.model,
              ": has no tokenizer, and task files are text; name one with --tokenizer DIR|tokenizer.json");
   const int64_t positions = m.config().max_positions;
   const int64_t max_length = o.max_length > 0 ? o.max_length : positions;
@@ -30,7 +30,7 @@ int run_eval(const EvalOptions& o, comm::Runtime& rt) {
   runtime::LmEvaluationOptions eo;
   eo.max_length = max_length;
   eo.limit = o.limit;
-  eo.config["model"] = o.model;
+  eo.config["model"] = o.model.model;
   eo.config["model_args"] = nullptr;
   eo.config["tokenizer"] = m.tokenizer_source();
   eo.config["dtype"] = std::string(dtype_name(m.dtype()));
@@ -51,7 +51,7 @@ int run_eval(const EvalOptions& o, comm::Runtime& rt) {
   if (rt.rank() != 0) return 0;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!o.out.empty()) io::write_file_atomically(o.out, results.dump(2) + "\n", io::FileSync::BeforeRename);
-  std::printf("%s (%s, %s), %d rank%s, %.1f s\n%s", o.model.c_str(), m.device().str().c_str(), std::string(dtype_name(m.dtype())).c_str(),
+  std::printf("%s (%s, %s), %d rank%s, %.1f s\n%s", o.model.model.c_str(), m.device().str().c_str(), std::string(dtype_name(m.dtype())).c_str(),
               rt.world_size(), rt.world_size() == 1 ? "" : "s", seconds, runtime::results_table(results).c_str());
   if (!o.out.empty()) std::printf("results: %s\n", o.out.c_str());
   return 0;

@@ -8,15 +8,12 @@
 #include <vector>
 
 #include "comm/bootstrap.h"
+#include "runtime/inference_model.h"
 
 namespace zp::app {
 
 struct EvalOptions {
-  std::string model;      // hub folder, weights .h5 or checkpoint .h5
-  std::string tokenizer;  // "" = the model folder's
-  std::string device = "auto";
-  std::string dtype = "auto";
-  std::string offload_param = "none";  // none | cpu: weights streamed from pinned host memory
+  runtime::InferenceModelOptions model;  // where the model comes from and runs
   std::vector<std::string> tasks;  // task files
   std::string out;                 // results JSON ("" = none)
   int64_t limit = -1;              // the first N documents of each task

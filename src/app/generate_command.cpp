@@ -70,11 +70,11 @@ runtime::GenerationRequest parse_generation_record(const json& j, const std::str
   r.max_new_tokens = get_number<int64_t>(j, "max_new_tokens", where, d.max_new_tokens);
   ZP_REQUIRE(r.max_new_tokens >= 1, where, ": max_new_tokens must be at least 1");
   kernels::SamplingParams& s = r.sampling;
-  s.temperature = get_number<float>(j, "temperature", where, d.temperature);
-  s.top_k = get_number<int32_t>(j, "top_k", where, d.top_k);
-  s.top_p = get_number<float>(j, "top_p", where, d.top_p);
-  s.repetition_penalty = get_number<float>(j, "repetition_penalty", where, d.repetition_penalty);
-  s.seed = get_number<uint64_t>(j, "seed", where, d.seed);
+  s.temperature = get_number<float>(j, "temperature", where, d.params.temperature);
+  s.top_k = get_number<int32_t>(j, "top_k", where, d.params.top_k);
+  s.top_p = get_number<float>(j, "top_p", where, d.params.top_p);
+  s.repetition_penalty = get_number<float>(j, "repetition_penalty", where, d.params.repetition_penalty);
+  s.seed = get_number<uint64_t>(j, "seed", where, d.params.seed);
   try {
     kernels::check_sampling_params(s);
   } catch (const Error& e) {

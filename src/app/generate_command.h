@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/sampling.h"
 #include "runtime/generation_engine.h"
 #include "runtime/inference_model.h"
 
@@ -24,9 +25,7 @@ namespace zp::app {
 // What a request leaves unsaid (the command's options).
 struct SamplingDefaults {
   int64_t max_new_tokens = 256;
-  float temperature = 0.f, top_p = 1.f, repetition_penalty = 1.f;
-  int32_t top_k = 0;
-  uint64_t seed = 0;
+  kernels::SamplingParams params;  // its draw is the scheduler's
 };
 
 struct GenerateOptions {

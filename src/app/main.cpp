@@ -224,6 +224,28 @@ int on_every_rank(const char* name, int& argc, char**& argv, const std::function
   }
 }
 
+// Where a model comes from and runs (generate, chat, eval).
+void add_model_options(po::options_description& desc, zp::runtime::InferenceModelOptions& m) {
+  desc.add_options()("help,h", "show this help")(
+      "model", po::value<std::string>(&m.model)->required(), "hub folder, weights .h5 or checkpoint .h5")(
+      "tokenizer", po::value<std::string>(&m.tokenizer), "tokenizer folder or tokenizer.json (default: the model folder's)")(
+      "device", po::value<std::string>(&m.device)->default_value("auto"), "cpu | cuda | auto (cuda if there is a GPU)")(
+      "dtype", po::value<std::string>(&m.dtype)->default_value("auto"),
+      "fp32 | bf16 | fp16 | auto (bf16 on a GPU, else fp32) (| fp64 on the cpu)")(
+      "offload-param", po::value<std::string>(&m.offload_param)->default_value("none"),
+      "none | cpu: weights in pinned host memory, each layer streamed up for its use (ZeRO-Inference)");
+}
+
+// The sampling settings (generate: of requests that do not give their own; chat).
+void add_sampling_options(po::options_description& desc, zp::app::SamplingDefaults& d) {
+  desc.add_options()(
+      "temperature", po::value<float>(&d.params.temperature)->default_value(0.f), "0 = greedy")(
+      "top-k", po::value<int32_t>(&d.params.top_k)->default_value(0), "0 = off")(
+      "top-p", po::value<float>(&d.params.top_p)->default_value(1.f), "1 = off")(
+      "repetition-penalty", po::value<float>(&d.params.repetition_penalty)->default_value(1.f), "1 = off")(
+      "seed", po::value<uint64_t>(&d.params.seed)->default_value(0), "sampling seed (of requests without one)");
+}
+
 int cmd_eval(int argc, char** argv) {
   zp::app::EvalOptions o;
   po::options_description desc(
@@ -232,15 +254,9 @@ int cmd_eval(int argc, char** argv) {
       "shared by the ranks and rank 0 writes the results.\n"
       "  zeropipe eval --model my-model/ --tasks mc.jsonl rolling.jsonl --out results.json\n"
       "options");
-  desc.add_options()("help,h", "show this help")(
-      "model", po::value<std::string>(&o.model)->required(), "hub folder, weights .h5 or checkpoint .h5")(
+  add_model_options(desc, o.model);
+  desc.add_options()(
       "tasks", po::value<std::vector<std::string>>(&o.tasks)->required()->multitoken(), "task files (JSONL)")(
-      "tokenizer", po::value<std::string>(&o.tokenizer), "tokenizer.json or its folder (default: the model folder's)")(
-      "device", po::value<std::string>(&o.device)->default_value("auto"), "cpu | cuda | auto (cuda if there is a GPU)")(
-      "dtype", po::value<std::string>(&o.dtype)->default_value("auto"),
-      "fp32 | bf16 | fp16 | auto (bf16 on a GPU, else fp32) (| fp64 on the cpu)")(
-      "offload-param", po::value<std::string>(&o.offload_param)->default_value("none"),
-      "none | cpu: weights in pinned host memory, each layer streamed up for its use")(
       "out", po::value<std::string>(&o.out), "results JSON to write (the harness's shape)")(
       "limit", po::value<int64_t>(&o.limit)->default_value(-1), "evaluate the first N documents of each task")(
       "max-length", po::value<int64_t>(&o.max_length)->default_value(0),
@@ -291,21 +307,6 @@ int cmd_train(int argc, char** argv) {
   });
 }
 
-// The options generate and chat share: where the model runs, and the sampling settings.
-void add_model_and_sampling_options(po::options_description& desc, zp::runtime::InferenceModelOptions& m,
-                                    zp::app::SamplingDefaults& d) {
-  desc.add_options()(
-      "device", po::value<std::string>(&m.device)->default_value("auto"), "cpu | cuda | auto (cuda if there is a GPU)")(
-      "dtype", po::value<std::string>(&m.dtype)->default_value("auto"), "fp32 | bf16 | fp16 | auto (bf16 on a GPU, else fp32)")(
-      "offload-param", po::value<std::string>(&m.offload_param)->default_value("none"),
-      "none | cpu: weights in pinned host memory, each layer streamed up for its use (ZeRO-Inference)")(
-      "temperature", po::value<float>(&d.temperature)->default_value(0.f), "0 = greedy")(
-      "top-k", po::value<int32_t>(&d.top_k)->default_value(0), "0 = off")(
-      "top-p", po::value<float>(&d.top_p)->default_value(1.f), "1 = off")(
-      "repetition-penalty", po::value<float>(&d.repetition_penalty)->default_value(1.f), "1 = off")(
-      "seed", po::value<uint64_t>(&d.seed)->default_value(0), "sampling seed (of requests without one)");
-}
-
 int cmd_generate(int argc, char** argv) {
   zp::app::GenerateOptions o;
   zp::app::SamplingDefaults& d = o.defaults;
@@ -318,9 +319,8 @@ int cmd_generate(int argc, char** argv) {
       "Each line: {\"prompt\": TEXT} or {\"input_ids\": [...]}, and optionally max_new_tokens, temperature\n"
       "(0 = greedy), top_k, top_p, repetition_penalty, seed, stop, stop_token_ids, ignore_eos, id.\n"
       "options");
-  desc.add_options()("help,h", "show this help")(
-      "model", po::value<std::string>(&o.model.model)->required(), "hub folder, weights .h5 or checkpoint .h5")(
-      "tokenizer", po::value<std::string>(&o.model.tokenizer), "tokenizer folder or tokenizer.json (default: the model folder's)")(
+  add_model_options(desc, o.model);
+  desc.add_options()(
       "prompts", po::value<std::string>(&o.prompts)->required(), "input JSONL")(
       "out", po::value<std::string>(&o.out)->required(), "output JSONL")(
       "metrics-file", po::value<std::string>(&o.metrics_file),
@@ -331,7 +331,7 @@ int cmd_generate(int argc, char** argv) {
       "block-size", po::value<int64_t>(&e.block_size)->default_value(16), "tokens per KV cache block")(
       "kv-cache-memory", po::value<std::string>(&kv_memory),
       "KV cache size, e.g. 20GiB (default: the GPU memory left after the weights and a step's activations)");
-  add_model_and_sampling_options(desc, o.model, d);
+  add_sampling_options(desc, d);
   po::variables_map vm;
   if (!parse_options(argc, argv, desc, vm)) return 0;
   if (!kv_memory.empty()) e.kv_cache_bytes = int64_t(zp::app::parse_bytes(kv_memory, "--kv-cache-memory"));
@@ -346,13 +346,12 @@ int cmd_chat(int argc, char** argv) {
       "(/reset forgets the conversation, /exit or end of input ends it); replies stream as they are made.\n"
       "  zeropipe chat --model hub-folder/ --temperature 0.7 --top-p 0.9\n"
       "options");
-  desc.add_options()("help,h", "show this help")(
-      "model", po::value<std::string>(&o.model.model)->required(), "hub folder, weights .h5 or checkpoint .h5")(
-      "tokenizer", po::value<std::string>(&o.model.tokenizer), "tokenizer folder or tokenizer.json (default: the model folder's)")(
+  add_model_options(desc, o.model);
+  desc.add_options()(
       "chat-template", po::value<std::string>(&o.chat_template)->default_value("auto"), "auto | llama3 | chatml | plain")(
       "system", po::value<std::string>(&o.system), "a system message for the conversation")(
       "max-new-tokens", po::value<int64_t>(&d.max_new_tokens)->default_value(512), "longest reply");
-  add_model_and_sampling_options(desc, o.model, d);
+  add_sampling_options(desc, d);
   po::variables_map vm;
   if (!parse_options(argc, argv, desc, vm)) return 0;
   o.engine.max_seqs = 1;
