@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `zeropipe generate` end to end on the CPU: the same completions at 1, 2 and 3 ranks, in input order
 # (requests split across ranks and merged on rank 0), greedy or seeded sampling; weight streaming
-# gives the same tokens; bad input names the file and line and exits 1 on every rank count.
+# gives the same tokens; a LoRA adapter merged at load equals the merged model; bad input names the
+# file and line and exits 1 on every rank count.
 # Usage: generate_cli_test.sh ZEROPIPE_BINARY SOURCE_DIR
 set -u
 bin=$1 src=$2
@@ -57,6 +58,65 @@ for np in 1 2; do
   grep -q "bad.jsonl:2: unknown key \"temprature\"" "$tmp/bad.log" || { cat "$tmp/bad.log"; fail "no FILE:LINE error"; }
   [ ! -e "$tmp/bad.out" ] || fail "an output file was written for bad input"
 done
+# --lora: a PEFT adapter (the golden LoRA dump's adapter values, in PEFT's folder layout) merged as the
+# weights load gives the same tokens as the base merged beforehand by `convert --merge-lora`, and other
+# tokens than the base alone; an adapter for modules the base lacks is refused naming the module.
+cat > "$tmp/make_peft.py" <<'PY'
+# make_peft.py LORA_DUMP DIR: the dump's adapter values (input.lora.*) as a PEFT folder
+import json, os, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+def read(path):
+    f = open(path, "rb"); n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n)); data = f.read()
+    return {k: (v, data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in h.items() if k != "__metadata__"}
+def write(path, tensors):
+    header, blobs, off = {}, [], 0
+    for k, (v, b) in tensors.items():
+        header[k] = {"dtype": v["dtype"], "shape": v["shape"], "data_offsets": [off, off + len(b)]}
+        blobs.append(b); off += len(b)
+    h = json.dumps(header).encode(); h += b" " * (-len(h) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+prefix = "input.lora."
+t = {"base_model.model." + k[len(prefix):]: v for k, v in read(src + "/io.safetensors").items() if k.startswith(prefix)}
+assert t, "no adapter tensors"
+os.makedirs(dst)
+write(dst + "/adapter_model.safetensors", t)
+cfg = json.load(open(src + "/lora.json"))
+json.dump({"peft_type": "LORA", "r": cfg["r"], "lora_alpha": cfg["alpha"], "lora_dropout": 0.0,
+           "target_modules": cfg["target_modules"], "bias": "none", "task_type": "CAUSAL_LM",
+           "fan_in_fan_out": "gpt2" in src}, open(dst + "/adapter_config.json", "w"))
+PY
+lora_check() {  # lora_check NAME: the golden NAME-tiny base with its LoRA dump's adapter
+  local name=$1 base=$src/tests/golden/$1-tiny
+  /usr/bin/python3 "$tmp/make_peft.py" "$base/lora" "$tmp/peft_$name" || fail "$name: writing the PEFT adapter"
+  gen() {  # gen MODEL OUT [options]
+    local m=$1 out=$2
+    shift 2
+    "$bin" generate --model "$m" --prompts "$tmp/in.jsonl" --out "$out" --device cpu --max-new-tokens 10 "$@" \
+      > "$out.log" 2>&1 || { cat "$out.log"; fail "$name: generate $m $*"; }
+  }
+  gen "$base" "$tmp/base_$name.jsonl"
+  gen "$base" "$tmp/lora_$name.jsonl" --lora "$tmp/peft_$name"
+  "$bin" convert --merge-lora "$tmp/peft_$name" --from "$base" --to "$tmp/merged_$name" > "$tmp/merge.log" 2>&1 ||
+    { cat "$tmp/merge.log"; fail "$name: convert --merge-lora"; }
+  gen "$tmp/merged_$name" "$tmp/merged_$name.jsonl"
+  diff <(ids "$tmp/merged_$name.jsonl") <(ids "$tmp/lora_$name.jsonl") || fail "$name: --lora differs from the merged model"
+  ! diff -q <(ids "$tmp/base_$name.jsonl") <(ids "$tmp/lora_$name.jsonl") > /dev/null ||
+    fail "$name: --lora gave the base's tokens"
+}
+lora_check llama
+lora_check gpt2
+/usr/bin/python3 - "$tmp/peft_llama" "$tmp/peft_bad" <<'PY' || fail "writing the mismatched adapter"
+import os, shutil, struct, json, sys
+shutil.copytree(sys.argv[1], sys.argv[2])
+p = sys.argv[2] + "/adapter_model.safetensors"
+b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+h = b[8:8 + n].replace(b"layers.0.self_attn.q_proj", b"layers.9.self_attn.q_proj")
+open(p, "wb").write(b[:8] + h + b[8 + n:])
+PY
+run 1 "$tmp/lora_bad.jsonl" --lora "$tmp/peft_bad"
+[ $? -eq 1 ] || fail "an adapter for a missing module was not refused"
+grep -q "adapts module 'model.layers.9.self_attn.q_proj', but $model has no weight" "$tmp/lora_bad.jsonl.log" ||
+  { cat "$tmp/lora_bad.jsonl.log"; fail "no error naming the module"; }
 # chat: two turns around a /reset on the demo model (byte-level tokenizer, plain format, EOS ends a
 # reply); each reply is streamed and ends with a blank line; greedy, so the same turn gets the same reply.
 printf 'The license\n/reset\nThe license\n' | "$bin" chat --model "$src/tests/data/eval/demo-model" --device cpu \

@@ -400,25 +400,9 @@ H5Model describe_h5_model(const io::CheckpointReader& r, std::optional<DType> wa
 // 1] alike), in float64, rounded once to `out_dt` into `dst`.
 void merge_module(const io::LoraAdapter& a, const std::string& module, const double* w, const Shape& w_shape, void* dst,
                   DType out_dt) {
-  const Tensor& A = a.a(module);
-  const Tensor& B = a.b(module);
-  const int64_t out = w_shape[0], in = shape_numel(w_shape) / out, rank = A.size(0);
-  std::vector<double> a64(size_t(A.numel())), b64(size_t(B.numel()));
-  kernels::cpu::cast(nullptr, DType::F64, a64.data(), A.dtype(), A.data(), A.numel());
-  kernels::cpu::cast(nullptr, DType::F64, b64.data(), B.dtype(), B.data(), B.numel());
-  const double scale = a.scale_of(module);
-  std::vector<double> merged(size_t(out * in));
-  for (int64_t r = 0; r < out; ++r) {
-    double* row = merged.data() + r * in;
-    std::fill(row, row + in, 0.0);
-    for (int64_t k = 0; k < rank; ++k) {
-      const double bk = b64[size_t(r * rank + k)];
-      const double* ak = a64.data() + k * in;
-      for (int64_t i = 0; i < in; ++i) row[i] += bk * ak[i];
-    }
-    for (int64_t i = 0; i < in; ++i) row[i] = w[r * in + i] + scale * row[i];
-  }
-  kernels::cpu::cast(nullptr, out_dt, dst, DType::F64, merged.data(), out * in);
+  std::vector<double> merged(w, w + shape_numel(w_shape));
+  io::add_lora_update(a, module, merged.data(), w_shape);
+  kernels::cpu::cast(nullptr, out_dt, dst, DType::F64, merged.data(), int64_t(merged.size()));
 }
 
 // A weights file or checkpoint -> a weights file (a checkpoint's model without its optimizer state,

@@ -233,7 +233,10 @@ void add_model_options(po::options_description& desc, zp::runtime::InferenceMode
       "dtype", po::value<std::string>(&m.dtype)->default_value("auto"),
       "fp32 | bf16 | fp16 | auto (bf16 on a GPU, else fp32) (| fp64 on the cpu)")(
       "offload-param", po::value<std::string>(&m.offload_param)->default_value("none"),
-      "none | cpu: weights in pinned host memory, each layer streamed up for its use (ZeRO-Inference)");
+      "none | cpu: weights in pinned host memory, each layer streamed up for its use (ZeRO-Inference)")(
+      "lora", po::value<std::string>(&m.lora),
+      "LoRA adapter merged into the weights as they load: a PEFT folder, a LoRA checkpoint .h5, or a "
+      "diffusers / kohya-ss .safetensors");
 }
 
 // The sampling settings (generate: of requests that do not give their own; chat).

@@ -251,6 +251,33 @@ void LoraAdapter::check() const {
   }
 }
 
+void add_lora_update(const LoraAdapter& a, const std::string& module, double* w, const Shape& w_shape) {
+  const Tensor& A = a.a(module);
+  const Tensor& B = a.b(module);
+  ZP_REQUIRE(!w_shape.empty() && w_shape[0] > 0, a.source, ": module '", module, "': an empty base weight");
+  const int64_t out = w_shape[0], in = shape_numel(w_shape) / out, rank = A.size(0);
+  ZP_REQUIRE(A.numel() == rank * in, "cannot merge ", a.source, ": tensor '", module, kLoraASuffix, "' has shape ",
+             shape_str(A.shape()), " but the base weight '", module, ".weight' takes ", in, " inputs (its shape ",
+             shape_str(w_shape), " in the engine layout [out, in])");
+  ZP_REQUIRE(B.size(0) == out && B.numel() == out * rank, "cannot merge ", a.source, ": tensor '", module,
+             kLoraBSuffix, "' has shape ", shape_str(B.shape()), " but the base weight '", module, ".weight' has ", out,
+             " outputs (its shape ", shape_str(w_shape), " in the engine layout [out, in])");
+  std::vector<double> a64(static_cast<size_t>(A.numel())), b64(static_cast<size_t>(B.numel())),
+      row(static_cast<size_t>(in));
+  kernels::cpu::cast(nullptr, DType::F64, a64.data(), A.dtype(), A.data(), A.numel());
+  kernels::cpu::cast(nullptr, DType::F64, b64.data(), B.dtype(), B.data(), B.numel());
+  const double scale = a.scale_of(module);
+  for (int64_t r = 0; r < out; ++r) {
+    std::fill(row.begin(), row.end(), 0.0);
+    for (int64_t k = 0; k < rank; ++k) {
+      const double bk = b64[size_t(r * rank + k)];
+      const double* ak = a64.data() + k * in;
+      for (int64_t i = 0; i < in; ++i) row[size_t(i)] += bk * ak[i];
+    }
+    for (int64_t i = 0; i < in; ++i) w[r * in + i] += scale * row[size_t(i)];
+  }
+}
+
 std::map<std::string, Tensor> lora_tensors_as(const LoraAdapter& a, DType dtype) {
   ZP_REQUIRE(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16,
              "LoRA adapter files are written as fp32, bf16 or fp16, not ", dtype_name(dtype));

@@ -82,6 +82,11 @@ struct LoraAdapter {
 // The tensors converted to `dtype` (F32, BF16 or F16), as new CPU tensors.
 std::map<std::string, Tensor> lora_tensors_as(const LoraAdapter& a, DType dtype);
 
+// PEFT's merge of one module: adds scale * B A to its base weight `w` [out, in] in the engine layout
+// (a 1x1 convolution's [out, in, 1, 1] alike; `w_shape` is its shape), in float64. Throws zp::Error
+// naming the adapter's file, the tensor and the weight's shape when A or B does not fit.
+void add_lora_update(const LoraAdapter& a, const std::string& module, double* w, const Shape& w_shape);
+
 // --- PEFT --------------------------------------------------------------------------------------
 
 inline constexpr const char* kPeftWeightsFile = "adapter_model.safetensors";

@@ -5,6 +5,7 @@
 #include "comm/bootstrap.h"
 #include "core/error.h"
 #include "io/h5file.h"
+#include "io/lora_merged_weights.h"
 #include "io/tokenizer_files.h"
 #include "io/weight_source.h"
 #include "parallel/collective_stream.h"
@@ -52,9 +53,8 @@ InferenceModel::InferenceModel(const InferenceModelOptions& o) : source_(o.model
   if (io::is_h5_path(o.model)) {
     io::H5File f = io::H5File::open(o.model);
     ZP_REQUIRE(!f.has_attr("/", "lora"), o.model,
-               ": a LoRA checkpoint holds adapters, not a whole model; merge them into the base first: "
-               "zeropipe convert --from ", o.model, " --to ADAPTER_DIR, then zeropipe convert --merge-lora "
-               "ADAPTER_DIR --from BASE --to MERGED");
+               ": a LoRA checkpoint holds adapters, not a whole model; give the base as --model and this "
+               "file as --lora");
   }
   const io::json hub = io::hub_config_of(o.model);
   ZP_REQUIRE(!hub.contains("_class_name"), o.model, ": a ", hub.value("_class_name", std::string("diffusers")),
@@ -65,7 +65,14 @@ InferenceModel::InferenceModel(const InferenceModelOptions& o) : source_(o.model
     stream_ = Stream(dev_);
     s_ = stream_.handle();
   }
-  const auto weights = io::WeightSource::open(o.model, "model");
+  std::unique_ptr<io::WeightSource> weights = io::WeightSource::open(o.model, "model");
+  const io::LoraMergedWeights* merged = nullptr;
+  if (!o.lora.empty()) {
+    io::LoraAdapter adapter = io::LoraMergedWeights::read_adapter(o.lora, *weights);
+    auto m = std::make_unique<io::LoraMergedWeights>(std::move(weights), std::move(adapter));
+    merged = m.get();
+    weights = std::move(m);
+  }
   ZP_REQUIRE(o.offload_param == "none" || o.offload_param == "cpu", "--offload-param must be none or cpu, got '",
              o.offload_param, "' (nvme is not implemented for inference yet)");
   if (o.offload_param == "none") {
@@ -83,6 +90,11 @@ InferenceModel::InferenceModel(const InferenceModelOptions& o) : source_(o.model
       gatherer_->add(*b);
     }
     model_->set_block_access(gatherer_.get());
+  }
+  if (merged) {
+    const std::vector<std::string> left = merged->unmerged_modules();
+    ZP_REQUIRE(left.empty(), o.lora, ": adapts module '", left.empty() ? "" : left.front(), "', whose weight ",
+               o.model, "'s model does not use");
   }
 
   if (!o.tokenizer.empty()) {

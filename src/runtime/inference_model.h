@@ -7,7 +7,8 @@
 // or a tokenizer.json), else the model runs on token ids alone. A LoRA checkpoint is refused with
 // the command that merges it. The model is built with every block allocated on `device` (no ZeRO
 // engine: one rank holds the whole model; ranks of an mpirun each hold their own copy and share the
-// requests).
+// requests). `lora` merges an adapter (a PEFT folder, a LoRA checkpoint, a diffusers or kohya-ss file)
+// into the weights as they load (io::LoraMergedWeights), so serving it costs nothing per token.
 //
 // Weight streaming (offload_param "cpu", ZeRO-Inference): the weights stay in pinned host memory and
 // each block (a layer, the embedding, the head) is copied up for its use and freed after, the next
@@ -36,6 +37,7 @@ struct InferenceModelOptions {
   std::string device = "auto";  // cpu | cuda | auto (cuda when there is a GPU)
   std::string dtype = "auto";   // fp32 | bf16 | fp16 | auto (bf16 on a GPU, fp32 on the cpu) (| fp64 on the cpu)
   std::string offload_param = "none";  // none | cpu (zero_optimization.offload_param.device's names)
+  std::string lora;           // "" or a LoRA adapter merged into the weights as they load
 };
 
 class InferenceModel {
