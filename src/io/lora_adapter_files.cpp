@@ -549,7 +549,9 @@ LoraAdapter read_diffusers_lora(const std::string& path, const std::vector<std::
 
 LoraAdapter read_lora_adapter_files(const std::string& path, const std::vector<std::string>& known_names) {
   std::error_code ec;
+  ZP_REQUIRE(fs::exists(path, ec), path, ": no such file or folder (the LoRA adapter)");
   if (fs::is_directory(path, ec) && fs::exists(file_in(path, kPeftConfigFile))) return read_peft_adapter(path);
+  if (is_lora_checkpoint(path)) return read_lora_checkpoint(path);
   return read_diffusers_lora(path, known_names);
 }
 

@@ -119,7 +119,8 @@ void write_diffusers_lora(const std::string& dir, const LoraAdapter& a, DType dt
 // exactly one of them, diffusers' must be among them when the list is not empty.
 LoraAdapter read_diffusers_lora(const std::string& path, const std::vector<std::string>& known_names);
 
-// A PEFT folder (it has adapter_config.json) or else a diffusers / kohya-ss file or folder.
+// A PEFT folder (it has adapter_config.json), a ZeRO-Pipe LoRA checkpoint (read_lora_checkpoint), or
+// else a diffusers / kohya-ss file or folder.
 LoraAdapter read_lora_adapter_files(const std::string& path, const std::vector<std::string>& known_names);
 
 // --- ZeRO-Pipe LoRA training checkpoints ---------------------------------------------------------

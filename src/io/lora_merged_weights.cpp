@@ -1,17 +1,11 @@
 #include "io/lora_merged_weights.h"
 
-#include <filesystem>
-
 #include "core/error.h"
 #include "kernels/elementwise.h"
 
 namespace zp::io {
 
-namespace fs = std::filesystem;
-
 LoraAdapter LoraMergedWeights::read_adapter(const std::string& path, const WeightSource& base) {
-  ZP_REQUIRE(fs::exists(path), path, ": no such file or folder (the LoRA adapter)");
-  if (is_lora_checkpoint(path)) return read_lora_checkpoint(path);
   std::vector<std::string> known;
   for (const std::string& n : base.names())
     if (n.ends_with(".weight")) {

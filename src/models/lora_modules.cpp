@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kernels/elementwise.h"
 #include "nn/init.h"
 
 namespace zp::models {
@@ -41,6 +42,52 @@ bool init_lora_parameter(nn::Parameter& p, uint64_t seed, StreamHandle s) {
     return true;
   }
   return false;
+}
+
+namespace {
+
+std::vector<std::string> adapter_names(const std::vector<nn::ParamBlock*>& blocks) {
+  std::vector<std::string> out;
+  for (const nn::ParamBlock* b : blocks)
+    for (const auto& p : b->params())
+      if (p->name.ends_with(io::kLoraASuffix) || p->name.ends_with(io::kLoraBSuffix)) out.push_back(p->name);
+  return out;
+}
+
+}  // namespace
+
+LoraInitialAdapter::LoraInitialAdapter(const std::string& path, const LoraSpec& lora,
+                                       const std::vector<nn::ParamBlock*>& blocks)
+    : adapter_(io::read_lora_adapter_files(path, adapter_names(blocks))) {
+  adapter_.check();
+  const double scale = lora.scale_for(lora.r, lora.alpha);
+  for (const std::string& m : adapter_.modules()) {
+    ZP_REQUIRE(lora_targets(lora.target_modules, m), "lora.init_from: ", adapter_.source, " adapts module '", m,
+               "', which lora.target_modules ", nlohmann::json(lora.target_modules).dump(), " does not select");
+    ZP_REQUIRE(adapter_.rank(m) == lora.r, "lora.init_from: ", adapter_.source, ": module '", m, "' has rank ",
+               adapter_.rank(m), ", the run's lora.r is ", lora.r);
+    ZP_REQUIRE(std::abs(adapter_.scale_of(m) - scale) <= 1e-12 * std::abs(scale), "lora.init_from: ",
+               adapter_.source, ": module '", m, "' is scaled by ", adapter_.scale_of(m),
+               " (its alpha over its rank), the run's lora.alpha / lora.r", lora.rslora ? " (rslora: over sqrt(r))" : "",
+               " give ", scale, ": set lora.alpha to the adapter's");
+  }
+}
+
+void LoraInitialAdapter::fill(nn::ParamBlock& b, StreamHandle s) const {
+  for (auto& owned : b.params()) {
+    nn::Parameter& p = *owned;
+    if (!p.name.ends_with(io::kLoraASuffix) && !p.name.ends_with(io::kLoraBSuffix)) continue;
+    auto it = adapter_.tensors.find(p.name);
+    ZP_REQUIRE(it != adapter_.tensors.end(), "lora.init_from: ", adapter_.source, " has no tensor '", p.name,
+               "', which the run's lora.target_modules adapt");
+    const Tensor& t = it->second;
+    // A 1x1 convolution's adapter keeps PEFT's 4-d shape: same values as the engine's 2-d one.
+    ZP_REQUIRE(t.numel() == shape_numel(p.shape) && t.size(0) == p.shape.at(0), "lora.init_from: ", adapter_.source,
+               ": tensor '", p.name, "' has shape ", shape_str(t.shape()), ", the model's is ", shape_str(p.shape));
+    Tensor v = Tensor::empty(p.shape, p.value.dtype(), Device::cpu(), "lora");
+    kernels::cpu::cast(nullptr, p.value.dtype(), v.data(), t.dtype(), t.data(), t.numel());
+    p.value.copy_from(v, s);
+  }
 }
 
 int LoraAttacher::attach(nn::Linear& linear, const std::vector<nn::Parameter*>& weights) {

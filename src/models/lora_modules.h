@@ -29,6 +29,25 @@ void check_lora_targets(const LoraSpec& lora, const std::vector<std::string>& of
 // a = sqrt(5)), B zero, so training starts from the base's output. False for any other parameter.
 bool init_lora_parameter(nn::Parameter& p, uint64_t seed, StreamHandle s);
 
+// lora.init_from: an adapter the run's adapters start from instead of PEFT's initialisation (to go
+// on fine-tuning a shared adapter, or one a run converted). A resumed run takes its adapters from the
+// checkpoint instead, so this only decides a fresh start.
+class LoraInitialAdapter {
+ public:
+  // Reads `path` (a PEFT folder, a LoRA checkpoint, a diffusers or kohya-ss file, whose names resolve
+  // against the adapters of the model's `blocks`) and checks it against the run: every module
+  // it adapts is one lora.target_modules selects, with rank lora.r and the run's scale (alpha / r,
+  // or alpha / sqrt(r) with rslora). Errors name the file, the module and both values.
+  LoraInitialAdapter(const std::string& path, const LoraSpec& lora, const std::vector<nn::ParamBlock*>& blocks);
+  // Fills block `b`'s adapter parameters with the file's values (a block without adapters is left
+  // alone). Errors name the file and a tensor it lacks or whose shape differs.
+  void fill(nn::ParamBlock& b, StreamHandle s) const;
+  const io::LoraAdapter& adapter() const { return adapter_; }
+
+ private:
+  io::LoraAdapter adapter_;
+};
+
 class LoraAttacher {
  public:
   // Adds to `adapters` (not yet laid out) the parameters of every module it attaches.

@@ -107,13 +107,16 @@ class DiffusionTask final : public TrainingTask {
       hub_weights_ = io::WeightSource::open(cfg_.hub_dir, "diffusion_pytorch_model");
       model_->check_weights(*hub_weights_);
     }
+    if (!cfg_.lora_init_from.empty()) initial_adapter_.emplace(cfg_.lora_init_from, lora_, model_->blocks());
     return model_->blocks();
   }
-  // LoRA's adapters start from PEFT's initialisation whatever the base came from; the base's
-  // fingerprint is taken as its blocks are filled.
+  // LoRA's adapters start from lora.init_from's values, else from PEFT's initialisation, whatever
+  // the base came from; the base's fingerprint is taken as its blocks are filled.
   void fill_block(nn::ParamBlock& b) override {
     const bool adapters = lora_.r > 0 && !b.frozen();
-    if (hub_weights_ && !adapters)
+    if (adapters && initial_adapter_)
+      initial_adapter_->fill(b, at_.s());
+    else if (hub_weights_ && !adapters)
       model_->load_block(*hub_weights_, b);
     else
       models::init_unet_block_random(b, cfg_.seed, cfg_.init_std, at_.s());
@@ -231,6 +234,7 @@ class DiffusionTask final : public TrainingTask {
   std::optional<models::UNet> model_;
   std::unique_ptr<io::WeightSource> hub_weights_;
   models::LoraSpec lora_;
+  std::optional<models::LoraInitialAdapter> initial_adapter_;
   BaseFingerprint fingerprint_;  // LoRA: of the frozen blocks
 };
 

@@ -218,14 +218,19 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
       for (nn::ParamBlock* b : chunks_.back()->blocks()) blocks.push_back(b);
     }
     if (cfg_.init == "hub") hub_weights_ = io::WeightSource::open(cfg_.hub_dir, "model");
+    if (!cfg_.lora_init_from.empty())
+      initial_adapter_.emplace(cfg_.lora_init_from, lora_, blocks);
     return blocks;
   }
   // Any chunk initialises or loads any block: values depend on the parameter's name only.
-  // LoRA's adapters start from PEFT's initialisation whatever the base came from; the base's
-  // fingerprint is taken as its blocks are filled (a tied head's replica is the embedding again).
+  // LoRA's adapters start from lora.init_from's values, else from PEFT's initialisation, whatever
+  // the base came from; the base's fingerprint is taken as its blocks are filled (a tied head's
+  // replica is the embedding again).
   void fill_block(nn::ParamBlock& b) override {
     const bool adapters = lora_.r > 0 && !b.frozen();
-    if (hub_weights_ && !adapters)
+    if (adapters && initial_adapter_)
+      initial_adapter_->fill(b, at_.s());
+    else if (hub_weights_ && !adapters)
       chunks_[0]->load_block(*hub_weights_, b);
     else
       chunks_[0]->init_block_random(b, cfg_.seed, cfg_.init_std);
@@ -412,6 +417,7 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
   std::vector<std::unique_ptr<models::Transformer>> chunks_;  // one without a pipeline
   std::unique_ptr<io::WeightSource> hub_weights_;
   models::LoraSpec lora_;
+  std::optional<models::LoraInitialAdapter> initial_adapter_;
   BaseFingerprint fingerprint_;  // LoRA: of the frozen blocks this rank filled
   mutable std::optional<std::string> fingerprint_hex_;
   // A pipeline's micro-batches between their forward and backward, by (micro, local chunk).

@@ -120,7 +120,7 @@ const io::json& train_config_schema() {
     "dataloader_drop_last": false,
     "model": {"type": "transformer", "config": null, "hub_dir": "", "init": "random", "init_std": 0.02,
               "activation_checkpointing": false, "weight_decay_on_all": false},
-    "lora": {"r": 0, "alpha": 8, "dropout": 0.0, "target_modules": [], "rslora": false},
+    "lora": {"r": 0, "alpha": 8, "dropout": 0.0, "target_modules": [], "rslora": false, "init_from": ""},
     "data": {"train_files": [], "val_files": [], "val_fraction": 0.0, "seq_len": 1024, "shuffle": true,
              "format": "tokens", "tokenizer": "", "chat_template": "auto", "packing": false},
     "checkpoint": {"dir": "", "save_every": 0, "keep_last": 3, "tag_validation": "Warn", "load_universal": false,
@@ -457,6 +457,9 @@ TrainConfig TrainConfig::read(io::ConfigReader& r, const std::string& model_type
   t.lora_dropout = r.number("lora.dropout", Range::half_open(0, 1));
   t.lora_targets = r.strings("lora.target_modules");
   t.lora_rslora = r.boolean("lora.rslora");
+  t.lora_init_from = r.string("lora.init_from");
+  r.require(t.lora_init_from.empty() || t.lora_r > 0, "lora.init_from names an adapter but lora.r is 0 (LoRA off): "
+            "set lora.r, lora.alpha and lora.target_modules to the adapter's");
   r.require(t.lora_r == 0 || !t.lora_targets.empty(), "lora.r = " + std::to_string(t.lora_r) +
             " needs lora.target_modules (the hub's module names, e.g. [\"q_proj\", \"v_proj\"])");
   r.require(t.lora_r > 0 || t.lora_targets.empty(),

@@ -65,6 +65,7 @@ struct TrainConfig {
   double lora_alpha = 8, lora_dropout = 0;
   std::vector<std::string> lora_targets;
   bool lora_rslora = false;
+  std::string lora_init_from;  // an adapter the adapters start from (models::LoraInitialAdapter)
   // data
   std::vector<std::string> train_files, val_files;
   double val_fraction = 0.0;

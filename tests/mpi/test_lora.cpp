@@ -6,7 +6,9 @@
 //    not the rank that runs it);
 //  - the base takes no update: a run's final weights are exactly the adapters;
 //  - a checkpoint holds the adapters and their moments only, resumes bit for bit, and refuses a run on
-//    another base (naming both), a run with other LoRA settings and a full-training run.
+//    another base (naming both), a run with other LoRA settings and a full-training run;
+//  - lora.init_from starts a run's adapters from a LoRA checkpoint or a PEFT folder, exactly, and
+//    refuses an adapter whose rank, scale or modules differ from the run's.
 // Every rank takes the same branches: no rank is ever left alone in a collective.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -15,6 +17,7 @@
 
 #include "io/checkpoint_file.h"
 #include "io/h5file.h"
+#include "io/lora_adapter_files.h"
 #include "training_runs.h"
 
 namespace zp::test {
@@ -156,6 +159,62 @@ TEST(Lora, CheckpointsHoldTheAdaptersAndGuardTheBase) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("a LoRA checkpoint"), std::string::npos) << e.what();
   }
+}
+
+TEST(Lora, InitFromAnAdapterStartsThere) {
+  comm::Runtime rt;
+  const int world = world_size();
+  SharedDir dir("lora_init");
+  const std::string data = data_file(dir, "llama");
+  TrainingRun trained{"llama", 2, world, kSaveAt, kSaveAt, dir / "ckpt", ""};
+  trained.lora = lora_for("llama", 0.0);
+  const runtime::TrainResult first = run(data, trained, rt, MPI_COMM_WORLD, true);
+  ASSERT_EQ(first.saved.size(), 1u);
+  const std::string peft = dir / "peft";
+  if (world_rank() == 0) io::write_peft_adapter(peft, io::read_lora_checkpoint(first.saved[0]));
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  // One step at lr 1e-30 (far below any weight's ulp; the warmup's first update is at lr 0 anyway)
+  // keeps the initial adapters: they must be the trained ones, bit for bit, from the checkpoint and
+  // from the PEFT folder (written in fp32), at another ZeRO stage.
+  auto from = [&](const std::string& adapter) {
+    TrainingRun r{"llama", 3, world, 1, 0, "", ""};
+    r.lora = lora_for("llama", 0.0);
+    r.lora["init_from"] = adapter;
+    r.lr = 1e-30;
+    return r;
+  };
+  for (const std::string& adapter : {first.saved[0], peft}) {
+    const runtime::TrainResult started = run(data, from(adapter), rt, MPI_COMM_WORLD, true);
+    ASSERT_EQ(started.final_params.size(), first.final_params.size()) << adapter;
+    EXPECT_EQ(std::memcmp(started.final_params.data(), first.final_params.data(),
+                          first.final_params.size() * sizeof(float)), 0) << adapter << ": initial adapters";
+  }
+  // Without init_from the same run starts from PEFT's initialisation (B = 0), not the trained values.
+  TrainingRun fresh = from("");
+  fresh.lora.erase("init_from");
+  EXPECT_NE(run(data, fresh, rt, MPI_COMM_WORLD, true).final_params, first.final_params);
+
+  auto refused = [&](TrainingRun r, const std::string& want) {
+    try {
+      run(data, r, rt, MPI_COMM_WORLD);
+      ADD_FAILURE() << "accepted; expected: " << want;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  TrainingRun rank8 = from(peft);
+  rank8.lora["r"] = 8;
+  refused(rank8, "has rank 4, the run's lora.r is 8");
+  TrainingRun alpha = from(peft);
+  alpha.lora["alpha"] = 16;
+  refused(alpha, "set lora.alpha to the adapter's");
+  TrainingRun fewer = from(peft);
+  fewer.lora["target_modules"] = {"q_proj", "v_proj"};
+  refused(fewer, "adapts module 'model.layers.0.mlp.down_proj', which lora.target_modules");
+  TrainingRun more = from(peft);
+  more.lora["target_modules"] = {"q_proj", "v_proj", "down_proj", "up_proj"};
+  refused(more, "has no tensor 'model.layers.0.mlp.up_proj.lora_A.weight'");
 }
 
 }  // namespace zp::test

@@ -83,6 +83,7 @@ struct TrainingRun {
   bool keep_gathered = false;    // pipeline.keep_gathered
   io::json lora;                 // the lora section (null: no LoRA)
   double init_std = 0.02;        // model.init_std
+  double lr = 3e-3;              // optimizer.params.lr
   // New fields go last: suites build runs with positional initialisers.
 };
 
@@ -92,7 +93,7 @@ inline io::Config user_config(const std::string& data, const TrainingRun& r) {
                    {"gradient_accumulation_steps", r.grad_accum},
                    {"steps_per_print", 1000},
                    {"gradient_clipping", 0.5},
-                   {"optimizer", {{"params", {{"lr", 3e-3}, {"weight_decay", 0.1}}}}},
+                   {"optimizer", {{"params", {{"lr", r.lr}, {"weight_decay", 0.1}}}}},
                    // The schedule's length is fixed: a 3-step run that saves is the start of the 6-step one.
                    {"scheduler", {{"params", {{"warmup_num_steps", 2}, {"total_num_steps", kSteps}}}}},
                    {"zero_optimization",
