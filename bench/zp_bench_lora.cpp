@@ -59,7 +59,7 @@ void BM_LoraLlama8B(benchmark::State& st) {
     model.backward(acts, loss.backward(acts.logits));
     engine.finish_gradients();
     const double norm = std::sqrt(engine.grad_norm_squared());
-    engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);
+    engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0));
     peaks.sample();
   };
   const double secs = timed_iterations(st, s, step);

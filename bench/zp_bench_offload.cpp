@@ -395,7 +395,7 @@ void run_offload_step(benchmark::State& st, const nlohmann::json& hub, int stage
       }
       engine.finish_gradients();
       const double norm = std::sqrt(engine.grad_norm_squared());
-      engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);
+      engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0));
     };
     // With the delayed update a step waits for the previous one's CPU update on the host, so the
     // events around a step count that wait too: the time per step in the steady state.

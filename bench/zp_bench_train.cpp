@@ -48,7 +48,7 @@ void BM_TrainStepGpt2(benchmark::State& st) {
     runtime::CausalLmLoss loss(acts.logits, cfg.vocab, tgt.data<int32_t>(), B * T, s);
     model.backward(acts, loss.backward(acts.logits));
     const double norm = std::sqrt(engine.grad_norm_squared());
-    engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);
+    engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0));
     peaks.sample();
   };
   const double secs = timed_iterations(st, s, step);

@@ -160,7 +160,7 @@ void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, boo
     auto step = [&] {
       engine.begin_step();
       engine.begin_micro_step(true);
-      if (in_backward) engine.set_update_in_backward(1.f, -1.0);
+      if (in_backward) engine.set_update_in_backward(1.f);
       models::UNetActivations acts = models::UNetActivations::training(checkpoint);
       Tensor pred = model.forward(in, acts);
       kernels::cuda::mse_forward(s, DType::BF16, losses.data<float>(), pred.data(), target.data<float>(), nullptr, B, n);
@@ -170,7 +170,7 @@ void train_step(benchmark::State& st, const json& hub, int64_t B, int64_t L, boo
       model.backward(dpred, acts);
       engine.finish_gradients();
       const double norm = std::sqrt(engine.grad_norm_squared());
-      if (!in_backward) engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);
+      if (!in_backward) engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0));
       peaks.sample();
     };
     const double secs = timed_iterations(st, s, step);

@@ -60,14 +60,14 @@ void BM_ZeroStep(benchmark::State& st) {
     auto step = [&] {
       engine.begin_step();
       engine.begin_micro_step(true);
-      if (in_backward) engine.set_update_in_backward(1.f, -1.0);
+      if (in_backward) engine.set_update_in_backward(1.f);
       models::TransformerActivations acts;
       model.forward(ids.data<int32_t>(), B, T, acts);
       runtime::CausalLmLoss loss(acts.logits, cfg.vocab, ids.data<int32_t>(), B * T, s);
       model.backward(acts, loss.backward(acts.logits));
       engine.finish_gradients();
       const double norm = std::sqrt(engine.grad_norm_squared());
-      if (!in_backward) engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0), -1.0);
+      if (!in_backward) engine.step(float(norm > 1.0 ? 1.0 / norm : 1.0));
     };
     const double secs = timed_iterations(st, s, step, [&] { engine.comm_ms(); });  // comm from here on
     tok_s = double(world * B * T) / secs;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `zeropipe report` in a real browser. A short real run (the demo GPT-2 on the CPU, two ranks as two
-# pipeline stages, so two metrics files, a bubble, the step-time breakdown and the config) is reported,
+# pipeline stages, so two metrics files, a bubble, the step-time breakdown, the stage link's send_recv
+# among the communication kinds, and the config) is reported,
 # and so is a file with every field the reader knows (per-rank arrays too); the distribution's headless
 # Chromium opens both pages with the network blocked. Fails on any console message (a script error,
 # a resource it tried to fetch), and unless the DOM Chromium built holds every chart as an <svg> with
@@ -37,8 +38,11 @@ with open(sys.argv[1], "w") as f:
     for s in range(1, 31):
         f.write(json.dumps({"step": s, "loss": 5 - 0.1 * s, "lr": 1e-3, "grad_norm": 1.0, "mfu": 0.3,
                             "peak_mem_gib": 1.0, "step_ms": 100, "tokens_per_s": 5000, "comm_busy_ms": 20,
-                            "breakdown": {"data_ms": 5, "compute_ms": 70, "optimizer_ms": 10,
-                                          "exposed_comm_ms": 10, "other_ms": 5},
+                            "breakdown": {"data_ms": 5, "forward_backward_ms": 80, "forward_ms": 30,
+                                          "backward_ms": 50, "optimizer_ms": 10, "comm_busy_ms": 20,
+                                          "exposed_comm_ms": 10, "other_ms": 5,
+                                          "comm_busy_by_kind_ms": {"all_gather": 8, "reduce_scatter": 7,
+                                                                   "all_reduce": 0, "send_recv": 5}},
                             "per_rank": {"step_ms": [100, 104], "comm_busy_ms": [20, 31],
                                          "peak_mem_gib": [1.0, 1.2]},
                             "pipeline": {"bubble": 0.2, "theoretical_bubble": 0.25},
@@ -82,11 +86,11 @@ PY
 
 line_charts="loss-step loss-items lr grad-norm throughput mfu step-time memory bubble"
 open_page "$out/report.html" run --dump-dom
-charts "$tmp/run.dom" $line_charts breakdown comm-per-rank || fail "the run's report"
+charts "$tmp/run.dom" $line_charts breakdown comm-per-rank comm-exposed comm-kinds || fail "the run's report"
 grep -q '<pre class="config">' "$tmp/run.dom" || fail "the run's config is not in the report"
 grep -q "metrics.jsonl.1" "$tmp/run.dom" || fail "the second rank's file is not in the report"
 open_page "$out/report-full.html" full --dump-dom
-charts "$tmp/full.dom" $line_charts breakdown comm-per-rank || fail "the full report"
+charts "$tmp/full.dom" $line_charts breakdown comm-per-rank comm-exposed comm-kinds || fail "the full report"
 grep -q "<script" "$tmp/full.dom" && fail "a config string became a script element"
 grep -q "ck/step-15.h5" "$tmp/full.dom" || fail "no checkpoint table"
 

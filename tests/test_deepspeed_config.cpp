@@ -11,10 +11,13 @@
 #include <sstream>
 
 #include "io/config.h"
+#include "models/transformer.h"
+#include "parallel/zero_engine.h"
 #include "runtime/csv_monitor.h"
 #include "runtime/deepspeed_keys.h"
 #include "runtime/loss_scaler.h"
 #include "runtime/lr_schedule.h"
+#include "runtime/optimizer_step.h"
 #include "runtime/train_config.h"
 #include "test_util.h"
 #include "tiny_llama_config.h"
@@ -195,13 +198,34 @@ TEST(DeepSpeedConfig, OptimizerAndSchedulerTypes) {
   expect_error([&] { with({"optimizer.type=Adam", "optimizer.params.adam_w_mode=false"}); },
                {"optimizer.params.adam_w_mode"});
   expect_error([&] { with({"optimizer.params.amsgrad=true"}); }, {"optimizer.params.amsgrad"});
-  expect_error([&] { with({"scheduler.type=OneCycle"}); },
-               {"cycle_min_lr", "scheduler.params.cycle_momentum"});
+  expect_error([&] { with({"scheduler.type=OneCycle"}); }, {"cycle_min_lr"});
   const TrainConfig one = with({"scheduler.type=OneCycle", "scheduler.params.cycle_min_lr=1e-4",
                                 "scheduler.params.cycle_max_lr=1e-3", "scheduler.params.cycle_momentum=false",
                                 "scheduler.params.cycle_first_step_size=10"});
   EXPECT_EQ(one.schedule.type, "OneCycle");
   EXPECT_DOUBLE_EQ(one.schedule.cycle_second_step_size, 10);  // defaults to the first half's
+  EXPECT_FALSE(one.schedule.betas_at(3)) << "cycle_momentum false: the configured betas";
+  // DeepSpeed's default cycles the momentum, between its defaults 0.8 and 0.9.
+  const std::vector<std::string> cycling = {"scheduler.type=OneCycle", "scheduler.params.cycle_min_lr=1e-4",
+                                            "scheduler.params.cycle_max_lr=1e-3",
+                                            "scheduler.params.cycle_first_step_size=10", "training.max_steps=100"};
+  const TrainConfig mom = with(cycling);
+  EXPECT_TRUE(mom.schedule.cycle_momentum);
+  EXPECT_DOUBLE_EQ(mom.schedule.cycle_min_mom, 0.8);
+  EXPECT_DOUBLE_EQ(mom.schedule.cycle_max_mom, 0.9);
+  ASSERT_TRUE(mom.schedule.betas_at(0));
+  EXPECT_DOUBLE_EQ(mom.schedule.betas_at(0)->beta1, 0.8);
+  EXPECT_DOUBLE_EQ(mom.schedule.betas_at(10)->beta1, 0.8) << "the peak of the learning rate";
+  auto plus = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), cycling.begin(), cycling.end());
+    return more;
+  };
+  EXPECT_DOUBLE_EQ(with(plus({"scheduler.params.cycle_max_mom=0.95"})).schedule.betas_at(20)->beta1, 0.95);
+  expect_error([&] { with(plus({"scheduler.params.cycle_max_mom=1.0"})); }, {"scheduler.params.cycle_max_mom"});
+  // The last update (step 99, iteration 98): 0.9 x (1 + 0.01 x (98 - 20 + 1) / 10) = 0.971; 0.02 passes 1.
+  EXPECT_NO_THROW(with(plus({"scheduler.params.decay_step_size=10", "scheduler.params.decay_mom_rate=0.01"})));
+  expect_error([&] { with(plus({"scheduler.params.decay_step_size=10", "scheduler.params.decay_mom_rate=0.02"})); },
+               {"scheduler.params.decay_mom_rate", "training.max_steps = 100"});
   expect_error([&] { with({"scheduler.type=CyclicLR"}); }, {"scheduler.type", "CyclicLR"});
   expect_error([&] { with({"scheduler.params.warmup_type=exp"}); }, {"scheduler.params.warmup_type"});
 }
@@ -342,6 +366,98 @@ TEST(LrSchedule, OneCycleAndRangeTestAsDeepSpeed) {
   r.range_test_staircase = true;
   EXPECT_DOUBLE_EQ(r.at(5), 1e-3);
   EXPECT_NEAR(r.at(10), 1e-3 * 3, 1e-15);
+}
+
+// OneCycle's momentum, by DeepSpeed's get_mom (lr_schedules.py): beta1 = cycle_max_mom - (cycle_max_mom -
+// cycle_min_mom) x the cycle's scale factor, then cycle_max_mom x (1 + decay_mom_rate x decay
+// intervals); beta2 0.99 throughout; (cycle_min_mom, 0.99) before the first scheduler step.
+TEST(LrSchedule, OneCycleMomentumAsDeepSpeed) {
+  LrSchedule s{.type = "OneCycle", .cycle_min_lr = 0.1, .cycle_max_lr = 1.1, .decay_lr_rate = 0.5,
+               .cycle_first_step_size = 10, .cycle_second_step_size = 10, .decay_step_size = 5,
+               .cycle_momentum = true, .cycle_min_mom = 0.8, .cycle_max_mom = 0.9, .decay_mom_rate = 0.1};
+  auto beta1 = [&](int64_t step) { return s.betas_at(step).value().beta1; };
+  EXPECT_DOUBLE_EQ(beta1(0), 0.8);                 // before the first step: the minimum
+  EXPECT_NEAR(beta1(1), 0.9 - 0.1 * 0.1, 1e-12);   // iteration 0: batch 1, scale 0.05 / 0.5
+  EXPECT_NEAR(beta1(5), 0.9 - 0.1 * 0.5, 1e-12);   // iteration 4: batch 5, halfway up the lr
+  EXPECT_NEAR(beta1(10), 0.8, 1e-12);              // iteration 9: the lr's peak, the momentum's trough
+  EXPECT_NEAR(beta1(15), 0.9 - 0.1 * 0.5, 1e-12);  // iteration 14: (0.75 - 1) / (0.5 - 1) = 0.5
+  EXPECT_NEAR(beta1(20), 0.9, 1e-12);              // iteration 19: batch 20, the cycle's end
+  // Decay (iteration >= 20): interval (iteration - 20 + 1) / 5.
+  EXPECT_NEAR(beta1(21), 0.9 * (1 + 0.1 * 0.2), 1e-12);  // iteration 20
+  EXPECT_NEAR(beta1(25), 0.9 * (1 + 0.1 * 1.0), 1e-12);  // iteration 24
+  for (int64_t step : {0, 1, 10, 25}) EXPECT_DOUBLE_EQ(s.betas_at(step)->beta2, 0.99) << step;
+  LrSchedule flat = s;
+  flat.decay_mom_rate = 0;  // DeepSpeed's skip_mom_decay: cycle_max_mom
+  EXPECT_DOUBLE_EQ(flat.betas_at(25)->beta1, 0.9);
+  LrSchedule stairs = s;  // the momentum takes the learning rate's stairs
+  stairs.cycle_first_stair_count = stairs.cycle_second_stair_count = 2;
+  EXPECT_NEAR(stairs.betas_at(4)->beta1, 0.9, 1e-12);
+  EXPECT_NEAR(stairs.betas_at(5)->beta1, 0.85, 1e-12);
+  LrSchedule off = s;
+  off.cycle_momentum = false;
+  EXPECT_FALSE(off.betas_at(5));
+  EXPECT_FALSE(LrSchedule{}.betas_at(5)) << "other schedules leave the betas alone";
+}
+
+// The update receives the cycled betas: two AdamW steps of a model with gradients 0.5 then -0.2 on
+// every element (no weight decay, so every weight moves alike) against AdamW by hand with the
+// schedule's lr and betas; the bias correction uses each update's beta1 and beta2 (1 - beta^t), as
+// torch's AdamW and DeepSpeed's Adam do.
+TEST(LrSchedule, OneCycleMomentumReachesTheOptimizer) {
+  const LrSchedule sched{.type = "OneCycle", .cycle_min_lr = 1e-2, .cycle_max_lr = 2e-2,
+                         .cycle_first_step_size = 2, .cycle_second_step_size = 2, .cycle_momentum = true,
+                         .cycle_min_mom = 0.8, .cycle_max_mom = 0.9};
+  const double grads[2] = {0.5, -0.2};
+  const double eps = 1e-8;
+  // AdamW by hand, in double: the change of every weight after the two updates.
+  auto by_hand = [&](const LrSchedule& s, double beta1, double beta2) {
+    double m = 0, v = 0, delta = 0;
+    for (int t = 1; t <= 2; ++t) {
+      const auto betas = s.betas_at(t - 1);
+      const double b1 = betas ? betas->beta1 : beta1, b2 = betas ? betas->beta2 : beta2, g = grads[t - 1];
+      m = b1 * m + (1 - b1) * g;
+      v = b2 * v + (1 - b2) * g * g;
+      delta -= s.at(t - 1) / (1 - std::pow(b1, t)) * m / (std::sqrt(v) / std::sqrt(1 - std::pow(b2, t)) + eps);
+    }
+    return delta;
+  };
+  // The engine's two updates through the training step's optimizer side (runtime/optimizer_step.h).
+  auto engine_delta = [&](const LrSchedule& s) {
+    const auto cfg = models::TransformerConfig::from_hub_json(tiny_llama(), "momentum-test");
+    models::Transformer model(cfg, Device::cpu(), DType::F32, nullptr, parallel::shard_pad_multiple(1));
+    model.init_random(3, 0.02);
+    parallel::ZeroEngine engine(model.blocks(), parallel::ShardingPolicy::zero_stage(0), nullptr,
+                                {1e-3, 0.9, 0.999, eps, 0.0});
+    runtime::LossScaler scaler(false, 1, 1, 1000, 2, false);
+    const std::vector<float> before = engine.gather_master();
+    for (double g : grads) {
+      engine.begin_step();
+      runtime::begin_micro_step(engine, s, 0, 1, 1.f);
+      for (nn::ParamBlock* b : model.blocks()) {
+        engine.acquire_grads(*b);
+        float* gp = b->grads().data<float>();
+        for (int64_t i = 0; i < b->padded(); ++i) gp[i] = float(g);
+        engine.release_grads(*b);
+      }
+      runtime::finish_step(engine, scaler, s, /*grad_clip=*/0, 1.f);
+    }
+    const std::vector<float> after = engine.gather_master();
+    std::vector<double> d(after.size());
+    for (size_t i = 0; i < d.size(); ++i) d[i] = double(after[i]) - double(before[i]);
+    return d;
+  };
+  const double want = by_hand(sched, 0, 0);
+  LrSchedule fixed = sched;
+  fixed.cycle_momentum = false;
+  const double want_fixed = by_hand(fixed, 0.9, 0.999);
+  ASSERT_GT(std::abs(want - want_fixed), 1e-4) << "the cycled betas change the update";
+  for (const auto& [s, w] : {std::pair{sched, want}, std::pair{fixed, want_fixed}}) {
+    const std::vector<double> got = engine_delta(s);
+    ASSERT_FALSE(got.empty());
+    double worst = 0;
+    for (double d : got) worst = std::max(worst, std::abs(d - w));
+    EXPECT_LT(worst, 1e-6) << "cycle_momentum " << s.cycle_momentum << ": want " << w << ", e.g. got " << got[0];
+  }
 }
 
 // DeepSpeed's DynamicLossScaler.update_scale, step by step (hysteresis 2, window 3).

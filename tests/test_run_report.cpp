@@ -76,9 +76,18 @@ std::string full_step(int step, int rank, int ranks) {
                       {"tokens_per_s", 5120.0},
                       {"comm_busy_ms", 20.0 + 5 * rank},
                       {"a_field_from_the_future", {{"x", 1}}},
+                      // As the engine writes it: the exposed 10 ms come out of the forward and backward.
                       {"breakdown",
-                       {{"data_ms", 5.0}, {"compute_ms", 70.0}, {"optimizer_ms", 10.0}, {"exposed_comm_ms", 10.0},
-                        {"other_ms", 5.0}}},
+                       {{"data_ms", 5.0},
+                        {"forward_backward_ms", 80.0},
+                        {"forward_ms", 32.0},
+                        {"backward_ms", 48.0},
+                        {"optimizer_ms", 10.0},
+                        {"comm_busy_ms", 20.0 + 5 * rank},
+                        {"exposed_comm_ms", 10.0},
+                        {"other_ms", 5.0},
+                        {"comm_busy_by_kind_ms",
+                         {{"all_gather", 10.0 + 5 * rank}, {"reduce_scatter", 5.0}, {"send_recv", 5.0}}}}},
                       {"per_rank", per_rank},
                       {"pipeline",
                        {{"stage", rank}, {"busy_ms", 80.0}, {"idle_ms", 20.0}, {"recv_wait_ms", 3.0}, {"bubble", 0.2},
@@ -152,6 +161,12 @@ TEST(RunReport, ReadsStepRecordsAndEventsIgnoringUnknownFields) {
   EXPECT_EQ(f.unit, "tokens");
   ASSERT_TRUE(s.breakdown);
   EXPECT_DOUBLE_EQ(s.breakdown->compute_ms, 70.0);
+  EXPECT_DOUBLE_EQ(s.breakdown->exposed_comm_ms, 10.0);
+  EXPECT_DOUBLE_EQ(s.breakdown->forward_ms, 28.0) << "the forward's share of what the waits left";
+  EXPECT_DOUBLE_EQ(s.breakdown->backward_ms, 42.0);
+  EXPECT_DOUBLE_EQ(s.exposed_comm_ms, 10.0);
+  EXPECT_EQ(s.comm_busy_by_kind_ms, (std::vector<std::pair<std::string, double>>{
+                                        {"all_gather", 10.0}, {"reduce_scatter", 5.0}, {"send_recv", 5.0}}));
   EXPECT_EQ(s.rank_comm_busy_ms, (std::vector<double>{20.0, 25.0}));
   EXPECT_DOUBLE_EQ(s.bubble, 0.2);
   EXPECT_DOUBLE_EQ(s.theoretical_bubble, 0.25);
@@ -170,11 +185,18 @@ TEST(RunReport, ReadsStepRecordsAndEventsIgnoringUnknownFields) {
   EXPECT_DOUBLE_EQ(r.files[3].steps[0].breakdown->compute_ms, 400.0);
   EXPECT_DOUBLE_EQ(r.files[3].steps[0].breakdown->exposed_comm_ms, 0.0);
   EXPECT_DOUBLE_EQ(r.files[3].steps[0].comm_busy_ms, 30.0);
+  EXPECT_FALSE(r.files[3].steps[0].breakdown->has_forward_split()) << "an older file: no forward_ms";
+  EXPECT_TRUE(r.files[3].steps[0].comm_busy_by_kind_ms.empty());
+  EXPECT_TRUE(std::isnan(r.files[3].steps[0].exposed_comm_ms));
   ASSERT_EQ(r.files[3].steps.size(), 2u);
   const StepBreakdown& e = *r.files[3].steps[1].breakdown;
   EXPECT_DOUBLE_EQ(e.exposed_comm_ms, 410.0);
   EXPECT_DOUBLE_EQ(e.compute_ms, 0.0) << "all 400 ms of the forward and backward were waiting";
   EXPECT_DOUBLE_EQ(e.optimizer_ms, 40.0) << "and 10 of the update's 50";
+  ASSERT_TRUE(e.has_forward_split());
+  EXPECT_DOUBLE_EQ(e.forward_ms, 0.0) << "nothing left of the phase to split";
+  EXPECT_DOUBLE_EQ(e.backward_ms, 0.0);
+  EXPECT_EQ(r.files[3].steps[1].comm_busy_by_kind_ms.size(), 1u);
 }
 
 TEST(RunReport, SameFileNamesAreLabelledByPath) {
@@ -250,8 +272,14 @@ TEST(RunReport, EveryChartHasItsDataPoints) {
   EXPECT_EQ(polyline_points(chart(html, "loss-items")), (std::vector<size_t>{40, 4, 40, 4}));
   EXPECT_EQ(polyline_points(chart(html, "memory")), (std::vector<size_t>{40, 40})) << "one series per rank";
   EXPECT_EQ(polyline_points(chart(html, "bubble")), (std::vector<size_t>{40, 40, 40})) << "two stages + theory";
-  EXPECT_EQ(bars(chart(html, "breakdown")), 40u * 5) << "a bar per step, five parts";
+  EXPECT_EQ(bars(chart(html, "breakdown")), 40u * 6) << "a bar per step, six parts: forward and backward apart";
+  EXPECT_NE(chart(html, "breakdown").find("backward 42</title>"), std::string::npos);
   EXPECT_EQ(bars(chart(html, "comm-per-rank")), 2u * 2) << "a bar per rank: communication and the rest";
+  EXPECT_EQ(bars(chart(html, "comm-exposed")), 2u * 2) << "a bar per rank's file: exposed and the rest";
+  EXPECT_NE(chart(html, "comm-exposed").find("busy, not exposed 15</title>"), std::string::npos)
+      << "rank 1: 25 ms busy, 10 exposed";
+  EXPECT_EQ(bars(chart(html, "comm-kinds")), 2u * 3) << "a bar per rank's file, a part per kind";
+  EXPECT_NE(chart(html, "comm-kinds").find("send_recv 5</title>"), std::string::npos);
   EXPECT_EQ(html.find("class=\"absent\">No "), std::string::npos);
   EXPECT_NE(html.find("ck/step-20.h5"), std::string::npos) << "the checkpoint table";
   EXPECT_NE(html.find("ZeRO stage 2"), std::string::npos) << "the banner";
@@ -270,10 +298,46 @@ TEST(RunReport, TodaysRecordsWithoutTelemetrySayWhatIsMissing) {
   const std::string html = run_report_html(read_run_report({dir / "m.jsonl"}));
   for (const char* id : {"loss-step", "loss-items", "lr", "grad-norm", "throughput", "mfu", "step-time", "memory"})
     EXPECT_EQ(polyline_points(chart(html, id)), (std::vector<size_t>{5})) << id;
-  for (const char* id : {"breakdown", "comm-per-rank", "bubble"}) EXPECT_EQ(chart(html, id), "") << id;
+  for (const char* id : {"breakdown", "comm-per-rank", "comm-exposed", "comm-kinds", "bubble"})
+    EXPECT_EQ(chart(html, id), "") << id;
   EXPECT_NE(html.find("No step-time breakdown"), std::string::npos);
   EXPECT_NE(html.find("No pipeline"), std::string::npos);
   EXPECT_NE(html.find("No start event"), std::string::npos);
+}
+
+// Breakdowns without the forward split (older files; pipeline stages) draw one "compute" part, and
+// the communication charts show what the files have: a pipeline stage's kinds with its send_recv.
+TEST(RunReport, BreakdownsWithoutTheSplitDrawCompute) {
+  ScratchFolder dir("report_no_split");
+  std::vector<std::string> old_lines, stage_lines;
+  for (int s = 1; s <= 4; ++s) {
+    old_lines.push_back(R"({"step":)" + std::to_string(s) +
+                        R"(,"loss":1,"step_ms":100,"breakdown":{"data_ms":5,"forward_backward_ms":80,"optimizer_ms":10,)"
+                        R"("comm_busy_ms":0,"other_ms":5}})");
+    stage_lines.push_back(R"({"step":)" + std::to_string(s) +
+                          R"(,"loss":1,"step_ms":100,"breakdown":{"data_ms":5,"forward_backward_ms":80,"optimizer_ms":10,)"
+                          R"("comm_busy_ms":12,"exposed_comm_ms":2,"other_ms":5,)"
+                          R"("comm_busy_by_kind_ms":{"all_reduce":2,"all_gather":0,"reduce_scatter":0,"send_recv":10}}})");
+  }
+  write_lines(dir / "old.jsonl", old_lines);
+  write_lines(dir / "stage.jsonl", stage_lines);
+  const std::string old = run_report_html(read_run_report({dir / "old.jsonl"}));
+  EXPECT_EQ(bars(chart(old, "breakdown")), 4u * 4) << "data, compute, optimizer, other (nothing exposed)";
+  EXPECT_NE(chart(old, "breakdown").find("compute 80</title>"), std::string::npos);
+  EXPECT_EQ(chart(old, "breakdown").find(">forward<"), std::string::npos);
+  EXPECT_EQ(chart(old, "comm-exposed"), "");
+  EXPECT_EQ(chart(old, "comm-kinds"), "");
+  EXPECT_NE(old.find("No exposed communication"), std::string::npos);
+  EXPECT_NE(old.find("No communication time per kind"), std::string::npos);
+
+  const std::string both = run_report_html(read_run_report({dir / "stage.jsonl", dir / "old.jsonl"}));
+  EXPECT_NE(chart(both, "breakdown").find("compute 78</title>"), std::string::npos) << "2 ms exposed taken out";
+  EXPECT_EQ(bars(chart(both, "comm-exposed")), 2u) << "the stage's file only: exposed 2, the other 10";
+  EXPECT_NE(chart(both, "comm-exposed").find("busy, not exposed 10</title>"), std::string::npos);
+  const std::string kinds = chart(both, "comm-kinds");
+  EXPECT_EQ(bars(kinds), 2u) << "the stage's file only: all_reduce and send_recv (zero kinds draw nothing)";
+  EXPECT_NE(kinds.find("send_recv 10</title>"), std::string::npos);
+  EXPECT_NE(kinds.find("all_reduce 2</title>"), std::string::npos);
 }
 
 // A 100,000-step run of 5 ranks' files stays small: every series is decimated.
@@ -324,6 +388,10 @@ TEST(RunReport, ReportsARealTrainingRun) {
   EXPECT_EQ(polyline_points(chart(html, "loss-step")), (std::vector<size_t>{12, 3})) << "12 steps, 3 validations";
   EXPECT_EQ(polyline_points(chart(html, "loss-items")), (std::vector<size_t>{12, 3}));
   EXPECT_GE(bars(chart(html, "breakdown")), 12u) << "the engine's step-time breakdown, a bar per step";
+  EXPECT_NE(chart(html, "breakdown").find(">forward<"), std::string::npos) << "the forward and backward apart";
+  EXPECT_NE(chart(html, "breakdown").find(">backward<"), std::string::npos);
+  EXPECT_NE(chart(html, "comm-exposed"), "") << "one rank: its bar, of nothing";
+  EXPECT_NE(chart(html, "comm-kinds").find(">all_reduce<"), std::string::npos) << "the kinds the engine writes";
   EXPECT_GE(bars(chart(html, "comm-per-rank")), 1u) << "one rank, one file: its bar";
   EXPECT_NE(html.find("<pre class=\"config\">"), std::string::npos) << "the start event's config";
   for (const char* id : {"lr", "grad-norm", "throughput", "mfu", "step-time", "memory"})

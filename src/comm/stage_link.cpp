@@ -22,6 +22,19 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Adds the host time of its scope to `seconds`.
+class HostTimer {
+ public:
+  explicit HostTimer(double& seconds) : seconds_(seconds) {}
+  ~HostTimer() { seconds_ += seconds_since(t0_); }
+  HostTimer(const HostTimer&) = delete;
+  HostTimer& operator=(const HostTimer&) = delete;
+
+ private:
+  double& seconds_;
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+};
+
 class MpiStageLink final : public StageLink {
  public:
   explicit MpiStageLink(MPI_Comm pipeline) : timeout_s_(default_timeout_s()) {
@@ -34,6 +47,7 @@ class MpiStageLink final : public StageLink {
 
   void post_recv(PipeChannel ch, Tensor buf, int peer, int tag) override {
     ZP_CHECK(buf.device().is_cpu(), "MPI pipeline link: host buffers only");
+    const HostTimer busy(busy_s_);
     const int t = mpi_tag(ch, tag);
     ZP_CHECK(!recvs_.count(t), "pipeline receive ", tag, " posted twice");
     Pending& p = recvs_[t];
@@ -48,7 +62,9 @@ class MpiStageLink final : public StageLink {
     wait_or_die(&it->second.req, 1, timeout_s_,
                 detail::cat("pipeline receive of ", ch == PipeChannel::Activations ? "activations" : "gradients",
                             " (message ", tag, ")"));
-    wait_s_ += seconds_since(t0);
+    const double waited = seconds_since(t0);
+    wait_s_ += waited;
+    busy_s_ += waited;
     Tensor out = std::move(it->second.buf);
     recvs_.erase(it);
     return out;
@@ -56,6 +72,7 @@ class MpiStageLink final : public StageLink {
 
   void send(PipeChannel ch, Tensor buf, int peer, int tag) override {
     ZP_CHECK(buf.device().is_cpu(), "MPI pipeline link: host buffers only");
+    const HostTimer busy(busy_s_);
     sends_.push_back({std::move(buf), MPI_REQUEST_NULL});
     Pending& p = sends_.back();
     ZP_MPI_CHECK(MPI_Isend(p.buf.data(), count_of(p.buf), mpi_datatype(p.buf.dtype()), peer, mpi_tag(ch, tag), comm_,
@@ -69,10 +86,13 @@ class MpiStageLink final : public StageLink {
     recvs_.clear();
     for (Pending& p : sends_) wait_or_die(&p.req, 1, timeout_s_, "a pipeline send");
     sends_.clear();
-    wait_s_ += seconds_since(t0);
+    const double waited = seconds_since(t0);
+    wait_s_ += waited;
+    busy_s_ += waited;
   }
 
   double take_wait_seconds() override { return std::exchange(wait_s_, 0.0); }
+  double take_busy_ms() override { return 1e3 * std::exchange(busy_s_, 0.0); }
 
  private:
   struct Pending {
@@ -95,7 +115,7 @@ class MpiStageLink final : public StageLink {
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   double timeout_s_;
-  double wait_s_ = 0;
+  double wait_s_ = 0, busy_s_ = 0;
   std::map<int, Pending> recvs_;
   std::vector<Pending> sends_;
 };
@@ -148,10 +168,12 @@ class NcclStageLink final : public StageLink {
     Event ready;
     ready.record(compute_);
     ready.wait_on(f.stream.handle());
+    Event& start = next_event();
+    start.record(f.stream.handle());
     f.comm->recv(buf.data(), buf.numel(), buf.dtype(), f.comm->rank() ^ 1, f.stream.handle());
     Pending& p = recvs_[{int(ch), tag}];
     p.buf = std::move(buf);
-    p.done = std::make_unique<Event>();
+    p.done = &next_event();
     p.done->record(f.stream.handle());
   }
 
@@ -169,7 +191,9 @@ class NcclStageLink final : public StageLink {
     Event ready;
     ready.record(compute_);
     ready.wait_on(f.stream.handle());
+    next_event().record(f.stream.handle());
     f.comm->send(buf.data(), buf.numel(), buf.dtype(), f.comm->rank() ^ 1, f.stream.handle());
+    next_event().record(f.stream.handle());
     sent_.push_back(std::move(buf));  // freed in finish(), after the flow's stream has passed the send
   }
 
@@ -181,11 +205,27 @@ class NcclStageLink final : public StageLink {
 
   double take_wait_seconds() override { return 0; }
 
+  // The events come in (start, end) pairs, one per send and receive since the last call.
+  double take_busy_ms() override {
+    double ms = 0;
+    for (size_t i = 0; i + 1 < events_used_; i += 2) {
+      events_[i + 1]->synchronize();
+      ms += events_[i + 1]->elapsed_ms_since(*events_[i]);
+    }
+    events_used_ = 0;
+    return ms;
+  }
+
  private:
   struct Pending {
     Tensor buf;
-    std::unique_ptr<Event> done;
+    Event* done = nullptr;  // the end of the receive's span (events_)
   };
+  // Events are reused from step to step: take_busy_ms() releases them all.
+  Event& next_event() {
+    if (events_.size() <= events_used_) events_.push_back(std::make_unique<Event>());
+    return *events_[events_used_++];
+  }
   // The flow that carries `ch` between this rank and `peer`: activations go from link i's rank i to
   // rank i + 1, gradients the other way.
   Flow& flow_to(PipeChannel ch, int peer, bool sending) {
@@ -203,6 +243,8 @@ class NcclStageLink final : public StageLink {
   std::map<std::pair<int, int>, Flow> flows_;  // (link, channel)
   std::map<std::pair<int, int>, Pending> recvs_;
   std::vector<Tensor> sent_;
+  std::vector<std::unique_ptr<Event>> events_;
+  size_t events_used_ = 0;
 };
 #endif
 

@@ -50,6 +50,14 @@ class StageLink {
   // Seconds the host spent blocked in wait_recv and finish since the last call (MPI; NCCL waits
   // on the device and reports 0).
   virtual double take_wait_seconds() = 0;
+  // Milliseconds the link was busy since the last call: the step-time breakdown's "send_recv"
+  // communication kind. MPI: the host's time inside the link's calls (posting, and waiting for
+  // transfers to complete); NCCL: each send's and receive's span on its flow's stream, bracketed by
+  // events (the flows run concurrently, so the sum may exceed the wall time, like the collectives'
+  // busy time). A receive is busy from its start until its data has arrived, so either way the time
+  // a peer still spent computing what it sends counts too: a stage's bubble shows in it. Called
+  // after finish() (NCCL reuses the events of completed messages).
+  virtual double take_busy_ms() = 0;
 };
 
 // Collective over `pipeline` (its ranks are the stages, in order). `wraps`: the last stage also

@@ -11,4 +11,12 @@ struct AdamWHyper {
   bool step_in_backward = false;
 };
 
+// What the learning-rate schedule sets for one update (runtime/lr_schedule.h): the learning rate and,
+// with OneCycle's momentum cycling, the betas. A negative value keeps the configured one. AdamW's
+// bias correction then uses this update's beta1 and beta2 (1 - beta^t, t the update's number), as
+// torch's AdamW and DeepSpeed's Adam do when a scheduler changes them.
+struct ScheduledHyper {
+  double lr = -1.0, beta1 = -1.0, beta2 = -1.0;
+};
+
 }  // namespace zp::parallel

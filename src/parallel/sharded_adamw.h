@@ -17,17 +17,17 @@ class ShardedAdamW {
  public:
   ShardedAdamW(std::unique_ptr<OptimizerStateStore> store, const AdamWHyper& h, StreamHandle s = nullptr);
   // One update of the listed ranges (normally all of them). grad_scale multiplies gradients first;
-  // lr >= 0 overrides the configured one.
-  void step(std::span<const RangeUpdate> updates, float grad_scale = 1.f, double lr = -1.0);
+  // the schedule's values (`sched`, those >= 0) override the configured ones.
+  void step(std::span<const RangeUpdate> updates, float grad_scale = 1.f, const ScheduledHyper& sched = {});
   // The same update one range at a time (the optimizer stepping inside the backward): advance()
   // starts the step, then update() once for each range, on any stream.
   void advance() { ++step_; }
-  void update(const RangeUpdate& u, float grad_scale, double lr, StreamHandle s);
+  void update(const RangeUpdate& u, float grad_scale, const ScheduledHyper& sched, StreamHandle s);
   // The same update run elsewhere (parallel/delayed_update.h, on a host thread): next_config()
   // starts the step on the calling thread and gives its settings, update_with() applies them.
-  kernels::AdamWConfig next_config(float grad_scale, double lr) {
+  kernels::AdamWConfig next_config(float grad_scale, const ScheduledHyper& sched) {
     ++step_;
-    return config(grad_scale, lr);
+    return config(grad_scale, sched);
   }
   void update_with(std::span<const RangeUpdate> updates, const kernels::AdamWConfig& cfg, StreamHandle s) {
     store_->update(updates, h_, cfg, s);
@@ -40,7 +40,7 @@ class ShardedAdamW {
   AdamWHyper& hyper() { return h_; }
 
  private:
-  kernels::AdamWConfig config(float grad_scale, double lr) const;
+  kernels::AdamWConfig config(float grad_scale, const ScheduledHyper& sched) const;
   std::unique_ptr<OptimizerStateStore> store_;
   AdamWHyper h_;
   StreamHandle s_;

@@ -152,7 +152,7 @@ void ZeroEngine::update_in_backward(size_t i, const Tensor& grad, StreamHandle c
   const void* gp = grad.data();
   ZP_KERNEL_CALL(b.device(), l2norm_squared, cs, DType::F32, update_norms_.data<float>() + i, &gp, &n, 1);
   void* out = weights_out(i);
-  opt_->update({i, grad.data<float>(), out}, update_scale_, update_lr_, cs);
+  opt_->update({i, grad.data<float>(), out}, update_scale_, update_sched_, cs);
   if (policy_.gathers_updated_weights() && dp_)
     comm_.timed(CollectiveKind::AllGather, cs, [&] { dp_->all_gather(out, b.values().data(), n, b.dtype(), cs); });
 }
@@ -169,12 +169,12 @@ void ZeroEngine::begin_micro_step(bool last) {
   reducer_->begin_micro_step(last);
 }
 
-void ZeroEngine::set_update_in_backward(float grad_scale, double lr) {
+void ZeroEngine::set_update_in_backward(float grad_scale, const ScheduledHyper& sched) {
   ZP_CHECK(hyper_.step_in_backward, "ZeroEngine::set_update_in_backward without optimizer.step_in_backward");
   opt_->advance();
   reducer_->arm();
   update_scale_ = grad_scale;
-  update_lr_ = lr;
+  update_sched_ = sched;
 }
 
 void ZeroEngine::finish_gradients() { reducer_->finish(); }
@@ -218,7 +218,7 @@ void ZeroEngine::all_gather_compute_weights() {
   }
 }
 
-void ZeroEngine::step(float grad_scale, double lr) {
+void ZeroEngine::step(float grad_scale, const ScheduledHyper& sched) {
   ZP_CHECK(!hyper_.step_in_backward, "ZeroEngine::step with optimizer.step_in_backward (the backward updates)");
   if (gatherer_) {  // they hold the weights before this update
     gatherer_->drop_prefetches();
@@ -227,10 +227,10 @@ void ZeroEngine::step(float grad_scale, double lr) {
   updates_.clear();
   for (size_t i = 0; i < blocks_.size(); ++i) updates_.push_back({i, reducer_->gradient(i), weights_out(i)});
   if (delayed_) {
-    if (delayed_->step(updates_, opt_->next_config(grad_scale, lr))) all_gather_compute_weights();
+    if (delayed_->step(updates_, opt_->next_config(grad_scale, sched))) all_gather_compute_weights();
     return;
   }
-  opt_->step(updates_, grad_scale, lr);
+  opt_->step(updates_, grad_scale, sched);
   all_gather_compute_weights();
 }
 

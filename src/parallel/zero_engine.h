@@ -87,8 +87,9 @@ class ZeroEngine : public nn::BlockAccess {
   // this call every backward reduces (correct, but it communicates on every micro-step).
   void begin_micro_step(bool last);
   // optimizer.step_in_backward: before the last micro-step's backward, the update that each block
-  // gets as soon as its gradients are reduced (grad_scale multiplies the gradients, as in step()).
-  void set_update_in_backward(float grad_scale, double lr);
+  // gets as soon as its gradients are reduced (grad_scale multiplies the gradients, and `sched` sets
+  // the schedule's values, as in step()).
+  void set_update_in_backward(float grad_scale, const ScheduledHyper& sched = {});
   bool updates_in_backward() const { return hyper_.step_in_backward; }
   // After the last micro-step: the gradients (or, stepping in the backward, the updates) of every
   // block are complete and visible to the compute stream; stages 0/1 reduce any block the
@@ -106,7 +107,8 @@ class ZeroEngine : public nn::BlockAccess {
   // AdamW on the owned slices; then stages 1/2 all-gather the new compute weights. Not with
   // step_in_backward (the backward has updated every block). With the delayed update: installs the
   // previous update's weights (all-gathered where replicated) and starts this one in the background.
-  void step(float grad_scale, double lr);
+  // `sched`: the learning rate (and betas) the schedule gives this update; unset, the configured ones.
+  void step(float grad_scale, const ScheduledHyper& sched = {});
   bool delays_update() const { return delayed_ != nullptr; }
   int64_t optimizer_steps() const { return opt_->steps(); }
   // A loaded checkpoint's count (bias correction and the LR schedule follow it).
@@ -168,7 +170,7 @@ class ZeroEngine : public nn::BlockAccess {
   std::unique_ptr<LaggingWeights> lagging_;      // the checkpoints' view of the compute weights then
   std::vector<RangeUpdate> updates_;       // reused: step()'s argument list
   float update_scale_ = 1.f;               // step_in_backward: this step's update
-  double update_lr_ = -1.0;
+  ScheduledHyper update_sched_;
   Tensor update_norms_;                    // step_in_backward: squared norm of each block's gradient
 };
 

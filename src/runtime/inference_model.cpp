@@ -4,6 +4,7 @@
 
 #include "comm/bootstrap.h"
 #include "core/error.h"
+#include "core/progress_meter.h"
 #include "io/h5file.h"
 #include "io/lora_merged_weights.h"
 #include "io/tokenizer_files.h"
@@ -77,20 +78,27 @@ InferenceModel::InferenceModel(const InferenceModelOptions& o) : source_(o.model
              o.offload_param, "' (nvme is not implemented for inference yet)");
   if (o.offload_param == "none") {
     model_ = std::make_unique<models::Transformer>(cfg, dev_, dt_, s_);
-    model_->load(*weights);
   } else {
     // One block at a time: loaded in full on the device, then only its pinned host copy is kept.
     model_ = std::make_unique<models::Transformer>(cfg, dev_, dt_, s_, parallel::shard_pad_multiple(1),
                                                    /*allocate=*/false);
     collective_ = std::make_unique<parallel::CollectiveStream>(nullptr, s_);
     gatherer_ = std::make_unique<parallel::ParameterGatherer>(nullptr, *collective_, parallel::StateTier::PinnedHost);
-    for (nn::ParamBlock* b : model_->blocks()) {
-      b->bind_values(Tensor::zeros({b->padded()}, b->dtype(), b->device(), "params", s_));
-      model_->load_block(*weights, *b);
-      gatherer_->add(*b);
-    }
-    model_->set_block_access(gatherer_.get());
   }
+  // Transformer::load's walk (no adapters here), block by block so that a large model shows its
+  // progress on rank 0; a small one prints nothing.
+  auto block_bytes = [](const nn::ParamBlock& b) { return double(b.padded()) * double(dtype_size(b.dtype())); };
+  double model_bytes = 0, loaded_bytes = 0;
+  for (const nn::ParamBlock* b : model_->blocks()) model_bytes += block_bytes(*b);
+  ProgressMeter progress("loading " + o.model, model_bytes, "GB");
+  for (nn::ParamBlock* b : model_->blocks()) {
+    if (gatherer_) b->bind_values(Tensor::zeros({b->padded()}, b->dtype(), b->device(), "params", s_));
+    model_->load_block(*weights, *b);
+    if (gatherer_) gatherer_->add(*b);
+    loaded_bytes += block_bytes(*b);
+    progress.update(loaded_bytes);
+  }
+  if (gatherer_) model_->set_block_access(gatherer_.get());
   if (merged) {
     const std::vector<std::string> left = merged->unmerged_modules();
     ZP_REQUIRE(left.empty(), o.lora, ": adapts module '", left.empty() ? "" : left.front(), "', whose weight ",

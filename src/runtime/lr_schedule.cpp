@@ -72,6 +72,18 @@ double one_cycle_lr(const LrSchedule& s, int64_t iteration) {
   return s.cycle_min_lr / (1.0 + s.decay_lr_rate * decay_interval);
 }
 
+// Inverse to the learning rate over the cycle (the same position, stairs included), then DeepSpeed's
+// _get_decay_mom: cycle_max_mom times (1 + decay_mom_rate x decay intervals), growing for a positive
+// rate (the configuration checks that it stays below 1 over the run).
+double one_cycle_momentum(const LrSchedule& s, int64_t iteration) {
+  const double total = s.cycle_first_step_size + s.cycle_second_step_size;
+  if (double(iteration) < total)
+    return s.cycle_max_mom - (s.cycle_max_mom - s.cycle_min_mom) * one_cycle_scale(s, iteration);
+  if (s.decay_step_size == 0 || s.decay_mom_rate == 0) return s.cycle_max_mom;
+  const double decay_interval = (double(iteration) - total + 1) / s.decay_step_size;
+  return s.cycle_max_mom * (1.0 + s.decay_mom_rate * decay_interval);
+}
+
 double lr_range_test_lr(const LrSchedule& s, int64_t iteration) {
   double interval = double(iteration + 1) / double(s.range_test_step_size);
   if (s.range_test_staircase) interval = std::floor(interval);
@@ -92,6 +104,13 @@ double LrSchedule::at(int64_t step) const {
   if (type == "OneCycle") return one_cycle_lr(*this, iteration);
   if (type == "LRRangeTest") return lr_range_test_lr(*this, iteration);
   return warmup_cosine_lr(*this, iteration);
+}
+
+std::optional<LrSchedule::Betas> LrSchedule::betas_at(int64_t step) const {
+  if (type != "OneCycle" || !cycle_momentum) return std::nullopt;
+  // Before its first step DeepSpeed's OneCycle has set the optimizer's betas to (cycle_min_mom, 0.99).
+  const int64_t iteration = step - 1;
+  return Betas{iteration < 0 ? cycle_min_mom : one_cycle_momentum(*this, iteration), kOneCycleBeta2};
 }
 
 }  // namespace zp::runtime

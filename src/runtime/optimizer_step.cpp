@@ -22,12 +22,21 @@ parallel::ShardingPolicy sharding_policy(const TrainConfig& cfg) {
   return p;
 }
 
+parallel::ScheduledHyper scheduled_hyper(const LrSchedule& schedule, int64_t step) {
+  parallel::ScheduledHyper h{schedule.at(step)};
+  if (const auto betas = schedule.betas_at(step)) {
+    h.beta1 = betas->beta1;
+    h.beta2 = betas->beta2;
+  }
+  return h;
+}
+
 void begin_micro_step(parallel::ZeroEngine& engine, const LrSchedule& schedule, int64_t micro, int64_t grad_accum,
                       float loss_scale) {
   const bool last = micro + 1 == grad_accum;
   engine.begin_micro_step(last);
   // No clipping in this mode (the configuration refuses it), and bf16/fp32 never skip a step.
-  if (last && engine.updates_in_backward()) engine.set_update_in_backward(1.f / loss_scale, schedule.at(engine.optimizer_steps()));
+  if (last && engine.updates_in_backward()) engine.set_update_in_backward(1.f / loss_scale, scheduled_hyper(schedule, engine.optimizer_steps()));
 }
 
 StepUpdate finish_step(parallel::ZeroEngine& engine, LossScaler& scaler, const LrSchedule& schedule, double grad_clip,
@@ -49,10 +58,11 @@ StepUpdate finish_step(parallel::ZeroEngine& engine, LossScaler& scaler, const L
   }
   u.grad_norm = std::sqrt(norm_sq) / loss_scale;
   u.skipped = scaler.update(!std::isfinite(u.grad_norm));
-  u.lr = schedule.at(engine.optimizer_steps());
+  const parallel::ScheduledHyper sched = scheduled_hyper(schedule, engine.optimizer_steps());
+  u.lr = sched.lr;
   if (!u.skipped) {
     const double clip = grad_clip > 0 && u.grad_norm > grad_clip ? grad_clip / u.grad_norm : 1.0;
-    engine.step(float(clip / loss_scale), u.lr);
+    engine.step(float(clip / loss_scale), sched);
   }
   return u;
 }

@@ -2,7 +2,8 @@
 // micro-step the engine learns whether its backward completes the step (ZeRO 0/1 reduce then) and,
 // with optimizer.step_in_backward, the update each block gets as its gradients complete. At the end:
 // average the gradients over the data group, take their global norm, skip the update on an fp16
-// overflow (the scaler decides), clip to `grad_clip`, and run AdamW at the schedule's learning rate.
+// overflow (the scaler decides), clip to `grad_clip`, and run AdamW at the schedule's learning rate
+// (and, with OneCycle's momentum cycling, its betas).
 #pragma once
 #include "parallel/zero_engine.h"
 #include "runtime/loss_scaler.h"
@@ -15,6 +16,10 @@ namespace zp::runtime {
 parallel::AdamWHyper adamw_hyper(const TrainConfig& cfg);
 // What the ZeRO engine shards and where it keeps each state, from the configuration.
 parallel::ShardingPolicy sharding_policy(const TrainConfig& cfg);
+
+// What the schedule sets for optimizer update `step` (from 0): its learning rate, and its betas
+// where it cycles them (LrSchedule::betas_at).
+parallel::ScheduledHyper scheduled_hyper(const LrSchedule& schedule, int64_t step);
 
 struct StepUpdate {
   double grad_norm = 0;  // of the unscaled gradients, before clipping

@@ -56,6 +56,7 @@ double PipelineStep::train(int64_t step, const std::vector<int64_t>& firsts, flo
 double PipelineStep::validate(const std::vector<int64_t>& firsts) {
   // Groups of micro-batches small enough that their tags stay in range.
   const size_t group = size_t(std::max(1, (kMaxTag - 1) / shape_.chunks()));
+  const StageTimes trained = times_;
   double sum = 0;
   for (size_t b = 0; b < firsts.size(); b += group) {
     const std::vector<int64_t> part(firsts.begin() + long(b), firsts.begin() + long(std::min(firsts.size(), b + group)));
@@ -63,7 +64,7 @@ double PipelineStep::validate(const std::vector<int64_t>& firsts) {
     sh.micro_batches = int(part.size());
     sum += run(parallel::forward_schedule(sh), 0, part, false, 1.f);
   }
-  timed_ = false;
+  times_ = trained;  // run() timed the validation; the pass events (GPU) are still the training step's
   return firsts.empty() ? 0.0 : sum / double(firsts.size());
 }
 
@@ -85,6 +86,7 @@ double PipelineStep::run(const std::vector<PipeAction>& passes, int64_t step, co
   };
   times_ = StageTimes();
   link_.take_wait_seconds();
+  link_.take_busy_ms();
   const bool events = train && s_;  // time the passes on the device
   const auto start = std::chrono::steady_clock::now();
   double busy = 0;
@@ -115,6 +117,7 @@ double PipelineStep::run(const std::vector<PipeAction>& passes, int64_t step, co
   times_.busy = busy;
   times_.span = seconds_since(start);
   times_.waiting = link_.take_wait_seconds();
+  times_.link_busy = link_.take_busy_ms() / 1e3;
   double loss = 0;
   if (last_stage())
     for (int m = 0; m < M; ++m) loss += model_.loss(m);

@@ -59,8 +59,10 @@ class PipelineStageModel {
 // pass's end, `busy` of them computing passes (on a GPU measured by events around each pass on the
 // compute stream, on the CPU on the host), and `waiting` blocked on the link (MPI; 0 on NCCL, where
 // the device waits). The stage's bubble is 1 - busy / span: idle time, transfers not hidden included.
+// `link_busy`: seconds the link was busy sending and receiving (comm::StageLink::take_busy_ms), the
+// step-time breakdown's "send_recv" communication.
 struct StageTimes {
-  double busy = 0, span = 0, waiting = 0;
+  double busy = 0, span = 0, waiting = 0, link_busy = 0;
   double bubble() const { return span > 0 ? 1.0 - busy / span : 0.0; }
 };
 
@@ -79,7 +81,8 @@ class PipelineStep {
   // Runs the step's passes; firsts[m] is micro-batch m's first global sample. Returns the mean loss
   // over the micro-batches on the last stage, 0 on the others.
   double train(int64_t step, const std::vector<int64_t>& firsts, float loss_scale);
-  // Forward passes only; the mean loss over `firsts` on the last stage, 0 on the others.
+  // Forward passes only; the mean loss over `firsts` on the last stage, 0 on the others. Leaves
+  // last_times() the training step's.
   double validate(const std::vector<int64_t>& firsts);
   // Of the last train() (waits for its passes to finish on a GPU).
   StageTimes last_times();

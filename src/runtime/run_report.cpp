@@ -80,14 +80,30 @@ StepRecord step_record(const json& o, RunFile& file, const Place& at) {
       r.breakdown = StepBreakdown{ms("data_ms"), ms("compute_ms"), ms("optimizer_ms"), ms("exposed_comm_ms"),
                                   ms("other_ms")};
     } else {
-      double compute = ms("forward_backward_ms"), update = ms("optimizer_ms");
+      const double forward_backward = ms("forward_backward_ms");
+      double compute = forward_backward, update = ms("optimizer_ms");
       const double exposed = std::min(ms("exposed_comm_ms"), compute + update);
       const double from_compute = std::min(exposed, compute);
       compute -= from_compute;
       update -= exposed - from_compute;
       r.breakdown = StepBreakdown{ms("data_ms"), compute, update, exposed, ms("other_ms")};
+      // The forward and backward split what is left of the phase in their measured proportion: the
+      // waits are not attributed to either.
+      const double forward = number(*b, "forward_ms", at), backward = number(*b, "backward_ms", at);
+      if (!std::isnan(forward) && !std::isnan(backward)) {
+        const double kept = forward_backward > 0 ? compute / forward_backward : 0.0;
+        r.breakdown->forward_ms = forward * kept;
+        r.breakdown->backward_ms = backward * kept;
+      }
     }
     if (std::isnan(r.comm_busy_ms)) r.comm_busy_ms = number(*b, "comm_busy_ms", at);
+    r.exposed_comm_ms = number(*b, "exposed_comm_ms", at);
+    if (const json* kinds = object(*b, "comm_busy_by_kind_ms", at))
+      for (const auto& [kind, v] : kinds->items()) {
+        ZP_REQUIRE(v.is_number() || v.is_null(), at.path, ":", at.line, ": \"comm_busy_by_kind_ms.", kind,
+                   "\" is not a number: ", v.dump());
+        r.comm_busy_by_kind_ms.emplace_back(kind, v.is_null() ? kAbsent : v.get<double>());
+      }
   }
   if (const json* p = object(o, "per_rank", at)) {
     r.rank_step_ms = numbers(*p, "step_ms", at);

@@ -5,11 +5,13 @@
 // Fields the reader does not know are ignored and optional ones may be absent, so files written by
 // older and newer engines both read; a number written as null (NaN: a diverged loss) reads as NaN.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zp::runtime {
@@ -17,9 +19,13 @@ namespace zp::runtime {
 constexpr double kAbsent = std::numeric_limits<double>::quiet_NaN();
 
 // Where a step's time went on this rank (the "breakdown" object), in milliseconds; the parts add up
-// to the step. compute_ms is the forward and backward ("forward_backward_ms" in the engine's files).
+// to the step. compute_ms is the forward and backward ("forward_backward_ms" in the engine's files);
+// forward_ms and backward_ms split it where the file has the split (NaN otherwise: older files, and
+// pipeline stages, whose passes interleave).
 struct StepBreakdown {
   double data_ms = 0, compute_ms = 0, optimizer_ms = 0, exposed_comm_ms = 0, other_ms = 0;
+  double forward_ms = kAbsent, backward_ms = kAbsent;
+  bool has_forward_split() const { return !std::isnan(forward_ms) && !std::isnan(backward_ms); }
 };
 
 struct StepRecord {
@@ -28,6 +34,10 @@ struct StepRecord {
   double items_per_s = kAbsent;  // tokens_per_s or samples_per_s (RunFile::unit says which)
   double peak_mem_gib = kAbsent, step_ms = kAbsent;
   double comm_busy_ms = kAbsent;  // "comm_busy_ms", or the breakdown's
+  // The breakdown's exposed_comm_ms as written (the part of comm_busy_ms compute waited for), and its
+  // comm_busy_by_kind_ms, one (kind, ms) per kind: ("all_gather", ms), ..., ("send_recv", ms).
+  double exposed_comm_ms = kAbsent;
+  std::vector<std::pair<std::string, double>> comm_busy_by_kind_ms;
   double bubble = kAbsent, theoretical_bubble = kAbsent;  // pipeline runs only
   bool skipped = false;
   std::optional<StepBreakdown> breakdown;

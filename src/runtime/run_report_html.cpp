@@ -81,29 +81,97 @@ LineChart memory_chart(const RunReport& rep) {
                   [](const StepRecord& r) { return r.peak_mem_gib; }, true);
 }
 
-// The step-time breakdown of the first file that has one, in at most kMaxBars buckets of steps.
+// The step-time breakdown of the first file that has one, in at most kMaxBars buckets of steps. The
+// forward and backward are two parts where every record has the split, else one, "compute".
 StackedBars breakdown_chart(const RunReport& rep) {
-  StackedBars c{"breakdown", "Step time breakdown", "step", "ms per step",
-                {"data", "compute", "optimizer", "exposed communication", "other"}, {}, {}};
+  StackedBars c{"breakdown", "Step time breakdown", "step", "ms per step", {}, {}, {}};
   for (const RunFile& f : rep.files) {
     std::vector<const StepRecord*> with;
     for (const StepRecord& r : f.steps)
       if (r.breakdown) with.push_back(&r);
     if (with.empty()) continue;
+    const bool split =
+        std::all_of(with.begin(), with.end(), [](const StepRecord* r) { return r->breakdown->has_forward_split(); });
+    c.layers = split ? std::vector<std::string>{"data", "forward", "backward", "optimizer", "exposed communication",
+                                                "other"}
+                     : std::vector<std::string>{"data", "compute", "optimizer", "exposed communication", "other"};
+    auto parts = [split](const StepBreakdown& d) {
+      return split ? std::vector<double>{d.data_ms, d.forward_ms, d.backward_ms, d.optimizer_ms, d.exposed_comm_ms,
+                                         d.other_ms}
+                   : std::vector<double>{d.data_ms, d.compute_ms, d.optimizer_ms, d.exposed_comm_ms, d.other_ms};
+    };
     c.title += " (" + f.label + ")";
     const size_t buckets = std::min(with.size(), kMaxBars);
     for (size_t b = 0; b < buckets; ++b) {
       const size_t begin = with.size() * b / buckets, end = with.size() * (b + 1) / buckets;
-      std::vector<double> mean(5, 0.0);
+      std::vector<double> mean(c.layers.size(), 0.0);
       for (size_t i = begin; i < end; ++i) {
-        const StepBreakdown& d = *with[i]->breakdown;
-        const double parts[] = {d.data_ms, d.compute_ms, d.optimizer_ms, d.exposed_comm_ms, d.other_ms};
-        for (int k = 0; k < 5; ++k) mean[k] += parts[k] / double(end - begin);
+        const std::vector<double> p = parts(*with[i]->breakdown);
+        for (size_t k = 0; k < p.size(); ++k) mean[k] += p[k] / double(end - begin);
       }
       c.bars.push_back(std::to_string(with[begin]->step));
       c.values.push_back(mean);
     }
     return c;
+  }
+  return c;
+}
+
+// The mean over a file's steps of the finite values of `v` (0 when none).
+double mean_over_steps(const RunFile& f, const Field& v) {
+  double sum = 0;
+  int n = 0;
+  for (const StepRecord& r : f.steps)
+    if (const double x = v(r); std::isfinite(x)) sum += x, ++n;
+  return n ? sum / n : 0.0;
+}
+
+// Per file (a rank's metrics), the communication's mean busy time split into what compute waited for
+// (exposed) and the rest (hidden behind compute, or in a pipeline the stage link's traffic, which
+// exposed_comm_ms does not count). Files without exposed_comm_ms have no bar.
+StackedBars exposed_comm_chart(const RunReport& rep) {
+  StackedBars c{"comm-exposed", "Communication: busy vs exposed (mean over the steps)", "file", "ms per step",
+                {"exposed (compute waited)", "busy, not exposed"}, {}, {}};
+  for (const RunFile& f : rep.files) {
+    if (std::none_of(f.steps.begin(), f.steps.end(),
+                     [](const StepRecord& r) { return std::isfinite(r.exposed_comm_ms); }))
+      continue;
+    const double busy = mean_over_steps(f, [](const StepRecord& r) { return r.comm_busy_ms; });
+    const double exposed = mean_over_steps(f, [](const StepRecord& r) { return r.exposed_comm_ms; });
+    c.bars.push_back(f.label);
+    c.values.push_back({exposed, std::max(busy - exposed, 0.0)});
+  }
+  return c;
+}
+
+// Per file, the communication's mean busy time per kind (collectives and the pipeline's send_recv):
+// the kinds the files name, the engine's in a fixed order (so colours mean the same in every report),
+// then any other.
+StackedBars comm_kinds_chart(const RunReport& rep) {
+  StackedBars c{"comm-kinds", "Communication busy time per kind (mean over the steps)", "file", "ms per step",
+                {}, {}, {}};
+  std::vector<std::string> named;
+  for (const RunFile& f : rep.files)
+    for (const StepRecord& r : f.steps)
+      for (const auto& [kind, ms] : r.comm_busy_by_kind_ms)
+        if (std::find(named.begin(), named.end(), kind) == named.end()) named.push_back(kind);
+  for (const char* kind : {"all_gather", "reduce_scatter", "all_reduce", "send_recv"})
+    if (std::find(named.begin(), named.end(), kind) != named.end()) c.layers.push_back(kind);
+  for (const std::string& kind : named)
+    if (std::find(c.layers.begin(), c.layers.end(), kind) == c.layers.end()) c.layers.push_back(kind);
+  for (const RunFile& f : rep.files) {
+    if (std::all_of(f.steps.begin(), f.steps.end(),
+                    [](const StepRecord& r) { return r.comm_busy_by_kind_ms.empty(); }))
+      continue;
+    std::vector<double> mean;
+    for (const std::string& kind : c.layers)
+      mean.push_back(mean_over_steps(f, [&kind](const StepRecord& r) {
+        for (const auto& [k, ms] : r.comm_busy_by_kind_ms)
+          if (k == kind) return ms;
+        return r.comm_busy_by_kind_ms.empty() ? kAbsent : 0.0;  // a step without the kind spent nothing on it
+      }));
+    c.bars.push_back(f.label);
+    c.values.push_back(std::move(mean));
   }
   return c;
 }
@@ -268,6 +336,10 @@ std::string run_report_html(const RunReport& rep) {
   section(o, svg_stacked_bars(breakdown_chart(rep)), "No step-time breakdown (\"breakdown\") in these files.");
   section(o, svg_stacked_bars(comm_chart(rep)),
           "No communication timings (\"per_rank.comm_busy_ms\" or \"comm_busy_ms\") in these files.");
+  section(o, svg_stacked_bars(exposed_comm_chart(rep)),
+          "No exposed communication (\"breakdown.exposed_comm_ms\") in these files.");
+  section(o, svg_stacked_bars(comm_kinds_chart(rep)),
+          "No communication time per kind (\"breakdown.comm_busy_by_kind_ms\") in these files.");
   section(o, svg_line_chart(bubble_chart(rep)), "No pipeline in this run (no \"pipeline\" records).");
   checkpoints(o, rep);
   config_and_banner(o, rep);

@@ -14,8 +14,11 @@ namespace zp::runtime {
 //   lr, grad-norm            learning rate, gradient norm
 //   throughput, mfu          tokens (samples) per second, model FLOPs utilisation
 //   step-time, memory        step time per file; peak memory per rank (per file where no per_rank)
-//   breakdown                where the step time goes, stacked bars over the run (first file with it)
+//   breakdown                where the step time goes, stacked bars over the run (first file with it):
+//                            forward and backward apart where the files have the split, else "compute"
 //   comm-per-rank            communication busy time and the rest of the step, per rank (stragglers)
+//   comm-exposed             per file, communication busy time: the part compute waited for, the rest
+//   comm-kinds               per file, communication busy time per kind (all_gather, ..., send_recv)
 //   bubble                   the pipeline bubble per stage's file, with the theory's
 std::string run_report_html(const RunReport& report);
 

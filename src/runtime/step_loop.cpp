@@ -85,6 +85,14 @@ void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t
     bd.exposed_comm_ms = comm.exposed_ms;
     for (int k = 0; k < int(parallel::CollectiveKind::Count); ++k)
       bd.comm_busy_by_kind_ms.emplace_back(parallel::collective_kind_name(parallel::CollectiveKind(k)), comm.busy_ms[k]);
+    if (loop.pipeline) {
+      // The stage link's sends and receives, one more kind of the busy time. Not exposed_comm_ms: a
+      // stage waiting for its input is mostly waiting for the peer's compute (the bubble), which the
+      // pipeline's recv_wait_ms and bubble report.
+      const double link_ms = 1e3 * loop.pipeline->last_times().link_busy;
+      bd.comm_busy_by_kind_ms.emplace_back("send_recv", link_ms);
+      bd.comm_busy_ms += link_ms;
+    }
     if (loop.forward_ms && !loop.pipeline) {
       // The forward as the task measured it, the backward the rest of the phase (the two add up to it).
       bd.forward_ms = std::clamp(loop.forward_ms(), 0.0, bd.forward_backward_ms);

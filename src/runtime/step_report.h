@@ -45,8 +45,10 @@ class StepReporter {
   // The forward-and-backward phase splits into forward_ms (the training micro-batches' forwards and
   // objectives, TrainingTask::take_forward_ms) and backward_ms, the rest of the phase, so the two add
   // up to it; NaN where not measured (a pipeline stage's schedule). The communication's busy time
-  // splits by collective kind (comm_busy_by_kind_ms, adding up to comm_busy_ms), and
-  // exposed_comm_ms is how long compute waited for it (parallel::CommTimes says how it is measured).
+  // splits by kind (comm_busy_by_kind_ms, adding up to comm_busy_ms): the collectives, and in a
+  // pipelined run the stage link's point-to-point traffic, "send_recv" (comm::StageLink::take_busy_ms).
+  // exposed_comm_ms is how long compute waited for the collectives (parallel::CommTimes says how it
+  // is measured); a stage's waits for the link are the pipeline's recv_wait_ms and bubble instead.
   struct Breakdown {
     double data_ms = 0, forward_backward_ms = 0, optimizer_ms = 0, comm_busy_ms = 0;
     double forward_ms = std::numeric_limits<double>::quiet_NaN(), backward_ms = std::numeric_limits<double>::quiet_NaN();

@@ -376,8 +376,18 @@ void read_schedule(io::ConfigReader& r, TrainConfig& t) {
     s.cycle_second_stair_count =
         r.integer_or_auto(p + "cycle_second_stair_count", 0).value_or(s.cycle_first_stair_count);
     s.decay_step_size = double(r.integer(p + "decay_step_size", 0));
-    r.require(!r.boolean(p + "cycle_momentum"), "scheduler.params.cycle_momentum = true (OneCycle's default): cycling "
-              "AdamW's beta1 is not implemented; set it to false to cycle the learning rate only");
+    // Momentum: AdamW's beta1 cycles inversely to the learning rate, and beta2 is DeepSpeed's 0.99.
+    s.cycle_momentum = r.boolean(p + "cycle_momentum");
+    s.cycle_min_mom = r.number(p + "cycle_min_mom", Range::half_open(0, 1));
+    s.cycle_max_mom = r.number(p + "cycle_max_mom", Range::half_open(0, 1));
+    s.decay_mom_rate = r.number(p + "decay_mom_rate", Range{});  // either way: checked over the run below
+    if (s.cycle_momentum) {
+      // The decay moves beta1 one way only: the last update's is its extreme.
+      const double last = s.betas_at(std::max<int64_t>(t.max_steps - 1, 0))->beta1;
+      r.require(last >= 0 && last < 1,
+                detail::cat("scheduler.params.decay_mom_rate = ", s.decay_mom_rate, " takes AdamW's beta1 to ", last,
+                            " by training.max_steps = ", t.max_steps, "; it must stay in [0, 1)"));
+    }
   }
   if (s.type == "LRRangeTest") {
     s.range_test_min_lr = r.number(p + "lr_range_test_min_lr", Range::above(0));

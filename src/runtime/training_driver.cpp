@@ -12,6 +12,7 @@
 #include "core/cpu_share.h"
 #include "core/log.h"
 #include "core/numa_node.h"
+#include "core/progress_meter.h"
 #include "io/bounded_json.h"
 #include "parallel/nvme_state_store.h"
 #include "parallel/pipeline_schedule.h"
@@ -130,8 +131,18 @@ TrainResult run_training(const TrainConfig& given, comm::Runtime& rt, MPI_Comm g
   const RunPlan plan = plan_run(blocks, policy, cfg, at.data_size(), rt.local_size(), task->activation_bytes(),
                                 at.dev.is_cuda(), "");
   const std::string fit = check_fit_at_start(plan, at.dev, at.topology->mpi_comm(comm::Group::World));
-  parallel::ZeroEngine engine(blocks, policy, comms.data.get(), adamw_hyper(cfg), s,
-                              [&](nn::ParamBlock& b) { task->fill_block(b); });
+  // Filling the blocks reads the hub weights (or draws them): a large model shows its progress on
+  // rank 0 (its pipeline stage's blocks), a small one prints nothing (ProgressMeter).
+  auto block_bytes = [](const nn::ParamBlock& b) { return double(b.padded()) * double(dtype_size(b.dtype())); };
+  double model_bytes = 0, filled_bytes = 0;
+  for (const nn::ParamBlock* b : blocks) model_bytes += block_bytes(*b);
+  ProgressMeter fill_progress(cfg.init == "hub" ? "loading the weights of " + cfg.hub_dir : "initialising the model",
+                              model_bytes, "GB");
+  parallel::ZeroEngine engine(blocks, policy, comms.data.get(), adamw_hyper(cfg), s, [&](nn::ParamBlock& b) {
+    task->fill_block(b);
+    filled_bytes += block_bytes(b);
+    fill_progress.update(filled_bytes);
+  });
   task->set_block_access(&engine);
   engine.set_overlap_comm(cfg.overlap_comm);
 

@@ -1,7 +1,8 @@
 // Checkpoints in the training loops (issue 5), at any world size (mpirun -np 2, 3, 5), for the LMs
 // and for the UNet (the demo config, configs/unet-demo-tiny.json, on its own latents):
 //  - 6 steps straight vs 3 steps, save, resume, 3 steps at the same world size and ZeRO stage: the
-//    same losses and final fp32 parameters, bit for bit (the UNet also with activation checkpointing);
+//    same losses and final fp32 parameters, bit for bit (the UNet also with activation checkpointing,
+//    Llama also with OneCycle cycling AdamW's betas);
 //  - resharding: saved by 3 ranks at stage 2 (sub-communicators emulate the world sizes of one
 //    mpirun), resumed by 2 ranks at stage 3 and by all ranks at stage 1, steps 4-6 follow the
 //    single-rank reference to 1e-5;
@@ -42,7 +43,7 @@ namespace {
 // On GPUs the embedding's backward adds rows with fp32 atomics, whose order (and so the last bits)
 // varies from run to run: there the resumed run must agree to 1e-5 instead of bit for bit.
 void check_same_world(const std::string& model, int stage, const std::string& device = "cpu",
-                      bool activation_checkpointing = false) {
+                      bool activation_checkpointing = false, const io::json& scheduler = nullptr) {
   comm::Runtime rt;
   const bool bitwise = device == "cpu";
   const int world = world_size();
@@ -50,9 +51,12 @@ void check_same_world(const std::string& model, int stage, const std::string& de
   const std::string data = data_file(dir, model);
   const std::string ckpt = dir / "ckpt";
   const std::string what = model + " stage " + std::to_string(stage) + " world " + std::to_string(world) +
-                           (activation_checkpointing ? " with activation checkpointing" : "");
+                           (activation_checkpointing ? " with activation checkpointing" : "") +
+                           (scheduler.is_null() ? "" : " scheduler " + scheduler.dump());
   auto with = [&](int64_t steps, int64_t save_every, const std::string& dir, const std::string& resume) {
-    return TrainingRun{model, stage, world, steps, save_every, dir, resume, device, activation_checkpointing};
+    TrainingRun r{model, stage, world, steps, save_every, dir, resume, device, activation_checkpointing};
+    r.scheduler = scheduler;
+    return r;
   };
 
   const TrainResult straight = run(data, with(kSteps, 0, "", ""), rt, MPI_COMM_WORLD, true);
@@ -90,6 +94,16 @@ TEST(CheckpointResume, Gpt2Stage2BitwiseAtSameWorld) { check_same_world("gpt2", 
 TEST(CheckpointResume, UNetStage0BitwiseAtSameWorld) { check_same_world("unet", 0); }
 TEST(CheckpointResume, UNetStage3WithActivationCheckpointingBitwiseAtSameWorld) {
   check_same_world("unet", 3, "cpu", true);
+}
+// OneCycle cycles AdamW's betas as a function of the step: a resumed run takes the same ones (the
+// resumed steps 4-6 are the second half of the 2 + 2-step cycle and the decay's first step).
+TEST(CheckpointResume, LlamaOneCycleMomentumBitwiseAtSameWorld) {
+  check_same_world("llama", 1, "cpu", false,
+                   {{"type", "OneCycle"},
+                    {"params",
+                     {{"cycle_min_lr", 1e-3}, {"cycle_max_lr", 3e-3}, {"cycle_first_step_size", 2},
+                      {"cycle_min_mom", 0.8}, {"cycle_max_mom", 0.9}, {"decay_step_size", 1},
+                      {"decay_mom_rate", 0.01}}}});
 }
 
 // The same save and resume on GPUs with NCCL (one GPU per rank).

@@ -1,7 +1,8 @@
 // The step-time breakdown on several ranks (CPU, MPI): each rank's metrics file has the
 // communication's busy time per collective kind, summing to comm_busy_ms, the kinds the ZeRO stage
 // uses (stage 0 all-reduces gradients; stage 2 reduce-scatters them and all-gathers the weights),
-// and on the CPU all of it exposed (the host runs each collective and waits for it).
+// and on the CPU all of it exposed (the host runs each collective and waits for it). In a pipelined
+// run the stage link's sends and receives are one more kind, "send_recv", in the busy total.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -36,6 +37,7 @@ TEST(Telemetry, CommBusyPerCollectiveKindOnEveryRank) {
       double sum = 0;
       for (const char* kind : {"all_reduce", "reduce_scatter", "all_gather"}) sum += kinds.at(kind).get<double>();
       EXPECT_NEAR(sum, b.at("comm_busy_ms").get<double>(), 1e-9) << j.dump();
+      EXPECT_FALSE(kinds.contains("send_recv")) << "no pipeline, no stage link: " << j.dump();
       EXPECT_NEAR(b.at("exposed_comm_ms").get<double>(), b.at("comm_busy_ms").get<double>(), 1e-9) << j.dump();
       if (stage == 0) {
         EXPECT_GT(kinds.at("all_reduce").get<double>(), 0.0) << j.dump();
@@ -50,6 +52,44 @@ TEST(Telemetry, CommBusyPerCollectiveKindOnEveryRank) {
     }
     EXPECT_EQ(steps, 2) << "stage " << stage;
   }
+}
+
+// Two ranks as the two stages of one pipeline (ZeRO 1 inside each stage, one rank per stage: no
+// collective has a peer), two micro-batches: each stage sends and receives every step.
+TEST(Telemetry, PipelineSendRecvIsACommunicationKind) {
+  if (world_size() < 2) GTEST_SKIP() << "needs several ranks";
+  comm::Runtime rt;
+  SharedDir dir("telemetry_pipeline");
+  const std::string data = data_file(dir, "llama");
+  MPI_Comm two = first_ranks(2);
+  if (two == MPI_COMM_NULL) return;
+  TrainingRun r{"llama", 1, 2};
+  r.max_steps = 2;
+  r.stages = 2;
+  r.grad_accum = 2;
+  r.layers = 4;
+  runtime::TrainConfig t = runtime::TrainConfig::from(user_config(data, r));
+  t.metrics_file = dir / "m.{rank}.jsonl";
+  runtime::train(t, rt, two);
+  MPI_Comm_free(&two);
+  std::ifstream in(dir / ("m." + std::to_string(world_rank()) + ".jsonl"));
+  int steps = 0;
+  for (std::string line; std::getline(in, line);) {
+    const io::json j = io::json::parse(line);
+    if (j.contains("event")) continue;
+    ++steps;
+    const io::json& b = j.at("breakdown");
+    const io::json& kinds = b.at("comm_busy_by_kind_ms");
+    ASSERT_TRUE(kinds.contains("send_recv")) << j.dump();
+    EXPECT_GT(kinds.at("send_recv").get<double>(), 0.0) << j.dump();
+    double sum = 0;
+    for (const auto& [kind, ms] : kinds.items()) sum += ms.get<double>();
+    EXPECT_NEAR(sum, b.at("comm_busy_ms").get<double>(), 1e-9) << j.dump();
+    EXPECT_GE(b.at("comm_busy_ms").get<double>(), kinds.at("send_recv").get<double>()) << j.dump();
+    // The host's waits for the link are part of its busy time (MPI: the waits and the posting).
+    EXPECT_GE(kinds.at("send_recv").get<double>(), j.at("pipeline").at("recv_wait_ms").get<double>()) << j.dump();
+  }
+  EXPECT_EQ(steps, 2);
 }
 
 }  // namespace zp::test

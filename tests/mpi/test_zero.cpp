@@ -200,7 +200,7 @@ TEST(ZeroStepInBackward, MatchesStepIncludingAnUnusedBlock) {
       parallel::ZeroEngine engine(model.blocks(), parallel::ShardingPolicy::zero_stage(stage), dp.get(), h);
       engine.begin_step();
       engine.begin_micro_step(true);
-      if (in_backward) engine.set_update_in_backward(1.f, 1e-2);
+      if (in_backward) engine.set_update_in_backward(1.f, {.lr = 1e-2});
       const auto blocks = model.blocks();
       for (size_t k = 1; k < blocks.size(); ++k) {  // block 0 gets no gradient
         engine.acquire_grads(*blocks[k]);
@@ -209,7 +209,7 @@ TEST(ZeroStepInBackward, MatchesStepIncludingAnUnusedBlock) {
         engine.release_grads(*blocks[k]);
       }
       engine.finish_gradients();
-      if (!in_backward) engine.step(1.f, 1e-2);
+      if (!in_backward) engine.step(1.f, {.lr = 1e-2});
       finals.push_back(engine.gather_master());
     }
   }

@@ -84,6 +84,7 @@ struct TrainingRun {
   io::json lora;                 // the lora section (null: no LoRA)
   double init_std = 0.02;        // model.init_std
   double lr = 3e-3;              // optimizer.params.lr
+  io::json scheduler;            // the scheduler section instead of the suites' warmup (null: that)
   // New fields go last: suites build runs with positional initialisers.
 };
 
@@ -110,6 +111,7 @@ inline io::Config user_config(const std::string& data, const TrainingRun& r) {
   if (r.bf16) user["bf16"] = {{"enabled", true}};
   if (!r.lora.is_null()) user["lora"] = r.lora;
   user["model"]["init_std"] = r.init_std;
+  if (!r.scheduler.is_null()) user["scheduler"] = r.scheduler;
   if (r.offload == "nvme")
     user["zero_optimization"]["offload_optimizer"]["nvme_path"] =
         r.nvme_path.empty() ? std::filesystem::temp_directory_path().string() : r.nvme_path;
