@@ -254,7 +254,8 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
   }
 
   // PipelineStageModel: one micro-batch through one local chunk.
-  Tensor boundary_buffer() override {
+  // Every cut carries the hidden state.
+  Tensor boundary_buffer(int /*chunk*/) override {
     return Tensor::empty({cfg_.micro_batch * cfg_.seq_len, mcfg_.hidden}, cfg_.dtype, at_.dev, "activations", at_.s());
   }
   Tensor forward(int chunk, int micro, int64_t step, int64_t first, Tensor input, bool train, float loss_scale) override {
