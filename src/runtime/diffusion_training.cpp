@@ -150,8 +150,6 @@ class DiffusionTask final : public TrainingTask, public PipelineStageModel {
     weights_.resize(size_t(B_));
 
     lora_ = {cfg_.lora_r, cfg_.lora_alpha, cfg_.lora_dropout, cfg_.lora_targets, cfg_.lora_rslora};
-    ZP_REQUIRE(at.stages() == 1 || lora_.r == 0, "lora with pipeline.stages = ", at.stages(),
-               ": LoRA on a UNet in pipeline stages is not implemented yet (set pipeline.stages to 1)");
     // The whole model laid out (no memory): the partition's costs and the progress line's FLOPs.
     models::UNet whole(mcfg_, at.dev, cfg_.dtype, at.s(), 1, /*allocate=*/false, lora_);
     flops_per_sample_ = models::unet_train_flops_per_sample(whole, H_, W_, L_);
@@ -247,7 +245,7 @@ class DiffusionTask final : public TrainingTask, public PipelineStageModel {
     m.config_json = cfg_.config_json;
     m.model_config = hub_;
     m.model_family = "unet";
-    set_lora_identity(m, lora_, cfg_, hub_weights_ != nullptr, fingerprint_.hex());
+    set_lora_identity(m, lora_, cfg_, hub_weights_ != nullptr, lora_.r > 0 ? base_fingerprint() : "");
     return m;
   }
   ProgressUnit progress() override { return {"samples", 1, flops_per_sample_}; }
@@ -367,6 +365,17 @@ class DiffusionTask final : public TrainingTask, public PipelineStageModel {
     return mean_loss(losses);
   }
 
+  // The fingerprint of the whole base: every stage's part (each fingerprints the blocks it filled).
+  // Collective over the pipeline group on the first call, which every rank makes at the same point
+  // (the driver's first checkpoint_model(), after the engine filled every block).
+  std::string base_fingerprint() const {
+    if (!fingerprint_hex_)
+      fingerprint_hex_ = at_.stages() > 1
+                             ? fingerprint_.combined_over(at_.topology->mpi_comm(comm::Group::Pipeline)).hex()
+                             : fingerprint_.hex();
+    return *fingerprint_hex_;
+  }
+
   std::vector<nn::ParamBlock*> all_blocks() const {
     std::vector<nn::ParamBlock*> b;
     for (const auto& c : chunks_)
@@ -389,7 +398,8 @@ class DiffusionTask final : public TrainingTask, public PipelineStageModel {
   std::vector<std::unique_ptr<models::UNet>> chunks_;  // one without a pipeline
   std::unique_ptr<io::WeightSource> hub_weights_;
   models::LoraSpec lora_;
-  BaseFingerprint fingerprint_;  // LoRA: of the frozen blocks
+  BaseFingerprint fingerprint_;  // LoRA: of the frozen blocks this rank filled
+  mutable std::optional<std::string> fingerprint_hex_;
   // A pipeline's micro-batches between their forward and backward, by (micro, local chunk).
   struct InFlight {
     DiffusionBatch batch;

@@ -2,8 +2,8 @@
 // (5 units: two down blocks, the mid block, two up blocks) cut into P stages follows the single-rank
 // trajectory within 1e-5 (fp32) with ZeRO 1-3 inside each stage, 1F1B and interleaved (where the
 // units allow: P x 2 <= 5), activation checkpointing in one case, uneven partitions and two
-// data-parallel pipelines (P2 x D2); a pipelined checkpoint resumes data-parallel and the reverse;
-// more chunks than units, or a list that names no unit, are errors naming the keys.
+// data-parallel pipelines (P2 x D2), LoRA adapters; a pipelined checkpoint resumes data-parallel and
+// the reverse; more chunks than units, or a list that names no unit, are errors naming the keys.
 #include "io/checkpoint_file.h"
 #include "training_runs.h"
 
@@ -14,9 +14,11 @@ constexpr int kUNetUnits = 5;
 
 // The single-rank run every layout with `accum` micro-batches must follow (run on world rank 0,
 // broadcast to the others).
-runtime::TrainResult unet_reference(const std::string& data, int accum, comm::Runtime& rt) {
+runtime::TrainResult unet_reference(const std::string& data, int accum, comm::Runtime& rt,
+                                    const io::json& lora = io::json()) {
   TrainingRun r{"unet", 0, 1};
   r.grad_accum = accum;
+  r.lora = lora;
   runtime::TrainResult res;
   if (MPI_Comm one = first_ranks(1); one != MPI_COMM_NULL) {
     res = run(data, r, rt, one, true);
@@ -71,6 +73,41 @@ TEST(UNetPipeline, StagesFollowTheSingleRankTrajectory) {
         expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), want, what + ", activation checkpointing");
       }
     }
+}
+
+// LoRA adapters on the attention blocks (down block 0, the mid block, up block 1; none on the plain
+// blocks between) trained in P stages at ZeRO 2 and 3 follow one rank, and their checkpoint resumes
+// data-parallel.
+TEST(UNetPipeline, LoraAdaptersFollowTheSingleRankTrajectory) {
+  comm::Runtime rt;
+  const int P = world_size();
+  SharedDir dir("unet_pipeline_lora");
+  const std::string data = data_file(dir, "unet");
+  const io::json lora = {{"r", 4}, {"alpha", 8}, {"dropout", 0.0}, {"target_modules", {"to_q", "to_v", "ff.net.2"}}};
+  const runtime::TrainResult want = unet_reference(data, P, rt, lora);
+  for (int zero : {2, 3}) {
+    TrainingRun r = unet_stages_of_world(zero);
+    r.lora = lora;
+    expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), want,
+                           "unet LoRA P" + std::to_string(P) + " ZeRO " + std::to_string(zero));
+  }
+  // The checkpoint's base fingerprint is the whole base's (every stage's part combined): a
+  // data-parallel run on the same base resumes it.
+  TrainingRun staged = unet_stages_of_world(2);
+  staged.lora = lora;
+  staged.dir = dir / "ckpt";
+  staged.max_steps = kSaveAt;
+  staged.save_every = kSaveAt;
+  run(data, staged, rt, MPI_COMM_WORLD);
+  TrainingRun flat{"unet", 1, P};
+  flat.lora = lora;
+  flat.resume = staged.dir + "/" + io::checkpoint_filename(kSaveAt);
+  runtime::TrainResult tail_want = want;
+  tail_want.losses = tail(want.losses, kSaveAt);
+  const runtime::TrainResult got = run(data, flat, rt, MPI_COMM_WORLD, true);
+  EXPECT_EQ(got.first_step, kSaveAt);
+  expect_same_trajectory(got, tail_want, "unet LoRA saved by P" + std::to_string(P) + ", resumed data-parallel",
+                         kSaveAt);
 }
 
 // Two pipelines of two stages (P2 x D2) on the first four ranks (or one pipeline at np 2), three
