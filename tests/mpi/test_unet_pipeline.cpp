@@ -112,8 +112,8 @@ TEST(UNetPipeline, LoraAdaptersFollowTheSingleRankTrajectory) {
 
 // Two pipelines of two stages (P2 x D2) on the first four ranks (or one pipeline at np 2), three
 // micro-batches: an explicit uneven cut (down block 0 | the rest), and the "compute" and "uniform"
-// partitions.
-TEST(UNetPipeline, DataParallelPipelinesAndUnevenCuts) {
+// partitions; the optimizer offloaded to the CPU inside each stage.
+TEST(UNetPipeline, DataParallelPipelinesUnevenCutsAndOffload) {
   comm::Runtime rt;
   if (world_size() < 4 && world_size() != 2) GTEST_SKIP() << "needs 2 or at least 4 ranks";
   const int world = world_size() >= 4 ? 4 : 2;
@@ -127,9 +127,13 @@ TEST(UNetPipeline, DataParallelPipelinesAndUnevenCuts) {
     r.stages = 2;
     r.grad_accum = 3;
     r.partition = zero == 1 ? io::json::array({1}) : io::json(zero == 2 ? "compute" : "uniform");
-    expect_same_trajectory(run(data, r, rt, group, true), want,
-                           "unet P2 x D" + std::to_string(world / 2) + " ZeRO " + std::to_string(zero) + " partition " +
-                               r.partition.dump());
+    const std::string what =
+        "unet P2 x D" + std::to_string(world / 2) + " ZeRO " + std::to_string(zero) + " partition " + r.partition.dump();
+    expect_same_trajectory(run(data, r, rt, group, true), want, what);
+    if (zero == 2) {
+      r.offload = "cpu";
+      expect_same_trajectory(run(data, r, rt, group, true), want, what + ", optimizer offloaded to the CPU");
+    }
   }
   MPI_Comm_free(&group);
 }
