@@ -4,6 +4,7 @@
 // embedding, and config errors that name the key.
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "app/unet_parity.h"
@@ -261,6 +262,94 @@ TEST(UNetActivationsGpu, InterleavedForwardsMatchSequential) {
       expect_interleaved_forwards_match_sequential(sdxl, checkpoint, Device::cuda(0), DType::BF16, 1e-2);
     }
 }
+
+// A UNet cut into pipeline chunks (models::UNetSpan), each chunk's boundary fed to the next and the
+// boundary gradients back, computes the whole model's prediction bit for bit and its input and
+// parameter gradients (within 1e-6; the accumulation order is the whole model's, so on the CPU they
+// agree exactly too). The boundaries carry the live skips and the time embedding, whose gradient
+// reaches the stem's time-embedding layers from every later chunk: with one unit per chunk, every
+// skip of the tiny UNet crosses at least one cut.
+static void expect_chunks_chain_to_the_whole_model(bool sdxl) {
+  const Device dev = Device::cpu();
+  const DType dt = DType::F32;
+  TinyUNetRun run(sdxl, dev, dt);
+  models::UNet& whole = run.model;
+  const models::UNetConfig& cfg = whole.config();
+  ASSERT_EQ(cfg.num_units(), 5);
+  run.zero_grads();
+  models::UNetActivations acts = models::UNetActivations::training();
+  const std::vector<float> want_out = download(whole.forward(run.in[0], acts));
+  const std::vector<float> want_dsample = download(whole.backward(run.dout[0], acts));
+  std::map<std::string, std::vector<float>> want_grads;
+  for (nn::ParamBlock* b : whole.blocks()) want_grads[b->name()] = download(b->grads());
+
+  // Uneven cuts (the middle chunk checkpointed), and one unit per chunk.
+  for (const std::vector<int64_t>& cuts : {std::vector<int64_t>{0, 1, 4, 5}, {0, 1, 2, 3, 4, 5}}) {
+    const std::string what = std::string(sdxl ? "SDXL" : "SD") + " in " + std::to_string(cuts.size() - 1) + " chunks";
+    std::vector<std::unique_ptr<models::UNet>> chunks;
+    for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+      chunks.push_back(std::make_unique<models::UNet>(cfg, dev, dt, nullptr, 1, true, models::LoraSpec{},
+                                                      models::UNetSpan{cuts[k], cuts[k + 1]}));
+      for (nn::Parameter* p : chunks.back()->parameters()) nn::init_normal(*p, 11, 0.2);
+      for (nn::ParamBlock* b : chunks.back()->blocks()) b->zero_grad();
+    }
+    EXPECT_TRUE(chunks.front()->has_stem() && !chunks.front()->has_head()) << what;
+    EXPECT_TRUE(chunks.back()->has_head() && !chunks.back()->has_stem()) << what;
+    EXPECT_EQ(chunks[1]->blocks().size(), size_t(cuts[2] - cuts[1])) << what << ": a middle chunk holds its units only";
+    EXPECT_EQ(chunks[1]->blocks().front()->name(), cfg.unit_name(cuts[1])) << what;
+
+    std::vector<models::UNetActivations> chunk_acts;
+    Tensor x;
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      chunk_acts.push_back(models::UNetActivations::training(/*checkpoint=*/k == 1));
+      x = chunks[k]->forward(run.in[0], chunk_acts[k], x);
+      if (k + 1 == chunks.size()) break;
+      int64_t n = 0;
+      for (const Shape& sh : cfg.boundary_shapes(cuts[k + 1], 2, 8, 8)) n += shape_numel(sh);
+      EXPECT_EQ(x.numel(), n) << what << ": the boundary before unit " << cuts[k + 1];
+    }
+    EXPECT_EQ(download(x), want_out) << what << ": the prediction, bit for bit";
+    Tensor d = run.dout[0];
+    for (size_t k = chunks.size(); k-- > 0;) {
+      d = chunks[k]->backward(d, chunk_acts[k]);
+      ASSERT_TRUE(d.defined()) << what;
+    }
+    EXPECT_LE(rel_error(download(d), want_dsample), 1e-6) << what << ": the input sample's gradient";
+    size_t blocks = 0;
+    for (auto& c : chunks)
+      for (nn::ParamBlock* b : c->blocks()) {
+        ++blocks;
+        ASSERT_TRUE(want_grads.count(b->name())) << what << ": " << b->name();
+        EXPECT_LE(rel_error(download(b->grads()), want_grads[b->name()]), 1e-6) << what << ": block " << b->name();
+      }
+    EXPECT_EQ(blocks, want_grads.size()) << what << ": every block in exactly one chunk";
+  }
+}
+
+TEST(UNetChunks, ChunksChainedAreTheWholeModelSd) { expect_chunks_chain_to_the_whole_model(false); }
+TEST(UNetChunks, ChunksChainedAreTheWholeModelSdxl) { expect_chunks_chain_to_the_whole_model(true); }
+
+// What crosses each cut of the tiny UNet (16 and 32 channels, one layer per block, 8x8 latents): the
+// hidden state, the skips still on the stack, the time embedding.
+TEST(UNetChunks, BoundaryShapesFollowTheSkipStack) {
+  const models::UNetConfig cfg = models::UNetConfig::from_hub_json(tiny_unet_config(), "tiny_unet_config");
+  const int64_t T = cfg.time_embed_dim;
+  using Shapes = std::vector<Shape>;
+  // After down 0: its output halved; conv_in's output, down 0's resnet, its downsampler's output.
+  EXPECT_EQ(cfg.boundary_shapes(1, 2, 8, 8),
+            (Shapes{{2, 16, 4, 4}, {2, 16, 8, 8}, {2, 16, 8, 8}, {2, 16, 4, 4}, {2, T}}));
+  // After down 1 (no downsampler) and after mid: one more skip, 32 channels at 4x4.
+  const Shapes after_down = {{2, 32, 4, 4}, {2, 16, 8, 8}, {2, 16, 8, 8}, {2, 16, 4, 4}, {2, 32, 4, 4}, {2, T}};
+  EXPECT_EQ(cfg.boundary_shapes(2, 2, 8, 8), after_down);
+  EXPECT_EQ(cfg.boundary_shapes(3, 2, 8, 8), after_down);
+  // After up 0: it popped two, upsampled to 8x8.
+  EXPECT_EQ(cfg.boundary_shapes(4, 2, 8, 8), (Shapes{{2, 32, 8, 8}, {2, 16, 8, 8}, {2, 16, 8, 8}, {2, T}}));
+  EXPECT_EQ(cfg.unit_of_block("stem"), -1);
+  EXPECT_EQ(cfg.unit_of_block("mid_block"), 2);
+  EXPECT_EQ(cfg.unit_of_block("up_blocks.1.lora"), 4);
+  EXPECT_EQ(cfg.unit_of_block("head"), 5);
+}
+
 
 // An inference forward keeps nothing for a backward: no allocation under the "saved" tag (what a
 // training forward keeps, nn::Ctx::saved), less memory at its peak than a training forward, and the

@@ -216,6 +216,56 @@ UNetConfig UNetConfig::from_hub_json(const json& j, const std::string& source) {
   return named_json_errors(source, [&] { return read_hub_config(j, source); });
 }
 
+std::string UNetConfig::unit_name(int64_t u) const {
+  const int64_t n = num_blocks();
+  ZP_CHECK(u >= 0 && u < num_units(), "UNet unit ", u, " of ", num_units());
+  if (u < n) return "down_blocks." + std::to_string(u);
+  if (u == n) return "mid_block";
+  return "up_blocks." + std::to_string(u - n - 1);
+}
+
+int64_t UNetConfig::unit_of_block(const std::string& block) const {
+  if (block == "stem") return -1;
+  if (block == "head") return num_units();
+  const std::string unit = block.ends_with(".lora") ? block.substr(0, block.size() - 5) : block;
+  for (int64_t u = 0; u < num_units(); ++u)
+    if (unit == unit_name(u)) return u;
+  throw Error("UNet: '" + block + "' is not a block of this model");
+}
+
+std::vector<Shape> UNetConfig::boundary_shapes(int64_t cut, int64_t B, int64_t H, int64_t W) const {
+  const int64_t n = num_blocks();
+  ZP_CHECK(cut > 0 && cut < num_units(), "UNet pipeline cut before unit ", cut, " of ", num_units());
+  // Channels and resolution level (the input halved `level` times) of what the units before the cut
+  // leave: the hidden state and the skip stack, as the forward pushes and pops it.
+  struct Planes {
+    int64_t channels, level;
+  };
+  std::vector<Planes> stack{{block_out[0], 0}};  // conv_in's output
+  Planes hidden{};
+  for (int64_t u = 0; u < cut; ++u) {
+    if (u < n) {  // down block u: its resnets' outputs, then the downsampler's
+      for (int64_t l = 0; l < layers[size_t(u)]; ++l) stack.push_back({block_out[size_t(u)], u});
+      hidden = {block_out[size_t(u)], u};
+      if (u + 1 < n) {
+        hidden.level = u + 1;
+        stack.push_back(hidden);
+      }
+    } else if (u == n) {
+      hidden = {block_out.back(), n - 1};
+    } else {  // up block i mirrors down block r, pops its layers + 1 skips, then upsamples
+      const int64_t i = u - n - 1, r = n - 1 - i;
+      stack.resize(stack.size() - size_t(layers[size_t(r)] + 1));
+      hidden = {block_out[size_t(r)], i + 1 < n ? r - 1 : r};
+    }
+  }
+  auto planes = [&](const Planes& p) { return Shape{B, p.channels, H >> p.level, W >> p.level}; };
+  std::vector<Shape> out{planes(hidden)};
+  for (const Planes& p : stack) out.push_back(planes(p));
+  out.push_back({B, time_embed_dim});
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Host-side pieces
 
@@ -508,8 +558,7 @@ struct UNetActivations::State {
   Conditioning cond;
   Tensor sample, t_in, e1, s1, emb, add_in, f1, fs;  // the input sample and the stem's activations
   std::vector<Tensor> skips;
-  std::vector<StageActivations> down, up;
-  StageActivations mid;
+  std::vector<StageActivations> units;  // num_units(); those of the span filled
   Tensor h_last, o;  // input and output of the final GroupNorm + SiLU
   GroupNorm::Saved n_out;
   nn::DropoutDraw dropout;  // the forward's, for its backward
@@ -531,8 +580,8 @@ static std::vector<std::string> unet_lora_modules() {
 }
 
 UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t pad_multiple, bool allocate,
-           const LoraSpec& lora)
-    : cfg_(cfg), lora_(lora) {
+           const LoraSpec& lora, UNetSpan span)
+    : cfg_(cfg), lora_(lora), span_(span) {
   if (lora_.r > 0) check_lora_targets(lora_, unet_lora_modules(), "UNet transformer");
   auto place = [&](ParamBlock& b) {
     if (allocate)
@@ -558,19 +607,29 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
     else
       st.adapters.reset();
   };
-  stem_ = std::make_unique<ParamBlock>("stem");
-  if (lora_.r > 0) stem_->freeze();
-  conv_in_ = add_conv(*stem_, "conv_in", cfg.in_channels, C0, cfg.conv_in_kernel, 1, (cfg.conv_in_kernel - 1) / 2);
-  time_1_ = add_linear(*stem_, "time_embedding.linear_1", C0, T);
-  time_2_ = add_linear(*stem_, "time_embedding.linear_2", T, T);
-  if (cfg.text_time) {
-    add_1_ = add_linear(*stem_, "add_embedding.linear_1", cfg.add_in_dim, T);
-    add_2_ = add_linear(*stem_, "add_embedding.linear_2", T, T);
+  if (span_.end < 0) span_.end = cfg.num_units();
+  ZP_CHECK(span_.begin >= 0 && span_.begin < span_.end && span_.end <= cfg.num_units(), "UNet span [", span_.begin,
+           ", ", span_.end, ") of ", cfg.num_units(), " units");
+  units_.resize(size_t(cfg.num_units()));
+  auto held = [&](int64_t u) { return u >= span_.begin && u < span_.end; };
+
+  if (has_stem()) {
+    stem_ = std::make_unique<ParamBlock>("stem");
+    if (lora_.r > 0) stem_->freeze();
+    conv_in_ =
+        add_conv(*stem_, "conv_in", cfg.in_channels, C0, cfg.conv_in_kernel, 1, (cfg.conv_in_kernel - 1) / 2);
+    time_1_ = add_linear(*stem_, "time_embedding.linear_1", C0, T);
+    time_2_ = add_linear(*stem_, "time_embedding.linear_2", T, T);
+    if (cfg.text_time) {
+      add_1_ = add_linear(*stem_, "add_embedding.linear_1", cfg.add_in_dim, T);
+      add_2_ = add_linear(*stem_, "add_embedding.linear_2", T, T);
+    }
+    place(*stem_);
   }
-  place(*stem_);
 
   for (int64_t i = 0; i < n; ++i) {
-    const std::string p = "down_blocks." + std::to_string(i);
+    if (!held(i)) continue;
+    const std::string p = cfg.unit_name(i);
     auto st = std::make_unique<Stage>(Stage::Kind::Down, p);
     std::optional<LoraAttacher> lora_here = adapters_of(*st);
     const int64_t cin = cfg.block_out[size_t(i == 0 ? 0 : i - 1)], cout = cfg.block_out[size_t(i)];
@@ -587,25 +646,27 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
       st->downsampler = Downsample2D(add_conv(*st->block, p + ".downsamplers.0.conv", cout, cout, 3, 2, 1));
     place(*st->block);
     place_adapters(*st, lora_here);
-    down_.push_back(std::move(st));
+    units_[size_t(i)] = std::move(st);
   }
 
-  {
+  if (held(n)) {
     const int64_t C = cfg.block_out.back();
-    mid_ = std::make_unique<Stage>(Stage::Kind::Mid, "mid_block");
-    std::optional<LoraAttacher> lora_here = adapters_of(*mid_);
-    mid_->resnets.push_back(add_res_block(*mid_->block, "mid_block.resnets.0", C, C, cfg, cfg.mid_scale));
-    mid_->attentions.push_back(add_transformer2d(*mid_->block, "mid_block.attentions.0", C, cfg.heads.back(),
-                                                 cfg.transformer_layers.back(), cfg.cross_dim.back(), cfg,
-                                                 lora_here ? &*lora_here : nullptr));
-    mid_->resnets.push_back(add_res_block(*mid_->block, "mid_block.resnets.1", C, C, cfg, cfg.mid_scale));
-    place(*mid_->block);
-    place_adapters(*mid_, lora_here);
+    auto mid = std::make_unique<Stage>(Stage::Kind::Mid, "mid_block");
+    std::optional<LoraAttacher> lora_here = adapters_of(*mid);
+    mid->resnets.push_back(add_res_block(*mid->block, "mid_block.resnets.0", C, C, cfg, cfg.mid_scale));
+    mid->attentions.push_back(add_transformer2d(*mid->block, "mid_block.attentions.0", C, cfg.heads.back(),
+                                                cfg.transformer_layers.back(), cfg.cross_dim.back(), cfg,
+                                                lora_here ? &*lora_here : nullptr));
+    mid->resnets.push_back(add_res_block(*mid->block, "mid_block.resnets.1", C, C, cfg, cfg.mid_scale));
+    place(*mid->block);
+    place_adapters(*mid, lora_here);
+    units_[size_t(n)] = std::move(mid);
   }
 
   for (int64_t i = 0; i < n; ++i) {
+    if (!held(n + 1 + i)) continue;
     const size_t r = size_t(n - 1 - i);  // the down block this up block mirrors
-    const std::string p = "up_blocks." + std::to_string(i);
+    const std::string p = cfg.unit_name(n + 1 + i);
     auto st = std::make_unique<Stage>(Stage::Kind::Up, p);
     std::optional<LoraAttacher> lora_here = adapters_of(*st);
     const int64_t out = cfg.block_out[r], prev = i == 0 ? out : cfg.block_out[r + 1],
@@ -625,25 +686,28 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
     if (i + 1 < n) st->upsampler = Upsample2D(add_conv(*st->block, p + ".upsamplers.0.conv", out, out, 3, 1, 1));
     place(*st->block);
     place_adapters(*st, lora_here);
-    up_.push_back(std::move(st));
+    units_[size_t(n + 1 + i)] = std::move(st);
   }
 
-  head_ = std::make_unique<ParamBlock>("head");
-  if (lora_.r > 0) head_->freeze();
-  norm_out_ = add_group_norm(*head_, "conv_norm_out", C0, cfg.groups, cfg.norm_eps, true);
-  conv_out_ = add_conv(*head_, "conv_out", C0, cfg.out_channels, cfg.conv_out_kernel, 1, (cfg.conv_out_kernel - 1) / 2);
-  place(*head_);
+  if (has_head()) {
+    head_ = std::make_unique<ParamBlock>("head");
+    if (lora_.r > 0) head_->freeze();
+    norm_out_ = add_group_norm(*head_, "conv_norm_out", C0, cfg.groups, cfg.norm_eps, true);
+    conv_out_ =
+        add_conv(*head_, "conv_out", C0, cfg.out_channels, cfg.conv_out_kernel, 1, (cfg.conv_out_kernel - 1) / 2);
+    place(*head_);
+  }
 }
+
 std::vector<ParamBlock*> UNet::blocks() {
-  std::vector<ParamBlock*> b{stem_.get()};
-  auto stage = [&](const Stage& st) {
-    b.push_back(st.block.get());
-    if (st.adapters) b.push_back(st.adapters.get());
-  };
-  for (auto& st : down_) stage(*st);
-  stage(*mid_);
-  for (auto& st : up_) stage(*st);
-  b.push_back(head_.get());
+  std::vector<ParamBlock*> b;
+  if (stem_) b.push_back(stem_.get());
+  for (auto& st : units_) {
+    if (!st) continue;
+    b.push_back(st->block.get());
+    if (st->adapters) b.push_back(st->adapters.get());
+  }
+  if (head_) b.push_back(head_.get());
   return b;
 }
 
@@ -674,6 +738,12 @@ int64_t UNet::num_parameters() {
 }
 
 void UNet::check_weights(const io::WeightSource& files) {
+  if (span_.begin != 0 || span_.end != cfg_.num_units()) {
+    // A chunk: the file must fit the whole model (laid out only, nothing allocated).
+    UNet whole(cfg_, ctx_.dev, ctx_.dt, ctx_.s, 1, /*allocate=*/false, lora_);
+    whole.check_weights(files);
+    return;
+  }
   std::set<std::string> used;
   for (Parameter* p : parameters_of(base_blocks())) {
     ZP_REQUIRE(files.contains(p->name), files.path(), ": model weights: tensor '", p->name, "' is missing");
@@ -697,7 +767,41 @@ void UNet::load(const io::WeightSource& files) {
 }
 
 
-Tensor UNet::forward(const UNetInputs& in, UNetActivations& acts) const {
+namespace {
+
+// The tensors `shapes` of one flat boundary tensor, as views of it (no copy).
+std::vector<Tensor> boundary_views(const Tensor& flat, const std::vector<Shape>& shapes, const char* what) {
+  int64_t total = 0;
+  for (const Shape& sh : shapes) total += shape_numel(sh);
+  ZP_CHECK(flat.defined() && flat.numel() == total, "UNet chunk: ", what, " ", flat.defined() ? flat.str() : "none",
+           " does not hold the ", total, " values the cut carries");
+  std::vector<Tensor> views;
+  int64_t at = 0;
+  for (const Shape& sh : shapes) {
+    views.push_back(flat.flat(at, shape_numel(sh)).view(sh));
+    at += shape_numel(sh);
+  }
+  return views;
+}
+
+// `parts` packed into one flat tensor in order; each must have its shape's size.
+Tensor pack_boundary(const Ctx& c, const std::vector<Shape>& shapes, const std::vector<const Tensor*>& parts) {
+  ZP_CHECK(shapes.size() == parts.size(), "UNet chunk: ", parts.size(), " tensors for a cut of ", shapes.size());
+  int64_t total = 0;
+  for (const Shape& sh : shapes) total += shape_numel(sh);
+  Tensor flat = c.act({total});
+  std::vector<Tensor> views = boundary_views(flat, shapes, "boundary");
+  for (size_t k = 0; k < parts.size(); ++k) {
+    ZP_CHECK(parts[k]->defined() && parts[k]->numel() == views[k].numel(), "UNet chunk: part ", k, " of the cut is ",
+             parts[k]->defined() ? parts[k]->str() : "none", ", expected ", shape_str(shapes[k]));
+    views[k].copy_from(*parts[k], c.s);
+  }
+  return flat;
+}
+
+}  // namespace
+
+Tensor UNet::forward(const UNetInputs& in, UNetActivations& acts, const Tensor& boundary) const {
   ZP_REQUIRE(acts.empty(), "UNet forward into activations that still hold a forward: run its backward first, or "
              "give this forward its own UNetActivations");
   Ctx c = ctx_;
@@ -709,6 +813,8 @@ Tensor UNet::forward(const UNetInputs& in, UNetActivations& acts) const {
              "UNet input sample must be [B, ", cfg.in_channels, ", H, W], got ", in.sample.str());
   ZP_REQUIRE(in.sample.dtype() == c.dt && in.sample.device() == c.dev, "UNet input sample is ", in.sample.str(),
              ", the model computes in ", dtype_name(c.dt), " on ", c.dev.str());
+  ZP_CHECK(has_stem() != boundary.defined(), "UNet chunk [", span_.begin, ", ", span_.end, "): ",
+           has_stem() ? "the chunk with the stem takes no boundary" : "a chunk without the stem needs its boundary");
   auto state = std::make_unique<UNetActivations::State>();
   UNetActivations::State& st = *state;
   const int64_t B = in.sample.size(0), H = in.sample.size(2), W = in.sample.size(3), T = cfg.time_embed_dim;
@@ -718,57 +824,72 @@ Tensor UNet::forward(const UNetInputs& in, UNetActivations& acts) const {
   st.B = B;
   st.H = H;
   st.W = W;
-  st.sample = in.sample;
   st.dropout = c.dropout;
-
-  // The stem's parameters serve the time embedding here and conv_in below.
-  std::optional<ParamsInUse> stem_use(std::in_place, access_, *stem_);
-
-  // Time embedding (+ SDXL's added text/time embedding).
-  std::vector<float> ts = in.timesteps;
-  if (ts.size() == 1) ts.assign(size_t(B), ts[0]);
-  ZP_REQUIRE(int64_t(ts.size()) == B, "UNet: ", ts.size(), " timesteps for a batch of ", B);
   const int64_t C0 = cfg.block_out[0];
-  st.t_in = upload(c, timestep_embedding(ts, C0, cfg.flip_sin_to_cos, cfg.freq_shift), {B, C0});
-  st.e1 = c.saved({B, T});
-  time_1_.forward(c, st.e1.data(), st.t_in.data(), B);
-  st.s1 = c.saved({B, T});
-  ZP_KERNEL_CALL(c.dev, silu_forward, c.s, c.dt, st.s1.data(), st.e1.data(), B * T);
-  st.emb = c.saved({B, T});
-  time_2_.forward(c, st.emb.data(), st.s1.data(), B);
-  if (cfg.text_time) {
-    const int64_t A = cfg.add_in_dim, Dt = cfg.add_time_dim, E = cfg.text_embeds_dim(), K = kTimeIdsPerSample;
-    ZP_REQUIRE(in.text_embeds.defined() && in.text_embeds.dim() == 2 && in.text_embeds.size(0) == B &&
-                   in.text_embeds.size(1) == E,
-               "UNet (addition_embed_type text_time): text_embeds must be [", B, ", ", E, "], got ",
-               in.text_embeds.defined() ? in.text_embeds.str() : "none");
-    ZP_REQUIRE(in.text_embeds.dtype() == c.dt && in.text_embeds.device() == c.dev, "UNet text_embeds is ",
-               in.text_embeds.str());
-    ZP_REQUIRE(int64_t(in.time_ids.size()) == K * B, "UNet (text_time): time_ids must hold ", K,
-               " values per sample, got ", in.time_ids.size(), " for a batch of ", B);
-    Tensor time_embeds = upload(c, timestep_embedding(in.time_ids, Dt, cfg.flip_sin_to_cos, cfg.freq_shift),
-                                {B, K * Dt});
-    // add_in[b] = [text_embeds[b] | time_embeds[b]]
-    st.add_in = c.saved({B, A});
-    const size_t esz = dtype_size(c.dt), row_e = size_t(E) * esz, row_t = size_t(K * Dt) * esz, row = size_t(A) * esz;
-    char* dst = static_cast<char*>(st.add_in.data());
-    copy_rows(dst, row, c.dev, in.text_embeds.data(), row_e, c.dev, row_e, B, c.s);
-    copy_rows(dst + row_e, row, c.dev, time_embeds.data(), row_t, c.dev, row_t, B, c.s);
-    st.f1 = c.saved({B, T});
-    add_1_.forward(c, st.f1.data(), st.add_in.data(), B);
-    st.fs = c.saved({B, T});
-    ZP_KERNEL_CALL(c.dev, silu_forward, c.s, c.dt, st.fs.data(), st.f1.data(), B * T);
-    Tensor aug = c.act({B, T});
-    add_2_.forward(c, aug.data(), st.fs.data(), B);
-    add_into(c, st.emb, aug);
-  }
-  if (cfg.skip_time_act) {
-    st.cond.temb = st.emb;
+
+  Tensor h;
+  if (has_stem()) {
+    st.sample = in.sample;
+    // The stem's parameters serve the time embedding here and conv_in below.
+    ParamsInUse stem_use(access_, *stem_);
+
+    // Time embedding (+ SDXL's added text/time embedding).
+    std::vector<float> ts = in.timesteps;
+    if (ts.size() == 1) ts.assign(size_t(B), ts[0]);
+    ZP_REQUIRE(int64_t(ts.size()) == B, "UNet: ", ts.size(), " timesteps for a batch of ", B);
+    st.t_in = upload(c, timestep_embedding(ts, C0, cfg.flip_sin_to_cos, cfg.freq_shift), {B, C0});
+    st.e1 = c.saved({B, T});
+    time_1_.forward(c, st.e1.data(), st.t_in.data(), B);
+    st.s1 = c.saved({B, T});
+    ZP_KERNEL_CALL(c.dev, silu_forward, c.s, c.dt, st.s1.data(), st.e1.data(), B * T);
+    st.emb = c.saved({B, T});
+    time_2_.forward(c, st.emb.data(), st.s1.data(), B);
+    if (cfg.text_time) {
+      const int64_t A = cfg.add_in_dim, Dt = cfg.add_time_dim, E = cfg.text_embeds_dim(), K = kTimeIdsPerSample;
+      ZP_REQUIRE(in.text_embeds.defined() && in.text_embeds.dim() == 2 && in.text_embeds.size(0) == B &&
+                     in.text_embeds.size(1) == E,
+                 "UNet (addition_embed_type text_time): text_embeds must be [", B, ", ", E, "], got ",
+                 in.text_embeds.defined() ? in.text_embeds.str() : "none");
+      ZP_REQUIRE(in.text_embeds.dtype() == c.dt && in.text_embeds.device() == c.dev, "UNet text_embeds is ",
+                 in.text_embeds.str());
+      ZP_REQUIRE(int64_t(in.time_ids.size()) == K * B, "UNet (text_time): time_ids must hold ", K,
+                 " values per sample, got ", in.time_ids.size(), " for a batch of ", B);
+      Tensor time_embeds = upload(c, timestep_embedding(in.time_ids, Dt, cfg.flip_sin_to_cos, cfg.freq_shift),
+                                  {B, K * Dt});
+      // add_in[b] = [text_embeds[b] | time_embeds[b]]
+      st.add_in = c.saved({B, A});
+      const size_t esz = dtype_size(c.dt), row_e = size_t(E) * esz, row_t = size_t(K * Dt) * esz,
+                   row = size_t(A) * esz;
+      char* dst = static_cast<char*>(st.add_in.data());
+      copy_rows(dst, row, c.dev, in.text_embeds.data(), row_e, c.dev, row_e, B, c.s);
+      copy_rows(dst + row_e, row, c.dev, time_embeds.data(), row_t, c.dev, row_t, B, c.s);
+      st.f1 = c.saved({B, T});
+      add_1_.forward(c, st.f1.data(), st.add_in.data(), B);
+      st.fs = c.saved({B, T});
+      ZP_KERNEL_CALL(c.dev, silu_forward, c.s, c.dt, st.fs.data(), st.f1.data(), B * T);
+      Tensor aug = c.act({B, T});
+      add_2_.forward(c, aug.data(), st.fs.data(), B);
+      add_into(c, st.emb, aug);
+    }
+    if (cfg.skip_time_act) {
+      st.cond.temb = st.emb;
+    } else {
+      st.cond.temb = c.saved({B, T});
+      ZP_KERNEL_CALL(c.dev, silu_forward, c.s, c.dt, st.cond.temb.data(), st.emb.data(), B * T);
+    }
+    if (!c.saves) st.t_in = st.e1 = st.s1 = st.emb = st.add_in = st.f1 = st.fs = Tensor();
+
+    h = c.act({B, C0, H, W});
+    conv_in_.forward(c, h.data(), in.sample.data(), B, H, W);
+    st.skips = {h};
   } else {
-    st.cond.temb = c.saved({B, T});
-    ZP_KERNEL_CALL(c.dev, silu_forward, c.s, c.dt, st.cond.temb.data(), st.emb.data(), B * T);
+    // The previous chunk's hidden state, live skips and time embedding, read in place.
+    std::vector<Tensor> parts =
+        boundary_views(boundary, cfg.boundary_shapes(span_.begin, B, H, W), "input boundary");
+    h = parts.front();
+    st.cond.temb = parts.back();
+    st.skips.assign(parts.begin() + 1, parts.end() - 1);
   }
-  if (!c.saves) st.t_in = st.e1 = st.s1 = st.emb = st.add_in = st.f1 = st.fs = Tensor();
 
   // Text conditioning: every attention block reads the same encoder_hidden_states.
   const Tensor& ctx = in.encoder_hidden_states;
@@ -784,22 +905,32 @@ Tensor UNet::forward(const UNetInputs& in, UNetActivations& acts) const {
   }
   st.cond.context = ctx;
 
-  // conv_in, down path, mid, up path, head.
-  Tensor h = c.act({B, C0, H, W});
-  conv_in_.forward(c, h.data(), in.sample.data(), B, H, W);
-  stem_use.reset();
-  st.skips = {h};
-  st.down.resize(down_.size());
-  st.up.resize(up_.size());
-  int64_t h_ = H, w_ = W, top = 0;
-  auto stage_forward = [&](const Stage& sg, StageActivations& a) {
-    nn::AdaptedBlockInUse use(access_, *sg.block, sg.adapters.get());
-    h = sg.forward(c, h, h_, w_, st.cond, st.skips, top, a, checkpoint);
-  };
-  for (size_t i = 0; i < down_.size(); ++i) stage_forward(*down_[i], st.down[i]);
-  stage_forward(*mid_, st.mid);
-  top = int64_t(st.skips.size());
-  for (size_t i = 0; i < up_.size(); ++i) stage_forward(*up_[i], st.up[i]);
+  // The span's units: down path, mid, up path. The up path pops from `top`: the top of the skip
+  // stack once the mid block has run (before this chunk, or in it).
+  st.units.resize(units_.size());
+  int64_t h_ = h.size(2), w_ = h.size(3), top = int64_t(st.skips.size());
+  const int64_t mid = cfg.num_blocks();
+  for (int64_t u = span_.begin; u < span_.end; ++u) {
+    const Stage& sg = *units_[size_t(u)];
+    {
+      nn::AdaptedBlockInUse use(access_, *sg.block, sg.adapters.get());
+      h = sg.forward(c, h, h_, w_, st.cond, st.skips, top, st.units[size_t(u)], checkpoint);
+    }
+    if (u == mid) top = int64_t(st.skips.size());
+  }
+  if (!has_head()) {
+    // The next chunk's boundary: the hidden state, the skips still on the stack, the time embedding.
+    const std::vector<Shape> shapes = cfg.boundary_shapes(span_.end, B, H, W);
+    const int64_t live = span_.end > mid ? top : int64_t(st.skips.size());
+    ZP_CHECK(live + 2 == int64_t(shapes.size()), "UNet chunk: ", live, " skips on the stack at the cut before unit ",
+             span_.end, ", expected ", shapes.size() - 2);
+    std::vector<const Tensor*> parts{&h};
+    for (int64_t k = 0; k < live; ++k) parts.push_back(&st.skips[size_t(k)]);
+    parts.push_back(&st.cond.temb);
+    Tensor out = pack_boundary(c, shapes, parts);
+    if (c.saves) acts.state_ = std::move(state);
+    return out;
+  }
   ZP_CHECK(top == 0 && h_ == H && w_ == W, "UNet: skip connections or sizes out of step");
   st.h_last = h;
   st.o = c.saved({B, C0, H, W});
@@ -822,31 +953,48 @@ Tensor UNet::backward(const Tensor& dout, UNetActivations& acts) const {
   const UNetConfig& cfg = cfg_;
   UNetActivations::State& st = *acts.state_;
   const int64_t B = st.B, H = st.H, W = st.W, T = cfg.time_embed_dim, C0 = cfg.block_out[0];
-  ZP_REQUIRE(dout.numel() == B * cfg.out_channels * H * W && dout.dtype() == c.dt && dout.device() == c.dev,
-             "UNet backward: output gradient ", dout.str(), " does not match the output [", B, ", ", cfg.out_channels,
-             ", ", H, ", ", W, "] in ", dtype_name(c.dt), " on ", c.dev.str());
-  // The time embedding's gradient, accumulated over every ResBlock.
-  Tensor dtemb = Tensor::zeros({B, T}, c.dt, c.dev, "activations", c.s);
-
-  Tensor g = c.act({B, C0, H, W});
-  {
+  // The skips' gradients, by stack position: set by the up path's resnets (or received across the
+  // cut after this chunk), read by the down path's.
+  std::vector<Tensor> dskips(st.skips.size());
+  // The time embedding's gradient, accumulated over every ResBlock (of the chunks after this one
+  // first: received with the output gradient).
+  Tensor dtemb, g;
+  if (has_head()) {
+    ZP_REQUIRE(dout.numel() == B * cfg.out_channels * H * W && dout.dtype() == c.dt && dout.device() == c.dev,
+               "UNet backward: output gradient ", dout.str(), " does not match the output [", B, ", ",
+               cfg.out_channels, ", ", H, ", ", W, "] in ", dtype_name(c.dt), " on ", c.dev.str());
+    dtemb = Tensor::zeros({B, T}, c.dt, c.dev, "activations", c.s);
+    g = c.act({B, C0, H, W});
     ParamsInUse use(access_, *head_);
     std::optional<GradsInUse> grads;
     if (!head_->frozen()) grads.emplace(access_, *head_);
     Tensor dout_o = c.act({B, C0, H, W});
     conv_out_.backward(c, dout_o.data(), dout.data(), st.o.data(), B, H, W);
     norm_out_.backward(c, g.data(), dout_o.data(), st.h_last.data(), B, H * W, st.n_out);
+    st.o = st.h_last = Tensor();
+  } else {
+    ZP_CHECK(dout.dtype() == c.dt && dout.device() == c.dev, "UNet chunk backward: output gradient ", dout.str());
+    std::vector<Tensor> parts = boundary_views(dout, cfg.boundary_shapes(span_.end, B, H, W), "output gradient");
+    g = parts.front();
+    dtemb = parts.back();
+    for (size_t k = 0; k + 2 < parts.size(); ++k) dskips[k] = parts[k + 1];
   }
-  st.o = st.h_last = Tensor();
 
-  std::vector<Tensor> dskips(st.skips.size());
-  auto stage_backward = [&](const Stage& sg, StageActivations& a) {
+  for (int64_t u = span_.end; u-- > span_.begin;) {
+    const Stage& sg = *units_[size_t(u)];
     nn::AdaptedBlockInUse use(access_, *sg.block, sg.adapters.get(), /*grads=*/true);
-    g = sg.backward(c, g, st.cond, dtemb, dskips, a);
-  };
-  for (size_t i = up_.size(); i-- > 0;) stage_backward(*up_[i], st.up[i]);
-  stage_backward(*mid_, st.mid);
-  for (size_t i = down_.size(); i-- > 0;) stage_backward(*down_[i], st.down[i]);
+    g = sg.backward(c, g, st.cond, dtemb, dskips, st.units[size_t(u)]);
+  }
+  if (!has_stem()) {
+    // The previous chunk's output gradient: hidden state, its live skips, the time embedding.
+    const std::vector<Shape> shapes = cfg.boundary_shapes(span_.begin, B, H, W);
+    std::vector<const Tensor*> parts{&g};
+    for (size_t k = 0; k + 2 < shapes.size(); ++k) parts.push_back(&dskips[k]);
+    parts.push_back(&dtemb);
+    Tensor din = pack_boundary(c, shapes, parts);
+    acts.state_.reset();
+    return din;
+  }
   add_into(c, g, dskips[0]);
   ParamsInUse stem_use(access_, *stem_);
   std::optional<GradsInUse> stem_grads;

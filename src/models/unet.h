@@ -18,6 +18,15 @@
 // names are diffusers' own. The time embedding reaches every ResBlock through one shared SiLU(emb)
 // activation whose gradient accumulates over all of them before it flows back into the stem.
 //
+// Pipeline chunks (issue 12, UNetSpan): the units of a cut are the 2n + 1 stages in model order
+// (down blocks, mid, up blocks); the chunk with unit 0 holds the stem, the one with the last unit
+// the head. What crosses a cut is one flat tensor (UNetConfig::boundary_shapes): the hidden state,
+// the skip activations pushed before the cut and popped after it, and the time embedding as the
+// ResBlocks read it (SDXL's added embedding is summed into it in the stem, so it travels inside).
+// Its gradient crosses back the same way: each chunk adds its ResBlocks' time-embedding gradient to
+// the one it receives, so the stem's backward on the first chunk sees every ResBlock's share, in
+// the whole model's order. Encoder hidden states are data: every chunk reads them itself.
+//
 // Activation checkpointing (a forward into UNetActivations::training(true)) keeps the input of every
 // ResBlock and of every transformer block inside a Transformer2D, plus the skip connections (the up
 // path reads them; most are such inputs anyway), and frees everything else; the backward re-runs each of those layers'
@@ -82,6 +91,24 @@ struct UNetConfig {
   // SDXL's text_embeds width: what the added embedding's input keeps beside the time ids; 0 without
   // text_time conditioning.
   int64_t text_embeds_dim() const { return text_time ? add_in_dim - kTimeIdsPerSample * add_time_dim : 0; }
+
+  // The units a pipeline cuts between: down blocks 0..n-1, the mid block (n), up blocks (n+1..2n).
+  int64_t num_units() const { return 2 * num_blocks() + 1; }
+  // "down_blocks.<i>", "mid_block" or "up_blocks.<i>": unit u's block name (diffusers' prefix).
+  std::string unit_name(int64_t u) const;
+  // The unit block `block` (a ParamBlock's name: a unit's, or its LoRA adapters' "<unit>.lora")
+  // belongs to: -1 for the stem, num_units() for the head. Throws zp::Error for another name.
+  int64_t unit_of_block(const std::string& block) const;
+  // What crosses the cut before unit `cut` (0 < cut < num_units()) for B samples of H x W latents,
+  // in the order the boundary tensor packs them: the hidden state [B, C, h, w], the live skip
+  // activations (bottom of the stack first), the time embedding [B, time_embed_dim].
+  std::vector<Shape> boundary_shapes(int64_t cut, int64_t B, int64_t H, int64_t W) const;
+};
+
+// The part of the UNet a pipeline chunk holds (issue 12): units [begin, end) of UNetConfig's
+// num_units(), the stem with unit 0 and the head with the last. The default is the whole model.
+struct UNetSpan {
+  int64_t begin = 0, end = -1;  // end -1: through the last unit
 };
 
 // What one forward call takes. Tensors are on the model's device in its compute dtype.
@@ -90,6 +117,8 @@ struct UNetInputs {
   std::vector<float> timesteps;   // [B] (host)
   Tensor encoder_hidden_states;   // [B, L, cross_attention_dim]
   Tensor text_embeds;             // SDXL: [B, text_embeds_dim()]
+  // A pipeline chunk without the stem reads only sample's shape (the boundary's sizes follow it) and
+  // encoder_hidden_states; timesteps, text_embeds and time_ids serve the stem.
   std::vector<float> time_ids;    // SDXL: [B * kTimeIdsPerSample] (host)
   // LoRA's dropout masks (nn/context.h) of a training forward; its backward draws them again.
   nn::DropoutDraw dropout;
@@ -136,12 +165,17 @@ class UNet {
   // proj_out where they are linear (SDXL); a 1x1-convolution projection (SD 1.x) is refused), one
   // adapter block per down, mid and up block with attention ("<block>.lora"); every other block is
   // frozen. Throws zp::Error for a target that names no module.
+  // span (pipeline chunks): the model holds only those units' blocks, and the stem and the head where
+  // the span has them; blocks(), parameters(), loading and initialisation see only those.
   UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s = nullptr, int64_t pad_multiple = 1,
-       bool allocate = true, const LoraSpec& lora = {});
+       bool allocate = true, const LoraSpec& lora = {}, UNetSpan span = {});
   // The engine told about every block's use (ZeRO); nullptr = blocks always resident.
   void set_block_access(nn::BlockAccess* a) { access_ = a; }
   ~UNet();
   const UNetConfig& config() const { return cfg_; }
+  const UNetSpan& span() const { return span_; }  // end resolved
+  bool has_stem() const { return span_.begin == 0; }
+  bool has_head() const { return span_.end == cfg_.num_units(); }
   nn::Ctx ctx() const { return ctx_; }
   // Every block in model order; with LoRA each stage's adapter block follows it.
   std::vector<nn::ParamBlock*> blocks();
@@ -157,7 +191,7 @@ class UNet {
 
   // Loads every base parameter (LoRA's adapters are not in weights files) from diffusers safetensors
   // or a ZeRO-Pipe .h5 (io/weight_source.h); a missing, mis-shaped or unexpected tensor is an error
-  // naming it.
+  // naming it (a chunk checks the file against the whole model's names, and loads its own).
   void load(const io::WeightSource& files);
   // The checks of load() without reading anything, then one block's tensors.
   void check_weights(const io::WeightSource& files);
@@ -165,10 +199,13 @@ class UNet {
 
   // Returns the predicted sample [B, out_channels, H, W]. `acts` must be empty; a training one is
   // filled with what the backward needs.
-  Tensor forward(const UNetInputs& in, UNetActivations& acts) const;
+  // A pipeline chunk: `boundary` is the previous chunk's output (none for the chunk with the stem);
+  // a chunk without the head returns its own boundary (flat, UNetConfig::boundary_shapes).
+  Tensor forward(const UNetInputs& in, UNetActivations& acts, const Tensor& boundary = Tensor()) const;
   // dout: gradient of the scalar with respect to the output of the forward that filled `acts`.
   // Parameter gradients accumulate (fp32) into every block's buffer; returns the gradient of the
-  // input sample. Leaves `acts` empty.
+  // input sample, or of the input boundary for a chunk without the stem (a boundary gradient `dout`
+  // is consumed: the time embedding's share of this chunk accumulates into it). Leaves `acts` empty.
   Tensor backward(const Tensor& dout, UNetActivations& acts) const;
 
   struct Stage;  // one down, mid or up block (defined in unet.cpp)
@@ -177,13 +214,13 @@ class UNet {
   UNetConfig cfg_;
   LoraSpec lora_;
   nn::Ctx ctx_;
+  UNetSpan span_;
   nn::BlockAccess* access_ = nullptr;
-  std::unique_ptr<nn::ParamBlock> stem_, head_;
+  std::unique_ptr<nn::ParamBlock> stem_, head_;  // null where the span lacks them
   nn::Conv2d conv_in_, conv_out_;
   nn::Linear time_1_, time_2_, add_1_, add_2_;
   nn::GroupNorm norm_out_;
-  std::vector<std::unique_ptr<Stage>> down_, up_;
-  std::unique_ptr<Stage> mid_;
+  std::vector<std::unique_ptr<Stage>> units_;  // num_units(), null outside the span
 };
 
 // Timesteps(dim, flip_sin_to_cos, freq_shift) as diffusers computes it, in float32 (the reference

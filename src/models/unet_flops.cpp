@@ -28,12 +28,17 @@ double unet_weight_positions(const UNetConfig& cfg, const std::string& name, int
 }
 
 double unet_train_flops_per_sample(UNet& m, int64_t H, int64_t W, int64_t L) {
+  return unet_train_flops_per_sample(m.config(), m.parameters(), H, W, L);
+}
+
+double unet_train_flops_per_sample(const UNetConfig& cfg, const std::vector<nn::Parameter*>& params, int64_t H,
+                                   int64_t W, int64_t L) {
   auto contains = [](const std::string& s, const char* t) { return s.find(t) != std::string::npos; };
   double forward = 0;
-  for (nn::Parameter* p : m.parameters()) {
+  for (nn::Parameter* p : params) {
     if (p->shape.size() < 2) continue;  // norms and biases
     const std::string& name = p->name;
-    const double pixels = unet_weight_positions(m.config(), name, H, W);
+    const double pixels = unet_weight_positions(cfg, name, H, W);
     double positions = pixels;
     if (contains(name, ".attn2.to_k.") || contains(name, ".attn2.to_v.")) positions = double(L);  // text tokens
     forward += 2.0 * double(p->numel()) * positions;

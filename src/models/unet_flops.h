@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "models/unet.h"
 
@@ -11,6 +12,9 @@ namespace zp::models {
 // text tokens: every conv and linear weight times the positions it slides over (twice: multiply and
 // add), plus attention's scores and weighted values. Norms and elementwise ops are not counted.
 double unet_train_flops_per_sample(UNet& m, int64_t H, int64_t W, int64_t L);
+// The same for some of the model's parameters (one block's: a pipeline chunk's cost).
+double unet_train_flops_per_sample(const UNetConfig& cfg, const std::vector<nn::Parameter*>& params, int64_t H,
+                                   int64_t W, int64_t L);
 
 // The positions (pixels, or 1 for the per-sample embeddings) weight `name` slides over for H x W
 // latents: its resolution level's size.

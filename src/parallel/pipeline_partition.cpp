@@ -8,23 +8,23 @@
 namespace zp::parallel {
 namespace {
 
-void require_enough_layers(int64_t layers, int chunks) {
+void require_enough_layers(int64_t layers, int chunks, const std::string& unit) {
   ZP_REQUIRE(chunks >= 1 && layers >= chunks, "pipeline.stages x pipeline.virtual_stages = ", chunks,
-             " model chunks, but the model has ", layers, " layers (each chunk needs at least one)");
+             " model chunks, but the model has ", layers, " ", unit, "s (each chunk needs at least one)");
 }
 
 }  // namespace
 
-std::vector<int64_t> uniform_partition(int64_t layers, int chunks) {
-  require_enough_layers(layers, chunks);
+std::vector<int64_t> uniform_partition(int64_t layers, int chunks, const std::string& unit) {
+  require_enough_layers(layers, chunks, unit);
   std::vector<int64_t> b{0};
   for (int k = 0; k < chunks; ++k) b.push_back(b.back() + layers / chunks + (k < layers % chunks ? 1 : 0));
   return b;
 }
 
-std::vector<int64_t> balanced_partition(const LayerCosts& costs, int chunks) {
+std::vector<int64_t> balanced_partition(const LayerCosts& costs, int chunks, const std::string& unit) {
   const int64_t L = int64_t(costs.layers.size());
-  require_enough_layers(L, chunks);
+  require_enough_layers(L, chunks, unit);
   std::vector<double> prefix(size_t(L) + 1, 0.0);
   for (int64_t i = 0; i < L; ++i) prefix[size_t(i) + 1] = prefix[size_t(i)] + costs.layers[size_t(i)];
   auto cost = [&](int k, int64_t lo, int64_t hi) {
@@ -51,22 +51,23 @@ std::vector<int64_t> balanced_partition(const LayerCosts& costs, int chunks) {
   return b;
 }
 
-std::vector<int64_t> explicit_partition(const std::vector<int64_t>& firsts, int64_t layers, int chunks) {
-  require_enough_layers(layers, chunks);
-  ZP_REQUIRE(int(firsts.size()) == chunks - 1, "pipeline.partition lists ", firsts.size(), " layer boundaries; ",
+std::vector<int64_t> explicit_partition(const std::vector<int64_t>& firsts, int64_t layers, int chunks,
+                                        const std::string& unit) {
+  require_enough_layers(layers, chunks, unit);
+  ZP_REQUIRE(int(firsts.size()) == chunks - 1, "pipeline.partition lists ", firsts.size(), " ", unit, " boundaries; ",
              chunks, " model chunks need ", chunks - 1);
   std::vector<int64_t> b{0};
   for (int64_t f : firsts) {
-    ZP_REQUIRE(f > b.back() && f < layers, "pipeline.partition: layer ", f, " cannot start a chunk (the list must "
-               "increase strictly, within (0, ", layers, ") for a model of ", layers, " layers)");
+    ZP_REQUIRE(f > b.back() && f < layers, "pipeline.partition: ", unit, " ", f, " cannot start a chunk (the list "
+               "must increase strictly, within (0, ", layers, ") for a model of ", layers, " ", unit, "s)");
     b.push_back(f);
   }
   b.push_back(layers);
   return b;
 }
 
-std::string partition_str(const std::vector<int64_t>& b) {
-  std::string out = "layers";
+std::string partition_str(const std::vector<int64_t>& b, const std::string& unit) {
+  std::string out = unit + "s";
   for (size_t k = 0; k + 1 < b.size(); ++k)
     out += (k ? " | [" : " [") + std::to_string(b[k]) + ", " + std::to_string(b[k + 1]) + ")";
   return out;

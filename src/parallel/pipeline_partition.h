@@ -1,6 +1,7 @@
 // Where a model's layers are cut into pipeline chunks (issue 12's pipeline.partition): P x V chunks
 // of consecutive layers, each at least one layer, the first chunk also holding the input side (the
-// embedding) and the last the output side (the head).
+// embedding) and the last the output side (the head). A layer is the model's unit of a cut: a
+// transformer layer, or a UNet's down, mid or up block; `unit` names it in messages.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -19,13 +20,14 @@ struct LayerCosts {
 //   "uniform"   every chunk L / chunks layers, the first L % chunks chunks one more;
 //   "balanced"  the cut that minimises the costliest chunk (ties: the earliest cut), exact.
 // Throws zp::Error naming pipeline.stages / pipeline.virtual_stages when L < chunks.
-std::vector<int64_t> uniform_partition(int64_t layers, int chunks);
-std::vector<int64_t> balanced_partition(const LayerCosts& costs, int chunks);
+std::vector<int64_t> uniform_partition(int64_t layers, int chunks, const std::string& unit = "layer");
+std::vector<int64_t> balanced_partition(const LayerCosts& costs, int chunks, const std::string& unit = "layer");
 // From pipeline.partition's explicit list (the first layer of every chunk after the first): checks
 // it against L and returns the boundaries; throws zp::Error naming pipeline.partition.
-std::vector<int64_t> explicit_partition(const std::vector<int64_t>& firsts, int64_t layers, int chunks);
+std::vector<int64_t> explicit_partition(const std::vector<int64_t>& firsts, int64_t layers, int chunks,
+                                        const std::string& unit = "layer");
 
 // "layers [0, 3) | [3, 6) | ..." for the start-up line.
-std::string partition_str(const std::vector<int64_t>& bounds);
+std::string partition_str(const std::vector<int64_t>& bounds, const std::string& unit = "layer");
 
 }  // namespace zp::parallel

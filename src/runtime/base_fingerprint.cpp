@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "kernels/elementwise.h"
 #include "nn/init.h"
 
@@ -43,6 +44,14 @@ std::string BaseFingerprint::hex() const {
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h_));
   return buf;
+}
+
+BaseFingerprint BaseFingerprint::combined_over(MPI_Comm stages) const {
+  uint64_t all = 0;
+  ZP_MPI_CHECK(MPI_Allreduce(&h_, &all, 1, MPI_UINT64_T, MPI_BXOR, stages));
+  BaseFingerprint f;
+  f.h_ = all;
+  return f;
 }
 
 }  // namespace zp::runtime

@@ -4,6 +4,8 @@
 // as f32 or bf16 give the same fingerprint. Parameters combine by XOR: the order blocks are filled in
 // does not matter, and pipeline stages' parts combine the same way.
 #pragma once
+#include <mpi.h>
+
 #include <cstdint>
 #include <string>
 
@@ -19,6 +21,9 @@ class BaseFingerprint {
   void add(const nn::ParamBlock& b, StreamHandle s);
   // Combines another part (another pipeline stage's).
   void combine(uint64_t other) { h_ ^= other; }
+  // The whole base's from every pipeline stage's part: every rank's of `stages` (the pipeline group)
+  // combined, on every rank. Collective over `stages`.
+  BaseFingerprint combined_over(MPI_Comm stages) const;
   uint64_t value() const { return h_; }
   std::string hex() const;
 

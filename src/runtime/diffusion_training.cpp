@@ -1,6 +1,7 @@
 #include "runtime/diffusion_training.h"
 
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -13,10 +14,12 @@
 #include "models/unet_flops.h"
 #include "models/unet_init.h"
 #include "nn/init.h"
+#include "parallel/pipeline_partition.h"
 #include "runtime/base_fingerprint.h"
 #include "runtime/diffusion_draws.h"
 #include "runtime/lora_run.h"
 #include "runtime/noise_schedule.h"
+#include "runtime/pipeline_step.h"
 #include "runtime/training_driver.h"
 
 namespace zp::runtime {
@@ -56,7 +59,54 @@ struct DiffusionBatch {
   Tensor target, weights;  // f32 [B, n], [B]
 };
 
-class DiffusionTask final : public TrainingTask {
+// The UNet chunks of this rank (issue 12): the whole model without a pipeline; with one, the global
+// chunks stage, stage + P, ... of the P x V cut over the UNet's units (down, mid and up blocks) by
+// pipeline.partition.
+struct UNetChunks {
+  std::vector<int64_t> bounds;          // P x V + 1 unit boundaries
+  std::vector<models::UNetSpan> local;  // this rank's chunks, in local order
+};
+
+// `whole`: the whole model laid out (no memory), whose blocks give the units' costs: "parameters"
+// counts each unit's parameters (the stem's with the first chunk, the head's with the last),
+// "compute" its training FLOPs per sample (models/unet_flops.h: convolutions, linears and attention
+// at the unit's resolution; the stem's and the head's convolutions with their chunks).
+UNetChunks unet_chunks(const TrainConfig& cfg, models::UNet& whole, int64_t H, int64_t W, int64_t L, int stage,
+                       int stages) {
+  const models::UNetConfig& m = whole.config();
+  const int64_t units = m.num_units();
+  const int V = int(cfg.virtual_stages), chunks = stages * V;
+  const std::string unit = "UNet block";  // names the units in the partition's messages
+  UNetChunks c;
+  if (chunks == 1) {
+    c.bounds = {0, units};
+  } else if (cfg.pipeline_partition == "layers") {
+    c.bounds = parallel::explicit_partition(cfg.partition_layers, units, chunks, unit);
+  } else if (cfg.pipeline_partition == "uniform") {
+    c.bounds = parallel::uniform_partition(units, chunks, unit);
+  } else {
+    parallel::LayerCosts costs;
+    costs.layers.assign(size_t(units), 0.0);
+    for (nn::ParamBlock* b : whole.blocks()) {
+      const std::vector<nn::Parameter*> params = nn::parameters_of({b});
+      double cost = 0;
+      if (cfg.pipeline_partition == "parameters")
+        for (nn::Parameter* p : params) cost += double(p->numel());
+      else
+        cost = models::unet_train_flops_per_sample(m, params, H, W, L);
+      const int64_t u = m.unit_of_block(b->name());
+      (u < 0 ? costs.first_extra : u == units ? costs.last_extra : costs.layers[size_t(u)]) += cost;
+    }
+    c.bounds = parallel::balanced_partition(costs, chunks, unit);
+  }
+  for (int v = 0; v < V; ++v) {
+    const int g = v * stages + stage;
+    c.local.push_back({c.bounds[size_t(g)], c.bounds[size_t(g) + 1]});
+  }
+  return c;
+}
+
+class DiffusionTask final : public TrainingTask, public PipelineStageModel {
  public:
   DiffusionTask(const TrainConfig& common, const DiffusionConfig& diffusion, const TrainingPlace& at)
       : cfg_(common), diffusion_(diffusion), at_(at), noise_(diffusion) {
@@ -98,62 +148,139 @@ class DiffusionTask final : public TrainingTask {
     text_embeds_.resize(size_t(B_ * E_));
     time_ids_.resize(size_t(E_ > 0 ? B_ * models::kTimeIdsPerSample : 0));
     weights_.resize(size_t(B_));
+
+    lora_ = {cfg_.lora_r, cfg_.lora_alpha, cfg_.lora_dropout, cfg_.lora_targets, cfg_.lora_rslora};
+    // The whole model laid out (no memory): the partition's costs and the progress line's FLOPs.
+    models::UNet whole(mcfg_, at.dev, cfg_.dtype, at.s(), 1, /*allocate=*/false, lora_);
+    flops_per_sample_ = models::unet_train_flops_per_sample(whole, H_, W_, L_);
+    whole_parameters_ = whole.num_parameters();
+    layout_ = unet_chunks(cfg_, whole, H_, W_, L_, at.stage(), at.stages());
   }
 
   std::vector<nn::ParamBlock*> lay_out_model(int64_t pad_multiple) override {
-    lora_ = {cfg_.lora_r, cfg_.lora_alpha, cfg_.lora_dropout, cfg_.lora_targets, cfg_.lora_rslora};
-    model_.emplace(mcfg_, at_.dev, cfg_.dtype, at_.s(), pad_multiple, /*allocate=*/false, lora_);
+    std::vector<nn::ParamBlock*> blocks;
+    for (const models::UNetSpan& span : layout_.local) {
+      chunks_.push_back(std::make_unique<models::UNet>(mcfg_, at_.dev, cfg_.dtype, at_.s(), pad_multiple,
+                                                       /*allocate=*/false, lora_, span));
+      for (nn::ParamBlock* b : chunks_.back()->blocks()) blocks.push_back(b);
+    }
     if (cfg_.init == "hub") {
       hub_weights_ = io::WeightSource::open(cfg_.hub_dir, "diffusion_pytorch_model");
-      model_->check_weights(*hub_weights_);
+      chunks_[0]->check_weights(*hub_weights_);  // against the whole model
     }
-    if (!cfg_.lora_init_from.empty()) initial_adapter_.emplace(cfg_.lora_init_from, lora_, model_->blocks());
-    return model_->blocks();
+    if (!cfg_.lora_init_from.empty()) initial_adapter_.emplace(cfg_.lora_init_from, lora_, blocks);
+    return blocks;
   }
   // LoRA's adapters start from lora.init_from's values, else from PEFT's initialisation, whatever
-  // the base came from; the base's fingerprint is taken as its blocks are filled.
+  // the base came from; the base's fingerprint is taken as its blocks are filled. Any chunk loads
+  // any block, and the random initialisation depends on the parameters' names only: a block's values
+  // do not depend on the cut.
   void fill_block(nn::ParamBlock& b) override {
     const bool adapters = lora_.r > 0 && !b.frozen();
     if (adapters && initial_adapter_)
       initial_adapter_->fill(b, at_.s());
     else if (hub_weights_ && !adapters)
-      model_->load_block(*hub_weights_, b);
+      chunks_[0]->load_block(*hub_weights_, b);
     else
       models::init_unet_block_random(b, cfg_.seed, cfg_.init_std, at_.s());
     if (lora_.r > 0 && b.frozen()) fingerprint_.add(b, at_.s());
   }
-  void set_block_access(nn::BlockAccess* access) override { model_->set_block_access(access); }
+  void set_block_access(nn::BlockAccess* access) override {
+    for (auto& c : chunks_) c->set_block_access(access);
+  }
+  PipelineStageModel* pipeline_stage() override { return this; }
+  bool has_shared_blocks() const override { return false; }
+  SharedBlock shared_block() override { return {}; }
+  // The stem, then each unit's block and its LoRA adapters, then the head: the whole model's order.
+  int64_t model_position(const nn::ParamBlock& b) const override {
+    const int64_t u = mcfg_.unit_of_block(b.name());
+    return 2 * (u + 1) + (b.name().ends_with(".lora") ? 1 : 0);
+  }
+
+  // PipelineStageModel: one micro-batch through one local chunk. Every chunk reads the micro-batch
+  // itself (the draws depend only on the seed, the step and the sample): the first for the noisy
+  // latents and the timesteps, every chunk for the text embeddings, the last for the target.
+  Tensor boundary_buffer(int chunk) override {
+    int64_t n = 0;
+    for (const Shape& sh : mcfg_.boundary_shapes(layout_.bounds[size_t(chunk)], B_, H_, W_)) n += shape_numel(sh);
+    return Tensor::empty({n}, cfg_.dtype, at_.dev, "activations", at_.s());
+  }
+  Tensor forward(int chunk, int micro, int64_t step, int64_t first, Tensor input, bool train, float loss_scale) override {
+    const models::UNet& m = *chunks_[size_t(chunk)];
+    InFlight& f = in_flight_[{micro, chunk}];
+    f.loss_scale = loss_scale;
+    if (train) {
+      f.batch = timed_read([&] { return make_batch(*train_ds_, step, first, true); });
+      f.batch.in.dropout = lora_dropout(step, first);
+    } else {
+      f.batch = make_batch(*val_ds_, -1, first, false);
+    }
+    f.acts = train ? models::UNetActivations::training(cfg_.activation_checkpointing)
+                   : models::UNetActivations::inference();
+    Tensor out = m.forward(f.batch.in, f.acts, input);
+    if (!m.has_head()) {
+      if (!train) in_flight_.erase({micro, chunk});
+      return out;
+    }
+    f.losses = weighted_mse(out, f.batch);
+    if (train) f.pred = out;
+    return Tensor();
+  }
+  Tensor backward(int chunk, int micro, Tensor output_grad) override {
+    const models::UNet& m = *chunks_[size_t(chunk)];
+    InFlight& f = in_flight_.at({micro, chunk});
+    if (m.has_head()) {
+      output_grad = mse_gradient(f.pred, f.batch, f.loss_scale);
+      f.pred = Tensor();
+    }
+    Tensor din = m.backward(output_grad, f.acts);
+    if (!m.has_head()) in_flight_.erase({micro, chunk});  // the last chunk's loss is read later
+    return m.has_stem() ? Tensor() : din;
+  }
+  double loss(int micro) override {
+    const std::pair<int, int> key{micro, int(chunks_.size()) - 1};
+    const double mean = mean_loss(in_flight_.at(key).losses);
+    in_flight_.erase(key);
+    return mean;
+  }
 
   CheckpointModel checkpoint_model() const override {
     CheckpointModel m;
     m.config_json = cfg_.config_json;
     m.model_config = hub_;
     m.model_family = "unet";
-    set_lora_identity(m, lora_, cfg_, hub_weights_ != nullptr, fingerprint_.hex());
+    set_lora_identity(m, lora_, cfg_, hub_weights_ != nullptr, lora_.r > 0 ? base_fingerprint() : "");
     return m;
   }
-  ProgressUnit progress() override { return {"samples", 1, models::unet_train_flops_per_sample(*model_, H_, W_, L_)}; }
+  ProgressUnit progress() override { return {"samples", 1, flops_per_sample_}; }
   double activation_bytes() override {
-    return models::unet_activation_bytes(*model_, B_, H_, W_, L_, cfg_.dtype, cfg_.activation_checkpointing);
+    double bytes = 0;  // of this rank's chunks
+    for (auto& c : chunks_)
+      bytes += models::unet_activation_bytes(*c, B_, H_, W_, L_, cfg_.dtype, cfg_.activation_checkpointing);
+    // A pipeline stage keeps up to P micro-batches in flight (1F1B's warm-up).
+    return bytes * double(std::min<int64_t>(at_.stages(), cfg_.grad_accum));
   }
   std::string describe() override {
     std::string widths;
     for (int64_t w : mcfg_.block_out) widths += (widths.empty() ? "" : ", ") + std::to_string(w);
     char gamma[64] = "";
     if (diffusion_.snr_gamma > 0) std::snprintf(gamma, sizeof(gamma), ", min-SNR gamma %g", diffusion_.snr_gamma);
-    return detail::cat("model unet ", model_->num_parameters() / 1e6, "M parameters, block_out_channels [", widths,
-                       "]", mcfg_.text_time ? ", text_time conditioning" : "", " | ", at_.world(), " rank(s) on ",
+    std::string stages;
+    if (at_.stages() > 1)
+      stages = detail::cat(" | ", at_.stages(), " pipeline stages (", cfg_.pipeline_schedule, ", ",
+                           parallel::partition_str(layout_.bounds, "UNet block"), ") x ", at_.data_size(),
+                           " data-parallel");
+    return detail::cat("model unet ", double(whole_parameters_) / 1e6, "M parameters, block_out_channels [", widths,
+                       "]", mcfg_.text_time ? ", text_time conditioning" : "", stages, " | ", at_.world(), " rank(s) on ",
                        at_.dev.str(), " | ", dtype_name(cfg_.dtype), " | global batch ", at_.global_batch, " x ", C_,
                        "x", H_, "x", W_, " latents, ", L_, " text tokens (micro ", B_, ", accum ", cfg_.grad_accum,
                        ") | ", train_ds_->size(), " training samples | ", diffusion_.prediction_type, ", ",
-                       noise_.num_timesteps(), " timesteps", gamma, lora_summary(lora_, model_->blocks()));
+                       noise_.num_timesteps(), " timesteps", gamma, lora_summary(lora_, all_blocks()));
   }
 
   double micro_step(int64_t step, int64_t first, float loss_scale) override {
     DiffusionBatch b = timed_read([&] { return make_batch(*train_ds_, step, first, true); });
-    if (lora_.r > 0 && lora_.dropout > 0)  // keyed by (seed, step), rows apart per micro-batch
-      b.in.dropout = {nn::splitmix64(cfg_.seed ^ nn::splitmix64(0x4C6F5241ull + uint64_t(step))) | 1,
-                      first << 24};
+    b.in.dropout = lora_dropout(step, first);
     return forward_backward(b, true, loss_scale);
   }
   bool has_validation() const override { return val_ds_.has_value(); }
@@ -194,32 +321,70 @@ class DiffusionTask final : public TrainingTask {
   }
 
 
+  // LoRA's dropout masks: keyed by (seed, step), rows apart per micro-batch, so a sample's masks do
+  // not depend on the rank, micro-step or pipeline chunk that runs it.
+  nn::DropoutDraw lora_dropout(int64_t step, int64_t first) const {
+    if (lora_.r == 0 || lora_.dropout == 0) return {};
+    return {nn::splitmix64(cfg_.seed ^ nn::splitmix64(0x4C6F5241ull + uint64_t(step))) | 1, first << 24};
+  }
+
+  // Every sample's weighted MSE of the prediction against the batch's target: f32 [B] on the device.
+  Tensor weighted_mse(const Tensor& pred, const DiffusionBatch& b) const {
+    Tensor losses = Tensor::empty({B_}, DType::F32, at_.dev, "metrics", at_.s());
+    ZP_KERNEL_CALL(at_.dev, mse_forward, at_.s(), cfg_.dtype, losses.data<float>(), pred.data(),
+                   b.target.data<float>(), b.weights.data<float>(), B_, n_);
+    return losses;
+  }
+  // The mean loss's gradient with respect to the prediction, scaled by `loss_scale`.
+  Tensor mse_gradient(const Tensor& pred, const DiffusionBatch& b, float loss_scale) const {
+    Tensor dpred = Tensor::empty(pred.shape(), cfg_.dtype, at_.dev, "activations", at_.s());
+    ZP_KERNEL_CALL(at_.dev, mse_backward, at_.s(), cfg_.dtype, dpred.data(), pred.data(), b.target.data<float>(),
+                   b.weights.data<float>(), loss_scale, B_, n_);
+    return dpred;
+  }
+  double mean_loss(const Tensor& losses) const {
+    Tensor h = losses.to(Device::cpu(), at_.s());
+    double sum = 0;
+    for (int64_t i = 0; i < B_; ++i) sum += h.data<float>()[i];
+    return sum / double(B_);
+  }
+
   // The model's part of a micro-batch: forward, weighted MSE, and the backward when training.
   // Returns the mean weighted loss, read after the backward is queued.
   double forward_backward(const DiffusionBatch& b, bool train_step, float loss_scale) {
-    const int64_t B = B_, n = n_;
-    const Device dev = at_.dev;
     const StreamHandle s = at_.s();
-    Tensor losses = Tensor::empty({B}, DType::F32, dev, "metrics", s);
+    const models::UNet& model = *chunks_[0];
     // Validation runs for the loss alone: an inference forward, which keeps nothing.
     auto acts = train_step ? models::UNetActivations::training(cfg_.activation_checkpointing)
                            : models::UNetActivations::inference();
     if (train_step) forward_begins(s);
-    Tensor pred = model_->forward(b.in, acts);
-    ZP_KERNEL_CALL(dev, mse_forward, s, cfg_.dtype, losses.data<float>(), pred.data(), b.target.data<float>(),
-                   b.weights.data<float>(), B, n);
+    Tensor pred = model.forward(b.in, acts);
+    Tensor losses = weighted_mse(pred, b);
     if (train_step) forward_ends(s);
     if (train_step) {
-      Tensor dpred = Tensor::empty(pred.shape(), cfg_.dtype, dev, "activations", s);
-      ZP_KERNEL_CALL(dev, mse_backward, s, cfg_.dtype, dpred.data(), pred.data(), b.target.data<float>(),
-                     b.weights.data<float>(), loss_scale, B, n);
+      Tensor dpred = mse_gradient(pred, b, loss_scale);
       pred = Tensor();
-      model_->backward(dpred, acts);
+      model.backward(dpred, acts);
     }
-    Tensor h = losses.to(Device::cpu(), s);
-    double sum = 0;
-    for (int64_t i = 0; i < B; ++i) sum += h.data<float>()[i];
-    return sum / double(B);
+    return mean_loss(losses);
+  }
+
+  // The fingerprint of the whole base: every stage's part (each fingerprints the blocks it filled).
+  // Collective over the pipeline group on the first call, which every rank makes at the same point
+  // (the driver's first checkpoint_model(), after the engine filled every block).
+  std::string base_fingerprint() const {
+    if (!fingerprint_hex_)
+      fingerprint_hex_ = at_.stages() > 1
+                             ? fingerprint_.combined_over(at_.topology->mpi_comm(comm::Group::Pipeline)).hex()
+                             : fingerprint_.hex();
+    return *fingerprint_hex_;
+  }
+
+  std::vector<nn::ParamBlock*> all_blocks() const {
+    std::vector<nn::ParamBlock*> b;
+    for (const auto& c : chunks_)
+      for (nn::ParamBlock* x : c->blocks()) b.push_back(x);
+    return b;
   }
 
   const TrainConfig& cfg_;
@@ -231,11 +396,23 @@ class DiffusionTask final : public TrainingTask {
   std::optional<io::LatentDataset> train_ds_, val_ds_;
   int64_t B_ = 0, C_ = 0, H_ = 0, W_ = 0, L_ = 0, D_ = 0, E_ = 0, n_ = 0;  // batch, latent and text sizes
   std::vector<float> x0_, eps_, xt_, target_, context_, text_embeds_, time_ids_, weights_;
-  std::optional<models::UNet> model_;
+  UNetChunks layout_;
+  double flops_per_sample_ = 0;  // the whole model's training FLOPs per sample
+  int64_t whole_parameters_ = 0;  // the whole model's, which every stage's start-up line reports
+  std::vector<std::unique_ptr<models::UNet>> chunks_;  // one without a pipeline
   std::unique_ptr<io::WeightSource> hub_weights_;
   models::LoraSpec lora_;
   std::optional<models::LoraInitialAdapter> initial_adapter_;
-  BaseFingerprint fingerprint_;  // LoRA: of the frozen blocks
+  BaseFingerprint fingerprint_;  // LoRA: of the frozen blocks this rank filled
+  mutable std::optional<std::string> fingerprint_hex_;
+  // A pipeline's micro-batches between their forward and backward, by (micro, local chunk).
+  struct InFlight {
+    DiffusionBatch batch;
+    float loss_scale = 1.f;
+    models::UNetActivations acts = models::UNetActivations::inference();
+    Tensor pred, losses;  // the last chunk: the prediction (training) and every sample's loss
+  };
+  std::map<std::pair<int, int>, InFlight> in_flight_;
 };
 
 }  // namespace

@@ -259,7 +259,8 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
   }
 
   // PipelineStageModel: one micro-batch through one local chunk.
-  Tensor boundary_buffer() override {
+  // Every cut carries the hidden state.
+  Tensor boundary_buffer(int /*chunk*/) override {
     return Tensor::empty({cfg_.micro_batch * cfg_.seq_len, mcfg_.hidden}, cfg_.dtype, at_.dev, "activations", at_.s());
   }
   Tensor forward(int chunk, int micro, int64_t step, int64_t first, Tensor input, bool train, float loss_scale) override {
@@ -366,14 +367,9 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
   // (the driver's first checkpoint_model(), after the engine filled every block).
   std::string base_fingerprint() const {
     if (fingerprint_hex_) return *fingerprint_hex_;
-    BaseFingerprint all = fingerprint_;
-    if (at_.stages() > 1) {
-      uint64_t mine = fingerprint_.value(), x = 0;
-      ZP_MPI_CHECK(MPI_Allreduce(&mine, &x, 1, MPI_UINT64_T, MPI_BXOR, at_.topology->mpi_comm(comm::Group::Pipeline)));
-      all = BaseFingerprint();
-      all.combine(x);
-    }
-    fingerprint_hex_ = all.hex();
+    fingerprint_hex_ = at_.stages() > 1
+                           ? fingerprint_.combined_over(at_.topology->mpi_comm(comm::Group::Pipeline)).hex()
+                           : fingerprint_.hex();
     return *fingerprint_hex_;
   }
 

@@ -73,16 +73,16 @@ double PipelineStep::run(const std::vector<PipeAction>& passes, int64_t step, co
   const int P = shape_.stages, C = shape_.chunks(), M = int(firsts.size());
   const int prev = (stage_ + P - 1) % P, next = (stage_ + 1) % P;
   auto global = [&](const PipeAction& a) { return shape_.global_chunk(stage_, a.chunk); };
-  // Posts the receive pass k needs, if any: a forward's input from the previous chunk, a backward's
-  // output gradient from the next.
+  // Posts the receive pass k needs, if any: a forward's input from the previous chunk (the cut before
+  // chunk g), a backward's output gradient from the next (the cut before chunk g + 1).
   auto post = [&](size_t k) {
     if (k >= passes.size()) return;
     const PipeAction& a = passes[k];
     const int g = global(a);
     if (a.op == PipeOp::Forward && g > 0)
-      link_.post_recv(PipeChannel::Activations, model_.boundary_buffer(), prev, a.micro * C + g);
+      link_.post_recv(PipeChannel::Activations, model_.boundary_buffer(g), prev, a.micro * C + g);
     else if (a.op == PipeOp::Backward && g + 1 < C)
-      link_.post_recv(PipeChannel::Gradients, model_.boundary_buffer(), next, a.micro * C + g);
+      link_.post_recv(PipeChannel::Gradients, model_.boundary_buffer(g + 1), next, a.micro * C + g);
   };
   times_ = StageTimes();
   link_.take_wait_seconds();

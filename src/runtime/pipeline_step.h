@@ -26,8 +26,10 @@ namespace zp::runtime {
 class PipelineStageModel {
  public:
   virtual ~PipelineStageModel() = default;
-  // A fresh buffer of the tensor that passes between chunks for one micro-batch (receives land in it).
-  virtual Tensor boundary_buffer() = 0;
+  // A fresh buffer of the tensor that enters global chunk `chunk` (0 < chunk < P x V) from the chunk
+  // before it for one micro-batch, which is also the size of its gradient going back across that cut
+  // (receives land in it). Its size may differ from cut to cut (the UNet's skip activations).
+  virtual Tensor boundary_buffer(int chunk) = 0;
   // Local chunk `chunk`'s forward of the micro-batch at global sample `first` (`step` keys any
   // per-step draws): `input` is the previous chunk's output, empty for the model's first chunk (which
   // reads the batch). Returns the output for the next chunk; the model's last chunk applies the

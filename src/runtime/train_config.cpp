@@ -241,7 +241,8 @@ void read_pipeline(io::ConfigReader& r, TrainConfig& t) {
     const size_t want = size_t(t.pipeline_stages * t.virtual_stages - 1);
     if (!ok)
       r.reject("pipeline.partition", "must be \"parameters\", \"uniform\", \"compute\" or a strictly increasing "
-               "list of positive layer indices (the first layer of every model chunk after the first)");
+               "list of positive layer indices (the first layer, or UNet block, of every model chunk after the "
+               "first)");
     else
       r.require(t.partition_layers.size() == want,
                 "pipeline.partition lists " + std::to_string(t.partition_layers.size()) + " layer boundaries; " +
