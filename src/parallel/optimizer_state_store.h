@@ -69,9 +69,10 @@ class OptimizerStateStore {
 
 // Where a new store's master weights start: initial(i) points at range i's current compute values
 // (the block's dtype, size() elements, device memory, or host memory for the parameter tier's shards).
-// A store asks for each range once, in order, and reads the values before it asks for the next or
-// returns (work it enqueues on its stream counts as read: the provider waits for it), so the values
-// may pass through one buffer (the NVMe parameter tier's).
+// A store asks for each range once, in order, and reads the values before it asks for the next, or
+// enqueues the reading on its stream: the provider waits for that work before it reuses the memory
+// (at the next call, and the store's owner after the constructor), so the values may pass through
+// one buffer (the NVMe parameter tier's).
 using InitialValues = std::function<const void*(size_t i)>;
 // The provider for values that are all in memory at once.
 InitialValues initial_values_at(std::vector<const void*> pointers);

@@ -270,10 +270,11 @@ TEST(OffloadOptimizerGpu, NvmeTierFollowsTheDeviceTrajectoryOnGpus) {
   expect_optimizer_tier_follows_on_gpus("nvme", true);
 }
 
-// The parameter tier on GPUs: each rank's shards of the compute weights live in pinned host memory;
-// every gather copies the shard up and all-gathers in place (on a single rank, prefetched on the
-// upload stream). With the optimizer in host memory the CPU writes the new weights straight into the
-// shards; with the optimizer on the device its kernel writes them through the pinned mapping.
+// The parameter tier on GPUs: each rank's shards of the compute weights live in pinned host memory
+// (or on NVMe, through two pinned buffers); every gather copies the shard up and all-gathers in
+// place (on a single rank, prefetched on the upload stream). With the optimizer in host memory the
+// CPU writes the new weights straight into the shards (or buffers); with the optimizer on the device
+// its kernel writes them through the pinned mapping.
 TEST(OffloadParamsGpu, HostShardsFollowTheDeviceTrajectoryOnGpus) {
   if (!every_rank_has_a_gpu()) GTEST_SKIP() << "needs one GPU per rank";
   comm::Runtime rt;
@@ -285,12 +286,17 @@ TEST(OffloadParamsGpu, HostShardsFollowTheDeviceTrajectoryOnGpus) {
     r.device = "cuda";
     r.grad_accum = model == "gpt2" ? accumulation() : 1;
     const runtime::TrainResult on_device = run(data, r, rt, MPI_COMM_WORLD, true);
-    r.offload_param = "cpu";
-    r.offload = "cpu";
-    expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device, model + " params and optimizer on the host");
-    r.offload = "none";
-    expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
-                           model + " params on the host, optimizer on the device");
+    r.nvme_path = dir / "swap";
+    r.param_buffer_count = 2;
+    for (const std::string param_tier : {"cpu", "nvme"}) {
+      r.offload_param = param_tier;
+      r.offload = "cpu";
+      expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
+                             model + " params on " + param_tier + ", optimizer on the host");
+      r.offload = "none";
+      expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
+                             model + " params on " + param_tier + ", optimizer on the device");
+    }
   }
 }
 
