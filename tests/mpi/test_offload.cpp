@@ -123,6 +123,29 @@ TEST(OffloadOptimizer, ResumesAcrossTiers) {
   }
 }
 
+// The parameter shards on NVMe with gradient accumulation for the LMs (the UNet's runs above have it):
+// the micro-steps gather every block from the buffers and the swap file, the update writes once.
+TEST(OffloadParams, NvmeFollowsTheDeviceTrajectoryWithAccumulation) {
+  comm::Runtime rt;
+  const int world = world_size();
+  for (const std::string model : {"llama", "gpt2"}) {
+    SharedDir dir("offload_nvme_params_accum_" + model);
+    const std::string data = data_file(dir, model);
+    TrainingRun r{model, 3, world};
+    r.grad_accum = accumulation();
+    r.nvme_path = dir / "swap";
+    r.param_buffer_count = 2;
+    const runtime::TrainResult on_device = run(data, r, rt, MPI_COMM_WORLD, true);
+    r.offload_param = "nvme";
+    for (const std::string optimizer : {"none", "nvme"}) {
+      r.offload = optimizer;
+      expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
+                             model + " params on nvme, optimizer on " + optimizer + ", accumulation " +
+                                 std::to_string(r.grad_accum) + ", world " + std::to_string(world));
+    }
+  }
+}
+
 // The parameter shards on NVMe save and resume like any tier: a run saved with them resumes with the
 // shards in memory (and in host memory), and the reverse, on the straight run's trajectory; with one
 // buffer every shard of the resumed run is read back from the swap file the load rewrote.
