@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `zeropipe generate` end to end on the CPU: the same completions at 1, 2 and 3 ranks, in input order
 # (requests split across ranks and merged on rank 0), greedy or seeded sampling; weight streaming
-# gives the same tokens; a LoRA adapter merged at load equals the merged model; bad input names the
-# file and line and exits 1 on every rank count.
+# from host memory or NVMe gives the same tokens; a LoRA adapter merged at load equals the merged
+# model; bad input names the file and line and exits 1 on every rank count.
 # Usage: generate_cli_test.sh ZEROPIPE_BINARY SOURCE_DIR
 set -u
 bin=$1 src=$2
@@ -44,8 +44,11 @@ for np in 2 3; do
   run "$np" "$tmp/np$np.jsonl" || { cat "$tmp/np$np.jsonl.log"; fail "np $np"; }
 done
 run 1 "$tmp/offload.jsonl" --offload-param cpu || { cat "$tmp/offload.jsonl.log"; fail "offload"; }
+# From NVMe: the swap file under a folder the command creates, unlinked at once, so nothing stays there.
+run 2 "$tmp/nvme.jsonl" --offload-param nvme --nvme-path "$tmp/swap" || { cat "$tmp/nvme.jsonl.log"; fail "nvme"; }
+[ -d "$tmp/swap" ] && [ -z "$(ls -A "$tmp/swap")" ] || fail "the swap folder should exist and be empty"
 ids() { /usr/bin/python3 -c 'import json,sys; [print(json.loads(l)["index"], json.loads(l)["output_ids"]) for l in open(sys.argv[1])]' "$1"; }
-for f in np2 np3 offload; do
+for f in np2 np3 offload nvme; do
   diff <(ids "$tmp/np1.jsonl") <(ids "$tmp/$f.jsonl") || fail "$f differs from np 1"
 done
 # Bad input: an unknown key, on every rank count, names the file and line.

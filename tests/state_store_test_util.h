@@ -32,11 +32,11 @@ struct StoreBlocks {
       blocks.push_back(std::move(b));
     }
   }
-  std::vector<const void*> initial() const {
+  parallel::InitialValues initial() const {
     std::vector<const void*> v;
     for (const parallel::OwnedRange& r : ranges)
       v.push_back(static_cast<const char*>(r.block->values().data()) + size_t(r.begin) * dtype_size(r.block->dtype()));
-    return v;
+    return parallel::initial_values_at(std::move(v));
   }
 };
 

@@ -341,7 +341,15 @@ TEST(GreedyGenerationGpu, MatchesTransformers) {
 std::vector<std::vector<int32_t>> greedy_outputs(const std::string& device, const std::string& dtype,
                                                  const std::string& offload, int64_t max_graph_seqs = 0,
                                                  int64_t* graph_steps = nullptr) {
-  runtime::InferenceModel m({test::golden_path("llama-tiny"), "", device, dtype, offload});
+  // From NVMe: a swap file under a fresh folder, read through two buffers so that blocks come from
+  // the file on every forward, not only from the buffers.
+  test::ScratchFolder swap("weight_streaming_nvme");
+  runtime::InferenceModelOptions options{test::golden_path("llama-tiny"), "", device, dtype, offload};
+  if (offload == "nvme") {
+    options.nvme_path = swap.str();
+    options.nvme_buffer_count = 2;
+  }
+  runtime::InferenceModel m(options);
   EXPECT_EQ(m.streams_weights(), offload != "none");
   runtime::GenerationOptions o;
   o.block_size = 8;
@@ -362,12 +370,18 @@ std::vector<std::vector<int32_t>> greedy_outputs(const std::string& device, cons
 }
 
 TEST(WeightStreaming, SameTokensAsResidentWeights) {
-  EXPECT_EQ(greedy_outputs("cpu", "fp32", "cpu"), greedy_outputs("cpu", "fp32", "none"));
+  const auto resident = greedy_outputs("cpu", "fp32", "none");
+  EXPECT_EQ(greedy_outputs("cpu", "fp32", "cpu"), resident);
+  EXPECT_EQ(greedy_outputs("cpu", "fp32", "nvme"), resident);
 }
 
 TEST(WeightStreamingGpu, SameTokensAsResidentWeights) {
   ZP_SKIP_WITHOUT_GPU();
-  for (const char* dt : {"fp32", "bf16"}) EXPECT_EQ(greedy_outputs("cuda", dt, "cpu"), greedy_outputs("cuda", dt, "none")) << dt;
+  for (const char* dt : {"fp32", "bf16"}) {
+    const auto resident = greedy_outputs("cuda", dt, "none");
+    EXPECT_EQ(greedy_outputs("cuda", dt, "cpu"), resident) << dt;
+    EXPECT_EQ(greedy_outputs("cuda", dt, "nvme"), resident) << dt << " from NVMe";
+  }
 }
 
 // Decode steps replayed from CUDA graphs (rows padded to 4, 2, 1 as requests finish) make the same
@@ -386,8 +400,15 @@ TEST(InferenceModel, BadInputIsNamed) {
                      {"/nonexistent/model", "no such file"});
   test::expect_error([] { runtime::InferenceModel m({test::golden_path("llama-tiny"), "", "tpu", "fp32", "none"}); },
                      {"--device", "tpu"});
+  test::expect_error([] { runtime::InferenceModel m({test::golden_path("llama-tiny"), "", "cpu", "fp32", "disk"}); },
+                     {"--offload-param", "disk"});
   test::expect_error([] { runtime::InferenceModel m({test::golden_path("llama-tiny"), "", "cpu", "fp32", "nvme"}); },
-                     {"--offload-param", "nvme"});
+                     {"--offload-param nvme needs --nvme-path"});
+  test::expect_error(
+      [] {
+        runtime::InferenceModel m({test::golden_path("llama-tiny"), "", "cpu", "fp32", "nvme", "/etc/hostname/swap"});
+      },
+      {"--nvme-path '/etc/hostname/swap'"});
   test::expect_error([] { runtime::InferenceModel m({test::golden_path("unet-sd-tiny"), "", "cpu", "fp32", "none"}); },
                      {"language models"});
 }

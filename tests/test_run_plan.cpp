@@ -10,6 +10,7 @@
 #include "models/transformer.h"
 #include "parallel/host_state_store.h"
 #include "parallel/memory_plan.h"
+#include "parallel/nvme_parameter_shards.h"
 #include "parallel/zero_engine.h"
 #include "runtime/run_plan.h"
 #include "test_util.h"
@@ -25,13 +26,14 @@ const fs::path kConfigs = fs::path(__FILE__).parent_path().parent_path() / "conf
 
 // Runs `zeropipe plan` and returns its exit status and output.
 int plan(const std::string& preset, std::vector<std::string> sets, int world, const std::string& gpu,
-         const std::string& host, std::string& out) {
+         const std::string& host, std::string& out, const std::string& nvme = "") {
   app::PlanOptions o;
   o.config = (kConfigs / preset).string();
   o.sets = std::move(sets);
   o.world = world;
   o.gpu_memory = gpu;
   o.host_memory = host;
+  o.nvme_free = nvme;
   testing::internal::CaptureStdout();
   const int status = app::run_plan(o);
   out = testing::internal::GetCapturedStdout();
@@ -124,6 +126,53 @@ TEST(RunPlan, ModelStatesPerTierAreCountedExactly) {
   EXPECT_DOUBLE_EQ(d2.delayed_update_bytes, shard * (4 + 2));
   EXPECT_DOUBLE_EQ(d2.host_delayed_update_bytes, 0);
   EXPECT_EQ(gpu.delayed_update_bytes + gpu.host_delayed_update_bytes, 0) << "nothing without the delayed update";
+}
+
+// The parameter shards on NVMe: off the device (and out of host memory), in the swap file (one
+// aligned extent per block), with the tier's buffers as host staging.
+TEST(RunPlan, NvmeParameterShardsAreCounted) {
+  const int world = 4;
+  auto cfg = models::TransformerConfig::from_hub_json(tiny_llama(), "plan-test");
+  models::Transformer m(cfg, Device::cpu(), DType::BF16, nullptr, parallel::shard_pad_multiple(world), false);
+  int64_t largest = 0, psi = 0;
+  std::vector<int64_t> shard_bytes;
+  for (nn::ParamBlock* b : m.blocks()) {
+    largest = std::max(largest, b->padded());
+    psi += b->padded();
+    shard_bytes.push_back(b->padded() / world * 2);
+  }
+  ShardingPolicy p = ShardingPolicy::from_config(3, "none", "nvme");
+  parallel::NvmeSettings nvme{"/local_nvme", 1 << 20, 8, 3};
+  p.set_parameter_nvme(nvme);
+  for (bool gpu : {true, false}) {
+    parallel::MemoryPlan s = parallel::plan_memory(m.blocks(), p, world, false, gpu);
+    EXPECT_DOUBLE_EQ(s.param_bytes, 2.0 * double(largest) * 2) << "only the gathered blocks in flight";
+    EXPECT_DOUBLE_EQ(s.host_param_bytes, 0);
+    EXPECT_DOUBLE_EQ(s.nvme_param_bytes, double(parallel::NvmeParameterShards::file_bytes_for(shard_bytes)));
+    EXPECT_GE(s.nvme_param_bytes, double(psi) / world * 2);
+    EXPECT_DOUBLE_EQ(s.nvme_bytes(), s.nvme_param_bytes);
+    EXPECT_DOUBLE_EQ(s.host_staging_bytes,
+                     double(parallel::NvmeParameterShards::buffer_bytes_for(largest / world * 2, 3)));
+    EXPECT_NE(s.str().find("on NVMe under /local_nvme: parameters"), std::string::npos) << s.str();
+  }
+}
+
+// `zeropipe plan --nvme-free`: the preset with both tiers on NVMe, against a disk too small for the
+// node's swap files (named, with the change that fits) and one large enough.
+TEST(RunPlan, PlanCommandChecksTheNvmeSpace) {
+  std::string out;
+  EXPECT_EQ(plan("zero3-offload-nvme.json", {}, 2, "", "", out, "1GiB"), 1) << out;
+  EXPECT_NE(out.find("parameter shards"), std::string::npos) << out;
+  EXPECT_NE(out.find("optimizer state"), std::string::npos) << out;
+  EXPECT_NE(out.find("of 1.0 GiB free: DOES NOT FIT"), std::string::npos) << out;
+  EXPECT_NE(out.find("does not fit: NVMe per node (2 ranks' swap files)"), std::string::npos) << out;
+  const std::vector<std::string> sets = suggested_sets(out);
+  ASSERT_FALSE(sets.empty()) << out;
+  EXPECT_NE(std::find(sets.begin(), sets.end(), "zero_optimization.offload_optimizer.device=cpu"), sets.end()) << out;
+  EXPECT_EQ(plan("zero3-offload-nvme.json", sets, 2, "", "", out, "1GiB"), 0) << "the suggestion fits:\n" << out;
+  EXPECT_EQ(plan("zero3-offload-nvme.json", {}, 2, "", "", out, "1TiB"), 0) << out;
+  EXPECT_NE(out.find("fits"), std::string::npos) << out;
+  test::expect_error([] { app::parse_bytes("lots", "--nvme-free"); }, {"--nvme-free 'lots'"});
 }
 
 TEST(RunPlan, MisfitsNameTheTierAndTheBytes) {

@@ -48,6 +48,7 @@ const char* kUsage =
     "  inspect  list and check a checkpoint or weights file: zeropipe inspect FILE [--verify]\n"
     "  plan     memory per rank and node on each tier, whether it fits, and the cheapest change if not:\n"
     "           zeropipe plan --config FILE [--world N] [--gpu-memory 24GiB] [--host-memory 64GiB]\n"
+    "                         [--nvme-free 1TiB]\n"
     "  tokenize text or JSONL -> a token file for train, through a Hugging Face or GPT-2 tokenizer:\n"
     "           zeropipe tokenize --tokenizer DIR|tokenizer.json --in FILE --out FILE [--append-eos]\n"
     "           [--format instruct --chat-template auto|llama3|chatml|plain]\n"
@@ -166,7 +167,8 @@ int cmd_plan(int argc, char** argv) {
       "world", po::value<int>(&o.world)->default_value(1), "ranks (GPUs) in the run")(
       "ranks-per-node", po::value<int>(&o.ranks_per_node)->default_value(0), "ranks sharing a node (default: all)")(
       "gpu-memory", po::value<std::string>(&o.gpu_memory), "memory of each GPU, e.g. 24GiB")(
-      "host-memory", po::value<std::string>(&o.host_memory), "host memory of a node, e.g. 64GiB");
+      "host-memory", po::value<std::string>(&o.host_memory), "host memory of a node, e.g. 64GiB")(
+      "nvme-free", po::value<std::string>(&o.nvme_free), "free space under a node's nvme_path, e.g. 1TiB");
   po::variables_map vm;
   if (!parse_options(argc, argv, desc, vm)) return 0;
   return zp::app::run_plan(o);
@@ -233,7 +235,10 @@ void add_model_options(po::options_description& desc, zp::runtime::InferenceMode
       "dtype", po::value<std::string>(&m.dtype)->default_value("auto"),
       "fp32 | bf16 | fp16 | auto (bf16 on a GPU, else fp32) (| fp64 on the cpu)")(
       "offload-param", po::value<std::string>(&m.offload_param)->default_value("none"),
-      "none | cpu: weights in pinned host memory, each layer streamed up for its use (ZeRO-Inference)")(
+      "none | cpu | nvme: weights in pinned host memory (cpu) or in a swap file under --nvme-path (nvme), each "
+      "layer streamed up for its use (ZeRO-Inference)")(
+      "nvme-path", po::value<std::string>(&m.nvme_path),
+      "directory of the weights' swap file, with --offload-param nvme")(
       "lora", po::value<std::string>(&m.lora),
       "LoRA adapter merged into the weights as they load: a PEFT folder, a LoRA checkpoint .h5, or a "
       "diffusers / kohya-ss .safetensors");

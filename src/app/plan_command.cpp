@@ -57,6 +57,17 @@ std::vector<Change> changes() {
         c.offload_param = "cpu";
         return true;
       },
+      // Off NVMe, for a disk too small: the same state in host memory instead (faster, but it takes RAM).
+      [](runtime::TrainConfig& c) {
+        if (c.offload_param != "nvme") return false;
+        c.offload_param = "cpu";
+        return true;
+      },
+      [](runtime::TrainConfig& c) {
+        if (c.offload_optimizer != "nvme") return false;
+        c.offload_optimizer = "cpu";
+        return true;
+      },
       [](runtime::TrainConfig& c) {
         if (c.micro_batch % 2 != 0) return false;
         c.micro_batch /= 2;
@@ -101,12 +112,13 @@ int run_plan(const PlanOptions& o) {
   runtime::NodeResources have;
   if (!o.gpu_memory.empty()) have.gpu_bytes = parse_bytes(o.gpu_memory, "--gpu-memory");
   if (!o.host_memory.empty()) have.host_bytes = parse_bytes(o.host_memory, "--host-memory");
+  if (!o.nvme_free.empty()) have.nvme_bytes = parse_bytes(o.nvme_free, "--nvme-free");
 
   const runtime::RunPlan plan = runtime::plan_config(tc, unet, o.world, per_node);
   std::printf("%s", runtime::plan_report(plan, have).c_str());
   const std::vector<runtime::Misfit> bad = runtime::misfits(plan, have);
-  if (have.gpu_bytes < 0 && have.host_bytes < 0) {
-    std::printf("give --gpu-memory and --host-memory to check whether it fits\n");
+  if (have.gpu_bytes < 0 && have.host_bytes < 0 && have.nvme_bytes < 0) {
+    std::printf("give --gpu-memory and --host-memory (and --nvme-free with NVMe offload) to check whether it fits\n");
     return 0;
   }
   if (bad.empty()) {
@@ -139,8 +151,10 @@ int run_plan(const PlanOptions& o) {
       }
     }
   }
-  std::printf("no change of checkpointing, ZeRO stage, offload or micro-batch fits it: more GPUs (--world) or "
-              "more host memory per node are needed\n");
+  std::printf("no change of checkpointing, ZeRO stage, offload or micro-batch fits it: more GPUs (--world), more "
+              "host memory per node%s are needed\n",
+              plan.states.nvme_bytes() > 0 ? ", or a larger disk under nvme_path (or fewer ranks per node: "
+              "--ranks-per-node)" : "");
   return 1;
 }
 

@@ -1,5 +1,5 @@
 // zeropipe plan: a training configuration's memory per rank and per node on each tier, whether it
-// fits the GPUs and host memory named on the command line, and the cheapest change that would make
+// fits the GPUs, host memory and NVMe space named on the command line, and the cheapest change that would make
 // it fit (issue 11 item 5). Nothing is allocated and MPI is not started: it runs on a laptop.
 #pragma once
 #include <string>
@@ -12,6 +12,7 @@ struct PlanOptions {
   std::vector<std::string> sets;
   int world = 1, ranks_per_node = 0;  // 0: all ranks on one node
   std::string gpu_memory, host_memory;  // "24GiB", "64GB", "" (not checked)
+  std::string nvme_free;                // free space under the nvme_paths of a node, "1TiB", "" (not checked)
 };
 
 // Prints the plan; returns 0 when it fits (or nothing was given to check against), 1 when not.

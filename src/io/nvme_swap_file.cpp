@@ -151,6 +151,23 @@ struct NvmeSwapFile::Impl {
     return t;
   }
 
+  // Preallocates [from, from + bytes) of the file, so that a disk too small fails here, not mid-step.
+  void allocate(int64_t from, int64_t bytes) {
+    if (bytes <= 0 || ::fallocate(fd, 0, from, bytes) == 0) return;
+    const int err = errno;
+    if (err == ENOSPC)
+      throw Error(detail::cat(where(), ": the swap file needs ", from + bytes, " bytes",
+                              from > 0 ? detail::cat(" (", bytes, " more)") : std::string(), ", but only ",
+                              free_bytes(dir), " bytes are free there (No space left on device)"));
+    // Some file systems cannot preallocate; the size is then set and a full disk shows at a write.
+    if (err != EOPNOTSUPP && err != ENOSYS)
+      throw Error(detail::cat(where(), ": preallocating ", bytes, " bytes for the swap file failed: ",
+                              std::strerror(err)));
+    if (::ftruncate(fd, from + bytes) != 0)
+      throw Error(detail::cat(where(), ": sizing the swap file to ", from + bytes, " bytes failed: ",
+                              std::strerror(errno)));
+  }
+
   // Blocks until ticket t is complete and forgets it; its failure, or "". Caller holds lk.
   std::string settle(std::unique_lock<std::mutex>& lk, Ticket t) {
     auto it = tickets.find(t);
@@ -202,22 +219,18 @@ NvmeSwapFile::NvmeSwapFile(const std::string& dir, const std::string& key, const
     ZP_LOG_WARN(m.where(), ": the file system refuses O_DIRECT (", std::strerror(errno), "); the swap file uses "
                 "buffered I/O, through the page cache (slower, and it competes with the process for host memory)");
   }
+  try {
+    m.allocate(0, m.size);
+  } catch (const Error&) {
+    ::close(m.fd);
+    m.fd = -1;
+    throw;
+  }
   auto fail = [&](const std::string& what) {
     ::close(m.fd);
     m.fd = -1;
     throw Error(what);
   };
-  if (m.size > 0 && ::fallocate(m.fd, 0, 0, m.size) != 0) {
-    const int err = errno;
-    if (err == ENOSPC)
-      fail(detail::cat(m.where(), ": the swap file needs ", m.size, " bytes, but only ", free_bytes(dir),
-                       " bytes are free there (No space left on device)"));
-    // Some file systems cannot preallocate; the size is then set and a full disk shows at a write.
-    if (err != EOPNOTSUPP && err != ENOSYS)
-      fail(detail::cat(m.where(), ": preallocating ", m.size, " bytes for the swap file failed: ", std::strerror(err)));
-    if (::ftruncate(m.fd, m.size) != 0)
-      fail(detail::cat(m.where(), ": sizing the swap file to ", m.size, " bytes failed: ", std::strerror(errno)));
-  }
   const int rc = io_uring_queue_init(unsigned(m.depth), &m.ring, 0);
   if (rc < 0)
     fail(detail::cat(m.where(), ": io_uring with aio.queue_depth = ", m.depth, " cannot be set up: ",
@@ -271,7 +284,20 @@ void NvmeSwapFile::wait_all() {
 }
 
 const std::string& NvmeSwapFile::path() const { return impl_->path; }
-int64_t NvmeSwapFile::size() const { return impl_->size; }
+int64_t NvmeSwapFile::size() const {
+  std::lock_guard lk(impl_->mu);
+  return impl_->size;
+}
+
+int64_t NvmeSwapFile::extend(int64_t bytes) {
+  Impl& m = *impl_;
+  const int64_t more = (bytes + kAlign - 1) / kAlign * kAlign;
+  const int64_t from = size();
+  m.allocate(from, more);  // requests in flight end before `from`: the new part is nobody's yet
+  std::lock_guard lk(m.mu);
+  m.size = from + more;
+  return from;
+}
 bool NvmeSwapFile::direct() const { return impl_->direct; }
 
 }  // namespace zp::io

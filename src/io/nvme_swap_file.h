@@ -39,6 +39,10 @@ class NvmeSwapFile {
   // untouched until the ticket is waited for.
   Ticket write(int64_t offset, const void* src, int64_t bytes);
   Ticket read(int64_t offset, void* dst, int64_t bytes);
+  // Grows the file by `bytes` (rounded up to kAlign), preallocated as at creation (a disk too small
+  // fails here, naming the bytes), and returns the offset of the new part. Callers that learn their
+  // sizes one at a time (the parameter tier, block by block at start-up) append this way.
+  int64_t extend(int64_t bytes);
   // Blocks until the request is complete; throws its failure. Each ticket is waited for at most once.
   void wait(Ticket t);
   // wait() for every request not yet waited for; throws the first failure after all have ended.

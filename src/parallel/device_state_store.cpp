@@ -7,18 +7,16 @@
 namespace zp::parallel {
 using namespace zp::kernels;
 
-DeviceStateStore::DeviceStateStore(std::vector<OwnedRange> ranges, const std::vector<const void*>& initial,
+DeviceStateStore::DeviceStateStore(std::vector<OwnedRange> ranges, const InitialValues& initial,
                                    StreamHandle s)
     : OptimizerStateStore(std::move(ranges)) {
-  ZP_CHECK(initial.size() == ranges_.size(), "DeviceStateStore: ", initial.size(), " initial values for ",
-           ranges_.size(), " ranges");
   for (size_t i = 0; i < ranges_.size(); ++i) {
     const OwnedRange& r = ranges_[i];
     const Device dev = r.block->device();
     master_.push_back(Tensor::empty({r.size()}, DType::F32, dev, "master", s));
     m_.push_back(Tensor::zeros({r.size()}, DType::F32, dev, "optimizer", s));
     v_.push_back(Tensor::zeros({r.size()}, DType::F32, dev, "optimizer", s));
-    ZP_KERNEL_CALL(dev, cast, s, DType::F32, master_[i].data(), r.block->dtype(), initial[i], r.size());
+    ZP_KERNEL_CALL(dev, cast, s, DType::F32, master_[i].data(), r.block->dtype(), initial(i), r.size());
   }
 }
 

@@ -8,7 +8,7 @@ namespace zp::parallel {
 
 class DeviceStateStore final : public OptimizerStateStore {
  public:
-  DeviceStateStore(std::vector<OwnedRange> ranges, const std::vector<const void*>& initial, StreamHandle s);
+  DeviceStateStore(std::vector<OwnedRange> ranges, const InitialValues& initial, StreamHandle s);
 
   StateTier tier() const override { return StateTier::Device; }
   void update(std::span<const RangeUpdate> updates, const AdamWHyper& h, const kernels::AdamWConfig& cfg,

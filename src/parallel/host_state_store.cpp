@@ -12,11 +12,9 @@ namespace zp::parallel {
 using namespace zp::kernels;
 
 
-HostStateStore::HostStateStore(std::vector<OwnedRange> ranges, const std::vector<const void*>& initial, StreamHandle s,
+HostStateStore::HostStateStore(std::vector<OwnedRange> ranges, const InitialValues& initial, StreamHandle s,
                                bool pinned, int threads, int buffer_count, bool weights_on_host)
     : OptimizerStateStore(std::move(ranges)), pinned_(pinned), weights_on_host_(weights_on_host), adamw_(threads) {
-  ZP_CHECK(initial.size() == ranges_.size(), "HostStateStore: ", initial.size(), " initial values for ",
-           ranges_.size(), " ranges");
   ZP_CHECK(buffer_count >= 1, "HostStateStore: ", buffer_count, " staging buffers");
   if (ranges_.empty()) return;
   dev_ = ranges_[0].block->device();
@@ -38,7 +36,7 @@ HostStateStore::HostStateStore(std::vector<OwnedRange> ranges, const std::vector
                                         pinned_, weights_on_host_);
   // The initial master weights: the compute values, downloaded through the ring and widened to fp32.
   for (size_t i = 0; i < ranges_.size(); ++i)
-    ring_->download(initial[i], ranges_[i].size(), s, [&](const void* piece, int64_t off, int64_t n) {
+    ring_->download(initial(i), ranges_[i].size(), s, [&](const void* piece, int64_t off, int64_t n) {
       cpu::cast(nullptr, DType::F32, master_[i].data<float>() + off, dt_, piece, n);
     });
 }

@@ -36,7 +36,7 @@ class HostStateStore final : public OptimizerStateStore {
   // overlaps the copies with the update); weights_on_host: the ranges' compute weights (RangeUpdate's
   // weights_out) are host memory, the parameter tier's shards, so the update writes them in place
   // and nothing goes up.
-  HostStateStore(std::vector<OwnedRange> ranges, const std::vector<const void*>& initial, StreamHandle s,
+  HostStateStore(std::vector<OwnedRange> ranges, const InitialValues& initial, StreamHandle s,
                  bool pinned, int threads = 0, int buffer_count = kBuffers, bool weights_on_host = false);
 
   StateTier tier() const override { return StateTier::PinnedHost; }

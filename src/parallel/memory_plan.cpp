@@ -6,6 +6,7 @@
 
 #include "parallel/delayed_update.h"
 #include "parallel/host_state_store.h"
+#include "parallel/nvme_parameter_shards.h"
 #include "parallel/nvme_state_store.h"
 
 namespace zp::parallel {
@@ -34,10 +35,20 @@ MemoryPlan plan_memory(std::span<nn::ParamBlock* const> blocks, const ShardingPo
   // or every block gathered once in the step when it keeps them.
   const double shards = policy.shards_parameters() ? psi / n : psi;
   const double in_flight = !policy.shards_parameters() ? 0.0 : policy.keeps_gathered() ? psi : 2.0 * double(largest);
-  // Host shards exist only for GPU blocks: on a CPU device the device is host memory already.
+  // Host shards exist only for GPU blocks: on a CPU device the device is host memory already. Shards
+  // on NVMe leave the device (or a CPU's memory) either way, for the swap file and its buffers.
   const bool params_on_host = on_gpu && policy.parameter_tier() == StateTier::PinnedHost;
-  p.param_bytes = ((params_on_host ? 0.0 : shards) + in_flight) * k;
+  const bool params_on_nvme = policy.shards_parameters() && policy.parameter_tier() == StateTier::Nvme;
+  p.param_bytes = ((params_on_host || params_on_nvme ? 0.0 : shards) + in_flight) * k;
   if (params_on_host) p.host_param_bytes = shards * k;
+  if (params_on_nvme) {
+    std::vector<int64_t> shard_bytes;
+    for (const nn::ParamBlock* b : blocks) shard_bytes.push_back(b->padded() / world * int64_t(dtype_size(dt)));
+    p.nvme_param_bytes = double(NvmeParameterShards::file_bytes_for(shard_bytes));
+    p.nvme_param_path = policy.parameter_nvme().path;
+    p.host_staging_bytes += double(NvmeParameterShards::buffer_bytes_for(largest / world * int64_t(dtype_size(dt)),
+                                                                         policy.parameter_nvme().buffer_count));
+  }
   // Stepping in the backward keeps no gradient shard, only the blocks in flight (no accumulation).
   const double grad_shards = step_in_backward ? 0.0 : psi_trained / n;
   p.grad_bytes = (policy.shards_gradients() ? grad_shards + 2.0 * double(largest_trained) : psi_trained) * 4.0;
@@ -54,12 +65,12 @@ MemoryPlan plan_memory(std::span<nn::ParamBlock* const> blocks, const ShardingPo
     }
     p.nvme_optimizer_bytes = double(NvmeStateStore::file_bytes(ranges));
     p.nvme_path = policy.optimizer_nvme().path;
-    p.host_staging_bytes =
+    p.host_staging_bytes +=
         double(NvmeStateStore::buffer_bytes_for(largest_range, dt, policy.optimizer_nvme().buffer_count, on_gpu));
   } else {
     p.host_optimizer_bytes = owned * 12.0;
     const int64_t largest_range = policy.shards_optimizer_state() ? largest_trained / world : largest_trained;
-    if (on_gpu) p.host_staging_bytes = double(HostStateStore::staging_bytes_for(largest_range, dt));
+    if (on_gpu) p.host_staging_bytes += double(HostStateStore::staging_bytes_for(largest_range, dt));
   }
   if (policy.delays_update() && policy.optimizer_tier() != StateTier::Device) {
     p.delayed_update_bytes = double(DelayedUpdate::device_bytes_for(int64_t(owned), dt, params_on_host));
@@ -100,6 +111,12 @@ std::string MemoryPlan::str() const {
   if (nvme_optimizer_bytes > 0) {
     std::snprintf(buf, sizeof(buf), "; on NVMe under %s: optimizer %.1f MiB (fp32 master and moments, the rank's "
                   "swap file; its host buffers are the staging above)", nvme_path.c_str(), nvme_optimizer_bytes / mib);
+    s += buf;
+  }
+  if (nvme_param_bytes > 0) {
+    std::snprintf(buf, sizeof(buf), "; on NVMe under %s: parameters %.1f MiB (the rank's shards of the compute "
+                  "weights, its swap file; its host buffers are the staging above)", nvme_param_path.c_str(),
+                  nvme_param_bytes / mib);
     s += buf;
   }
   return s;

@@ -24,16 +24,17 @@ struct MemoryPlan {
   // Per rank, in host memory (the offload tiers): parameter shards, optimizer state, staging.
   double host_param_bytes = 0, host_optimizer_bytes = 0, host_staging_bytes = 0;
   bool host_pinned = false;
-  // Per rank, in its swap file under nvme_path (the NVMe tier of the optimizer state); its host
-  // buffers count in host_staging_bytes.
-  double nvme_optimizer_bytes = 0;
-  std::string nvme_path;
+  // Per rank, in its swap files under the nvme_paths (the NVMe tiers of the optimizer state and of
+  // the parameter shards); their host buffers count in host_staging_bytes.
+  double nvme_optimizer_bytes = 0, nvme_param_bytes = 0;
+  std::string nvme_path, nvme_param_path;
   // Per rank, the delayed update's double buffers (parallel/delayed_update.h): a copy of the owned
   // fp32 gradients and of the owned compute weights, on the device (the weights in host memory
   // where the parameter tier keeps the shards there).
   double delayed_update_bytes = 0, host_delayed_update_bytes = 0;
 
   double device_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + delayed_update_bytes; }
+  double nvme_bytes() const { return nvme_optimizer_bytes + nvme_param_bytes; }
   double host_bytes() const {
     return host_param_bytes + host_optimizer_bytes + host_staging_bytes + host_delayed_update_bytes;
   }

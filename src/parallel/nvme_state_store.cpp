@@ -45,12 +45,10 @@ std::string swap_file_name() {
 
 }  // namespace
 
-NvmeStateStore::NvmeStateStore(std::vector<OwnedRange> ranges, const std::vector<const void*>& initial,
+NvmeStateStore::NvmeStateStore(std::vector<OwnedRange> ranges, const InitialValues& initial,
                                StreamHandle s, const NvmeSettings& nvme, bool pinned, int threads,
                                bool weights_on_host, int64_t chunk)
     : OptimizerStateStore(std::move(ranges)), nvme_(nvme), pinned_(pinned), adamw_(threads) {
-  ZP_CHECK(initial.size() == ranges_.size(), "NvmeStateStore: ", initial.size(), " initial values for ",
-           ranges_.size(), " ranges");
   ZP_CHECK(chunk > 0 && chunk % kAlignFloats == 0, "NvmeStateStore: chunks of ", chunk, " elements");
   ZP_REQUIRE(nvme.buffer_count >= 1, "zero_optimization.offload_optimizer.buffer_count must be at least 1, got ",
              nvme.buffer_count);
@@ -80,7 +78,7 @@ NvmeStateStore::NvmeStateStore(std::vector<OwnedRange> ranges, const std::vector
   // which is what a preallocated (or sized) file reads as where nothing was written.
   float* stage = buffers_[0].state[0];
   for (size_t i = 0; i < ranges_.size(); ++i)
-    ring_->download(initial[i], ranges_[i].size(), s, [&](const void* piece, int64_t off, int64_t n) {
+    ring_->download(initial(i), ranges_[i].size(), s, [&](const void* piece, int64_t off, int64_t n) {
       cpu::cast(nullptr, DType::F32, stage, dt_, piece, n);
       const int64_t padded = round_up(n, kAlignFloats);
       std::fill(stage + n, stage + padded, 0.f);

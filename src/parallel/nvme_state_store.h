@@ -30,7 +30,7 @@ class NvmeStateStore final : public OptimizerStateStore {
   // weights_on_host: the compute weights are the parameter tier's host shards, written in place
   // (HostStateStore's); chunk: elements per buffer and state, a multiple of the swap file's
   // alignment in floats (tests use small ones to walk many chunks).
-  NvmeStateStore(std::vector<OwnedRange> ranges, const std::vector<const void*>& initial, StreamHandle s,
+  NvmeStateStore(std::vector<OwnedRange> ranges, const InitialValues& initial, StreamHandle s,
                  const NvmeSettings& nvme, bool pinned, int threads = 0, bool weights_on_host = false,
                  int64_t chunk = kChunk);
   ~NvmeStateStore() override;

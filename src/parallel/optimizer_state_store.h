@@ -8,6 +8,7 @@
 // them; only the state moves.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -66,13 +67,21 @@ class OptimizerStateStore {
   std::vector<OwnedRange> ranges_;
 };
 
+// Where a new store's master weights start: initial(i) points at range i's current compute values
+// (the block's dtype, size() elements, device memory, or host memory for the parameter tier's shards).
+// A store asks for each range once, in order, and reads the values before it asks for the next, or
+// enqueues the reading on its stream: the provider waits for that work before it reuses the memory
+// (at the next call, and the store's owner after the constructor), so the values may pass through
+// one buffer (the NVMe parameter tier's).
+using InitialValues = std::function<const void*(size_t i)>;
+// The provider for values that are all in memory at once.
+InitialValues initial_values_at(std::vector<const void*> pointers);
+
 // The store for the policy's optimizer tier (pinned or pageable host memory as it says; the NVMe
-// tier's directory and I/O settings from policy.optimizer_nvme()). `initial[i]` points at range i's
-// current compute values (the block's dtype, size() elements, device memory): the master weights
-// start from them, the moments at zero.
+// tier's directory and I/O settings from policy.optimizer_nvme()). The master weights start from
+// `initial`, the moments at zero.
 std::unique_ptr<OptimizerStateStore> make_optimizer_state_store(const ShardingPolicy& policy,
                                                                 std::vector<OwnedRange> ranges,
-                                                                const std::vector<const void*>& initial,
-                                                                StreamHandle s);
+                                                                const InitialValues& initial, StreamHandle s);
 
 }  // namespace zp::parallel

@@ -1,13 +1,14 @@
 #include "parallel/parameter_gatherer.h"
 
+#include <vector>
+
 #include "parallel/host_buffer.h"
 
 namespace zp::parallel {
 
-ParameterGatherer::ParameterGatherer(comm::Communicator* dp, CollectiveStream& comm, StateTier tier, bool pinned)
-    : dp_(dp), comm_(comm), s_(comm.compute()), tier_(tier), pinned_(pinned) {
-  ZP_CHECK(tier_ == StateTier::Device || tier_ == StateTier::PinnedHost, "ParameterGatherer: parameters in ",
-           tier_name(tier_), " are not implemented");
+ParameterGatherer::ParameterGatherer(comm::Communicator* dp, CollectiveStream& comm, StateTier tier, bool pinned,
+                                     const NvmeSettings& nvme)
+    : dp_(dp), comm_(comm), s_(comm.compute()), tier_(tier), pinned_(pinned), nvme_settings_(nvme) {
   if (dp_) {
     world_ = dp_->size();
     rank_ = dp_->rank();
@@ -24,18 +25,22 @@ void ParameterGatherer::add(nn::ParamBlock& b) {
   ZP_CHECK(gather_order_.empty() && this_step_order_.empty(), "block ", b.name(), " added after blocks were acquired");
   ZP_CHECK(b.padded() % (int64_t(world_) * nn::ParamBlock::kAlign) == 0, "block ", b.name(), " is padded to ",
            b.padded(), ", not a multiple of ", int64_t(world_) * nn::ParamBlock::kAlign);
-  Sharded u{&b, b.padded() / world_, {}, 0, {}, {}};
-  if (shards_on_host() && !b.device().is_cpu()) {
+  Sharded u{&b, b.padded() / world_, {}, 0, 0, false, {}, {}};
+  if (tier_ == StateTier::Nvme) {
+    if (!nvme_) nvme_ = std::make_unique<NvmeParameterShards>(nvme_settings_, b.device().is_cuda(), pinned_);
+    u.nvme_index = nvme_->add(b.name(), b.values().flat(rank_ * u.shard_size, u.shard_size).data(), b.device(),
+                              u.shard_size, b.dtype(), s_);
+  } else if (shards_on_host() && !b.device().is_cpu()) {
     u.shard = host_buffer(u.shard_size, b.dtype(), pinned_, "host_params", "the parameter shards");
-    if (!upload_) {
-      upload_ = std::make_unique<Stream>(b.device());
-      upload_ready_ = std::make_unique<Event>();
-    }
     copy_bytes(u.shard.data(), Device::cpu(), b.values().flat(rank_ * u.shard_size, u.shard_size).data(), b.device(),
                u.shard.nbytes(), s_);  // waits: the full buffer is freed next
   } else {
     u.shard = Tensor::empty({u.shard_size}, b.dtype(), b.device(), "params", s_);
     u.shard.copy_from(b.values().flat(rank_ * u.shard_size, u.shard_size), s_);
+  }
+  if (shards_on_host() && !b.device().is_cpu() && !upload_) {
+    upload_ = std::make_unique<Stream>(b.device());
+    upload_ready_ = std::make_unique<Event>();
   }
   b.bind_values(Tensor());  // frees the full buffer before the next block is filled
   blocks_.push_back(std::move(u));
@@ -51,6 +56,9 @@ void ParameterGatherer::acquire_params(nn::ParamBlock& b) {
   Sharded& u = of(b);
   if (u.refs++ > 0) return;
   this_step_order_.push_back(&u);
+  const bool in_order = order_pos_ < gather_order_.size() && gather_order_[order_pos_] == &u;
+  if (in_order) ++order_pos_;  // gather_order_[order_pos_] is now the block expected next
+  if (nvme_) read_ahead(u);
   if (u.prefetched.defined()) {  // gathered ahead on the comm stream
     u.prefetch_done->wait_on(s_);
     b.bind_values(std::move(u.prefetched));
@@ -58,7 +66,7 @@ void ParameterGatherer::acquire_params(nn::ParamBlock& b) {
     u.prefetch_done.reset();
   } else {
     Tensor full = Tensor::empty({b.padded()}, b.dtype(), b.device(), "gathered params", s_);
-    if (dp_ || u.shard.device() != b.device()) {
+    if (dp_ || tier_ == StateTier::Nvme || u.shard.device() != b.device()) {
       comm_.after_compute();
       gather(u, full, comm_.handle());
       comm_.before_compute();
@@ -72,10 +80,15 @@ void ParameterGatherer::acquire_params(nn::ParamBlock& b) {
     ++u.refs;
   }
   // Start gathering the block that came next in the previous step.
-  if (prefetches() && order_pos_ < gather_order_.size() && gather_order_[order_pos_] == &u) {
-    ++order_pos_;
-    if (order_pos_ < gather_order_.size()) prefetch(*gather_order_[order_pos_]);
-  }
+  if (prefetches() && in_order && order_pos_ < gather_order_.size()) prefetch(*gather_order_[order_pos_]);
+}
+
+void ParameterGatherer::read_ahead(const Sharded& u) {
+  nvme_->read_ahead(u.nvme_index);  // first, so the reads ahead do not take u's buffer
+  if (order_pos_ == 0 || gather_order_[order_pos_ - 1] != &u) return;  // off the learned order
+  const size_t ahead = size_t(nvme_->buffer_count() - 1);
+  for (size_t k = order_pos_; k < gather_order_.size() && k < order_pos_ + ahead; ++k)
+    nvme_->read_ahead(gather_order_[k]->nvme_index);
 }
 
 void ParameterGatherer::prefetch(Sharded& u) {
@@ -102,25 +115,69 @@ bool ParameterGatherer::prefetches() const { return comm_.overlaps() || (upload_
 
 void ParameterGatherer::gather(Sharded& u, Tensor& full, StreamHandle cs) {
   const nn::ParamBlock& b = *u.block;
+  const bool nvme = tier_ == StateTier::Nvme;
+  // On NVMe the shard is in a buffer from the swap file (read ahead, or now), held until the work
+  // enqueued on cs below has read it.
+  const void* src = nvme ? nvme_->take(u.nvme_index) : u.shard.data();
+  const Device src_dev = nvme ? Device::cpu() : u.shard.device();
+  const size_t bytes = size_t(u.shard_size) * dtype_size(b.dtype());
   if (!dp_) {  // one rank: the shard is the whole block
-    copy_bytes_async(full.data(), b.device(), u.shard.data(), u.shard.device(), u.shard.nbytes(), cs);
-    return;
+    copy_bytes_async(full.data(), b.device(), src, src_dev, bytes, cs);
+  } else if (src_dev == b.device()) {
+    comm_.timed(CollectiveKind::AllGather, cs, [&] { dp_->all_gather(src, full.data(), u.shard_size, b.dtype(), cs); });
+  } else {
+    // A host shard goes up into this rank's block of the output, and the gather runs in place there:
+    // no device copy of the shard exists, even for a moment.
+    void* mine = static_cast<char*>(full.data()) + size_t(rank_) * bytes;
+    copy_bytes_async(mine, b.device(), src, Device::cpu(), bytes, cs);
+    comm_.timed(CollectiveKind::AllGather, cs, [&] { dp_->all_gather(mine, full.data(), u.shard_size, b.dtype(), cs); });
   }
-  if (u.shard.device() == b.device()) {
-    comm_.timed(CollectiveKind::AllGather, cs, [&] { dp_->all_gather(u.shard.data(), full.data(), u.shard_size, b.dtype(), cs); });
-    return;
-  }
-  // A host shard goes up into this rank's block of the output, and the gather runs in place there:
-  // no device copy of the shard exists, even for a moment.
-  void* mine = static_cast<char*>(full.data()) + size_t(rank_) * u.shard.nbytes();
-  copy_bytes_async(mine, b.device(), u.shard.data(), Device::cpu(), u.shard.nbytes(), cs);
-  comm_.timed(CollectiveKind::AllGather, cs, [&] { dp_->all_gather(mine, full.data(), u.shard_size, b.dtype(), cs); });
+  if (nvme) nvme_->release(u.nvme_index, cs);
 }
 
 size_t ParameterGatherer::shard_bytes() const {
   size_t n = 0;
-  for (const Sharded& u : blocks_) n += u.shard.nbytes();
+  for (const Sharded& u : blocks_) n += size_t(u.shard_size) * dtype_size(u.block->dtype());
   return n;
+}
+
+Tensor& ParameterGatherer::shard(size_t i) {
+  ZP_CHECK(tier_ != StateTier::Nvme, "ParameterGatherer::shard: the shards are on NVMe (use shard_data or "
+           "rewrite_shards)");
+  return blocks_.at(i).shard;
+}
+
+const void* ParameterGatherer::shard_data(size_t i, StreamHandle s) {
+  if (tier_ != StateTier::Nvme) return shard(i).data();
+  // The previous call's buffer may be reused by this one: the work reading it ends first.
+  Event read;
+  read.record(s);
+  read.synchronize();
+  const size_t k = blocks_.at(i).nvme_index;
+  const void* at = nvme_->take(k);
+  nvme_->release(k, nullptr);
+  return at;
+}
+
+void ParameterGatherer::rewrite_shards(std::span<const size_t> blocks, StreamHandle s, const ShardFill& fill) {
+  std::vector<void*> outs;
+  if (tier_ != StateTier::Nvme) {
+    for (size_t i : blocks) outs.push_back(shard(i).data());
+    fill(0, outs);
+    return;
+  }
+  std::vector<size_t> group;
+  const size_t per_group = size_t(nvme_->buffer_count());
+  for (size_t first = 0; first < blocks.size(); first += per_group) {
+    outs.clear();
+    group.clear();
+    for (size_t j = first; j < blocks.size() && j < first + per_group; ++j) {
+      group.push_back(blocks_.at(blocks[j]).nvme_index);
+      outs.push_back(nvme_->begin_write(group.back()));
+    }
+    fill(first, outs);
+    nvme_->commit(group, s);
+  }
 }
 
 void ParameterGatherer::drop_prefetches() {

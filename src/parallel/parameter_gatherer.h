@@ -8,18 +8,24 @@
 // The parameter tier (ZeRO-Infinity's offload_param, DESIGN decision 4): with the shards in host
 // memory, a gather first copies this rank's shard up into its own place in the full buffer and then
 // all-gathers in place, both on the communication stream, so the prefetch hides the PCIe copy too
-// and the GPU holds only the blocks in flight.
+// and the GPU holds only the blocks in flight. With the shards on NVMe (nvme_parameter_shards.h) a
+// gather takes the shard from a staging buffer, which is read from the swap file ahead of use (the
+// next buffer_count - 1 blocks in the learned order), and new weights go to the file through the
+// same buffers (rewrite_shards()).
 //
 // It implements nn::BlockAccess's parameter half by itself, so a pipeline stage or an inference run
 // can serve a model's forward from sharded weights without the rest of the ZeRO engine; the
 // engine composes it with the gradient reducer and the optimizer.
 #pragma once
+#include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "nn/block_access.h"
 #include "parallel/collective_stream.h"
+#include "parallel/nvme_parameter_shards.h"
 #include "parallel/sharding_policy.h"
 
 namespace zp::parallel {
@@ -28,10 +34,10 @@ class ParameterGatherer : public nn::BlockAccess {
  public:
   // `dp` may be nullptr (a single rank: acquiring copies the one shard). `comm` orders the gathers
   // and must outlive the gatherer. `tier`: where the shards of GPU blocks live (the device or pinned
-  // host memory; `pinned` false or a refused pinning gives pageable memory). CPU blocks keep theirs
-  // in host memory anyway.
+  // host memory; `pinned` false or a refused pinning gives pageable memory), or of any blocks on
+  // NVMe (the swap file and buffers as `nvme` says). CPU blocks keep in-memory shards in host memory.
   ParameterGatherer(comm::Communicator* dp, CollectiveStream& comm, StateTier tier = StateTier::Device,
-                    bool pinned = true);
+                    bool pinned = true, const NvmeSettings& nvme = {});
   ~ParameterGatherer() override;
 
   // Shards `b`: keeps this rank's slice of its current values (bound, padded to a multiple of
@@ -39,14 +45,27 @@ class ParameterGatherer : public nn::BlockAccess {
   // the order they are added.
   void add(nn::ParamBlock& b);
   size_t size() const { return blocks_.size(); }
-  // Block i's owned slice of the compute weights: where its optimizer writes the updated weights
-  // (host memory when shards_on_host()).
-  Tensor& shard(size_t i) { return blocks_.at(i).shard; }
-  // Whether GPU blocks' shards are in host memory, and whether that memory is pinned.
-  bool shards_on_host() const { return tier_ == StateTier::PinnedHost; }
+  // Block i's owned slice of the compute weights, in memory (not with the shards on NVMe).
+  Tensor& shard(size_t i);
+  // Block i's shard for reading, in memory or in an NVMe buffer: valid until the next call on the
+  // gatherer, which first waits for the work enqueued on `s` (that reads it).
+  const void* shard_data(size_t i, StreamHandle s);
+  // New values for the shards of blocks `blocks` (indices in add order), through `fill(first, outs)`,
+  // which writes the shard of blocks[first + j] at outs[j] (host memory when shards_on_host(), else
+  // the device), ordered on `s`. In memory that is one call over all blocks, writing the shards in
+  // place; on NVMe the blocks come in groups that fit the buffers, each written behind to the file
+  // once `s` has finished it.
+  using ShardFill = std::function<void(size_t first, std::span<void* const> outs)>;
+  void rewrite_shards(std::span<const size_t> blocks, StreamHandle s, const ShardFill& fill);
+  StateTier tier() const { return tier_; }
+  // Whether GPU blocks' shards (or their NVMe buffers, which the optimizer writes) are in host memory,
+  // and whether that memory is pinned.
+  bool shards_on_host() const { return tier_ != StateTier::Device; }
   bool pinned() const { return pinned_; }
-  // Bytes of the shards (on the tier).
+  // Bytes of the shards (on the tier), and of the NVMe tier's swap file and host buffers.
   size_t shard_bytes() const;
+  size_t nvme_file_bytes() const { return nvme_ ? size_t(nvme_->file_bytes()) : 0; }
+  size_t nvme_buffer_bytes() const { return nvme_ ? nvme_->buffer_bytes() : 0; }
 
   void acquire_params(nn::ParamBlock& b) override;
   void release_params(nn::ParamBlock& b) override;
@@ -64,7 +83,8 @@ class ParameterGatherer : public nn::BlockAccess {
   struct Sharded {
     nn::ParamBlock* block;
     int64_t shard_size;                  // elements per rank
-    Tensor shard;                        // the owned slice of the compute weights
+    Tensor shard;                        // the owned slice of the compute weights (in memory)
+    size_t nvme_index = 0;               // its shard in nvme_ (on NVMe)
     int refs = 0;
     bool kept = false;                   // holds one of the refs (keep_)
     Tensor prefetched;                   // a full buffer being gathered on the comm stream
@@ -74,6 +94,9 @@ class ParameterGatherer : public nn::BlockAccess {
   void prefetch(Sharded& u);
   // Gathers u's full values into `full` on stream `cs`.
   void gather(Sharded& u, Tensor& full, StreamHandle cs);
+  // Starts the NVMe reads of the blocks that came after u in the previous step, as many as the
+  // buffers hold beside u's.
+  void read_ahead(const Sharded& u);
   // Whether the next block is gathered ahead: on the communication stream, or for a single rank
   // with host shards on the upload stream (the copy up is then the whole gather).
   bool prefetches() const;
@@ -83,6 +106,8 @@ class ParameterGatherer : public nn::BlockAccess {
   int world_ = 1, rank_ = 0;
   StateTier tier_ = StateTier::Device;
   bool pinned_ = true;
+  NvmeSettings nvme_settings_;
+  std::unique_ptr<NvmeParameterShards> nvme_;  // the NVMe tier, made at the first add()
   std::unique_ptr<Stream> upload_;        // with host shards on a GPU
   std::unique_ptr<Event> upload_ready_;   // the compute stream's point the upload stream waits for
   std::vector<Sharded> blocks_;

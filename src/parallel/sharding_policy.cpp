@@ -70,9 +70,11 @@ void ShardingPolicy::require_implemented() const {
   ZP_REQUIRE(!delayed_update_ || optimizer_tier_ != StateTier::Device,
              "zero_optimization.offload_optimizer.delayed_update needs ", kOptimizerKey,
              " = \"cpu\" or \"nvme\" (the update it delays is the CPU's), got \"", device_of(optimizer_tier_), "\"");
-  ZP_REQUIRE(parameter_tier_ != StateTier::Nvme, kParamKey, " = \"", device_of(parameter_tier_),
-             "\": parameters in ", tier_name(parameter_tier_),
-             " are not implemented yet (\"none\", the device, and \"cpu\" are)");
+  ZP_REQUIRE(!delayed_update_ || parameter_tier_ != StateTier::Nvme,
+             "zero_optimization.offload_optimizer.delayed_update cannot be combined with ", kParamKey,
+             " = \"nvme\": the delayed update keeps the compute weights of the update before in place beside the "
+             "ones it installs, which the swap file does not hold (use offload_param.device = \"cpu\", or no "
+             "delayed update)");
 }
 
 std::string ShardingPolicy::str() const {

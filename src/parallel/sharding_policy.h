@@ -5,8 +5,8 @@
 //
 // Tiers: optimizer state (fp32 master weights and AdamW moments) and, with sharded parameters, the
 // owned parameter slices each live on one tier. Optimizer state may live on the device, in host
-// memory (ZeRO-Offload) or on NVMe (ZeRO-Infinity); parameter offload is representable so that
-// configs and plans can name it, and the engine rejects it by key name until it exists.
+// memory (ZeRO-Offload) or on NVMe (ZeRO-Infinity); the parameter slices (stage 3) on the device, in
+// host memory or on NVMe.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -16,14 +16,20 @@ namespace zp::parallel {
 
 enum class StateTier { Device, PinnedHost, Nvme };
 
-// What the NVMe tier of the optimizer state needs from the configuration: the directory of the swap
-// files (zero_optimization.offload_optimizer.nvme_path), its host buffers (.buffer_count) and the
-// shape of its I/O (aio.block_size bytes per request, aio.queue_depth requests in flight).
+// What an NVMe tier needs from the configuration: the directory of the swap files
+// (zero_optimization.offload_optimizer.nvme_path or offload_param.nvme_path), its host buffers
+// (.buffer_count) and the shape of its I/O (aio.block_size bytes per request, aio.queue_depth
+// requests in flight). The parameter tier also takes offload_param.buffer_size, DeepSpeed's elements
+// per buffer: a bound every shard must fit (0: none; the buffers are sized to the largest shard).
 struct NvmeSettings {
   std::string path;
   int64_t block_size = int64_t(1) << 20;
   int queue_depth = 8;
   int buffer_count = 4;
+  int64_t buffer_size = 0;
+  // The option that named `path` and the one that set buffer_size, for messages.
+  std::string path_key = "zero_optimization.offload_optimizer.nvme_path";
+  std::string buffer_size_key = "zero_optimization.offload_param.buffer_size";
 };
 
 // "device", "pinned host memory", "NVMe": for messages.
@@ -75,6 +81,10 @@ class ShardingPolicy {
   const NvmeSettings& optimizer_nvme() const { return optimizer_nvme_; }
   void set_optimizer_nvme(NvmeSettings s) { optimizer_nvme_ = std::move(s); }
   StateTier parameter_tier() const { return parameter_tier_; }
+  // The parameter tier's NVMe settings, for parameter_tier() == Nvme (path_key
+  // zero_optimization.offload_param.nvme_path).
+  const NvmeSettings& parameter_nvme() const { return parameter_nvme_; }
+  void set_parameter_nvme(NvmeSettings s) { parameter_nvme_ = std::move(s); }
   // The one-step delayed parameter update (zero_optimization.offload_optimizer.delayed_update, the
   // ZeRO-Offload paper's DPU; parallel/delayed_update.h): the CPU update of step s runs on a host thread
   // while step s+1 computes with the weights of update s-1. Only where the update runs on the CPU.
@@ -84,9 +94,9 @@ class ShardingPolicy {
   // runs while the rank's own thread drives the forward and backward (0: every hardware thread, or
   // every one but one).
   int optimizer_threads() const;
-  // Throws a zp::Error naming the configuration key when a state lives on a tier this build cannot
-  // keep it on yet: optimizer state lives on the device, in host memory or on NVMe; parameters on
-  // the device or in host memory. Also refuses the delayed update without an offloaded optimizer.
+  // Throws a zp::Error naming the configuration keys for combinations the engine does not run: the
+  // delayed update without an offloaded optimizer, or with the parameters on NVMe (its lagging
+  // weights would need a second copy of every shard beside the swap file).
   void require_implemented() const;
 
   // "ZeRO stage 2 (optimizer state and gradients sharded; optimizer state on device)": for logs.
@@ -99,7 +109,7 @@ class ShardingPolicy {
   int host_threads_ = 0;
   bool delayed_update_ = false;
   bool keep_gathered_ = false;
-  NvmeSettings optimizer_nvme_;
+  NvmeSettings optimizer_nvme_, parameter_nvme_;
 };
 
 }  // namespace zp::parallel

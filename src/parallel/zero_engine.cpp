@@ -58,11 +58,12 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, const ShardingPolicy
     rank_ = dp_->rank();
   }
   if (policy_.shards_parameters())
-    gatherer_ = std::make_unique<ParameterGatherer>(dp_, comm_, policy_.parameter_tier(), policy_.pin_host_memory());
+    gatherer_ = std::make_unique<ParameterGatherer>(dp_, comm_, policy_.parameter_tier(), policy_.pin_host_memory(),
+                                                    policy_.parameter_nvme());
   if (gatherer_) gatherer_->set_keep_gathered(policy_.keeps_gathered());
   reducer_ = std::make_unique<GradientReducer>(policy_, dp_, comm_, h.step_in_backward);
   std::vector<OwnedRange> ranges;
-  std::vector<const void*> initial;
+  std::vector<const void*> initial;  // without sharded parameters: in the full values
   for (nn::ParamBlock* b : all_blocks_) {
     ZP_CHECK(b->padded() % shard_pad_multiple(world_) == 0, "block ", b->name(), " is padded to ", b->padded(),
              ", not a multiple of ", shard_pad_multiple(world_));
@@ -86,18 +87,28 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, const ShardingPolicy
     }
     reducer_->add(*b);
     ranges.push_back({b, begin, end});
-    initial.push_back(gatherer_ ? gatherer_->shard(gathered_index_.back()).data()
-                                : static_cast<const char*>(b->values().data()) + size_t(begin) * dtype_size(b->dtype()));
+    if (!gatherer_)
+      initial.push_back(static_cast<const char*>(b->values().data()) + size_t(begin) * dtype_size(b->dtype()));
   }
+  for (size_t i = 0; i < blocks_.size(); ++i) trained_.push_back(i);
   // The device store writes the new weights with a kernel: into host shards only through pinned
   // (device-mapped) memory.
+  const bool params_on_nvme = policy_.parameter_tier() == StateTier::Nvme;
   ZP_REQUIRE(!gatherer_ || !gatherer_->shards_on_host() || gatherer_->pinned() || blocks_.empty() ||
                  blocks_[0]->device().is_cpu() || policy_.optimizer_tier() != StateTier::Device,
-             "zero_optimization.offload_param.device = \"cpu\" with pageable parameter shards (pin_memory false, or "
-             "pinning refused) needs zero_optimization.offload_optimizer.device = \"cpu\": the GPU's optimizer "
-             "cannot write pageable host memory");
-  opt_ = std::make_unique<ShardedAdamW>(make_optimizer_state_store(policy_, std::move(ranges), initial, s),
-                                        h, s);
+             "zero_optimization.offload_param.device = \"", params_on_nvme ? "nvme" : "cpu",
+             "\" with pageable parameter ", params_on_nvme ? "buffers" : "shards",
+             " (pin_memory false, or pinning refused) needs zero_optimization.offload_optimizer.device = \"cpu\" or "
+             "\"nvme\": the GPU's optimizer cannot write pageable host memory");
+  // With sharded parameters the master weights start from the shards, one at a time (on NVMe they
+  // pass through one of its buffers).
+  const InitialValues start =
+      gatherer_ ? InitialValues([this](size_t i) { return gatherer_->shard_data(gathered_index_[i], s_); })
+                : initial_values_at(std::move(initial));
+  opt_ = std::make_unique<ShardedAdamW>(make_optimizer_state_store(policy_, std::move(ranges), start, s), h, s);
+  // The device store reads the last block's initial values on `s` after it returns; the gatherer may
+  // reuse the memory they came from (an NVMe buffer) from now on.
+  if (gatherer_) stream_synchronize(s);
   if (policy_.delays_update()) {
     const bool weights_on_host = gatherer_ && gatherer_->shards_on_host() && !blocks_.empty() &&
                                  blocks_[0]->device().is_cuda();
@@ -124,9 +135,23 @@ void ZeroEngine::set_overlap_comm(bool on) {
 }
 
 void* ZeroEngine::weights_out(size_t i) const {
-  if (gatherer_) return gatherer_->shard(gathered_index_[i]).data();
+  if (gatherer_) return gatherer_->shard(gathered_index_[i]).data();  // in memory: not on NVMe
   const OwnedRange& r = opt_->ranges()[i];
   return static_cast<char*>(r.block->values().data()) + size_t(r.begin) * dtype_size(r.block->dtype());
+}
+
+void ZeroEngine::write_new_weights(std::span<const size_t> trained, StreamHandle s, const NewWeights& write) {
+  std::vector<void*> outs;
+  if (!gatherer_) {
+    for (size_t i : trained) outs.push_back(weights_out(i));
+    write(trained, outs);
+    return;
+  }
+  std::vector<size_t> gathered;
+  for (size_t i : trained) gathered.push_back(gathered_index_[i]);
+  gatherer_->rewrite_shards(gathered, s, [&](size_t first, std::span<void* const> group_outs) {
+    write(trained.subspan(first, group_outs.size()), group_outs);
+  });
 }
 
 Device ZeroEngine::weights_device() const {
@@ -151,10 +176,11 @@ void ZeroEngine::update_in_backward(size_t i, const Tensor& grad, StreamHandle c
   const int64_t n = opt_->ranges()[i].size();
   const void* gp = grad.data();
   ZP_KERNEL_CALL(b.device(), l2norm_squared, cs, DType::F32, update_norms_.data<float>() + i, &gp, &n, 1);
-  void* out = weights_out(i);
-  opt_->update({i, grad.data<float>(), out}, update_scale_, update_sched_, cs);
-  if (policy_.gathers_updated_weights() && dp_)
-    comm_.timed(CollectiveKind::AllGather, cs, [&] { dp_->all_gather(out, b.values().data(), n, b.dtype(), cs); });
+  write_new_weights({&i, 1}, cs, [&](std::span<const size_t>, std::span<void* const> outs) {
+    opt_->update({i, grad.data<float>(), outs[0]}, update_scale_, update_sched_, cs);
+    if (policy_.gathers_updated_weights() && dp_)
+      comm_.timed(CollectiveKind::AllGather, cs, [&] { dp_->all_gather(outs[0], b.values().data(), n, b.dtype(), cs); });
+  });
 }
 
 void ZeroEngine::begin_step() {
@@ -205,7 +231,9 @@ double ZeroEngine::grad_norm_squared(const nn::ParamBlock* excluded) {
 }
 
 void ZeroEngine::refresh_compute_weights() {
-  for (size_t i = 0; i < blocks_.size(); ++i) opt_->state().write_weights(i, weights_out(i), s_);
+  write_new_weights(trained_, s_, [&](std::span<const size_t> group, std::span<void* const> outs) {
+    for (size_t j = 0; j < group.size(); ++j) opt_->state().write_weights(group[j], outs[j], s_);
+  });
   all_gather_compute_weights();
 }
 
@@ -225,12 +253,19 @@ void ZeroEngine::step(float grad_scale, const ScheduledHyper& sched) {
     gatherer_->release_kept();
   }
   updates_.clear();
-  for (size_t i = 0; i < blocks_.size(); ++i) updates_.push_back({i, reducer_->gradient(i), weights_out(i)});
   if (delayed_) {
+    for (size_t i = 0; i < blocks_.size(); ++i) updates_.push_back({i, reducer_->gradient(i), weights_out(i)});
     if (delayed_->step(updates_, opt_->next_config(grad_scale, sched))) all_gather_compute_weights();
     return;
   }
-  opt_->step(updates_, grad_scale, sched);
+  // One update of every block, in the groups the parameter tier can take new weights for at once
+  // (all blocks unless the shards are on NVMe).
+  const kernels::AdamWConfig cfg = opt_->next_config(grad_scale, sched);
+  write_new_weights(trained_, s_, [&](std::span<const size_t> group, std::span<void* const> outs) {
+    updates_.clear();
+    for (size_t j = 0; j < group.size(); ++j) updates_.push_back({group[j], reducer_->gradient(group[j]), outs[j]});
+    opt_->update_with(updates_, cfg, s_);
+  });
   all_gather_compute_weights();
 }
 

@@ -38,6 +38,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -144,8 +145,14 @@ class ZeroEngine : public nn::BlockAccess {
   void release_grads(nn::ParamBlock& b) override;
 
  private:
-  // Where block i's updated weights go: its ZeRO-3 shard, or its owned range of the full values.
+  // Where block i's updated weights go: its ZeRO-3 shard in memory, or its owned range of the full
+  // values (not for shards on NVMe, which take new weights through write_new_weights only).
   void* weights_out(size_t i) const;
+  // Gives `write(group, outs)` where the new weights of trained blocks `trained` go (outs[j] for
+  // group[j]), ordered on `s`: all at once, except that shards on NVMe come in groups that fit the
+  // tier's buffers, each written to the swap file after `write` returns (ParameterGatherer::rewrite_shards).
+  using NewWeights = std::function<void(std::span<const size_t> group, std::span<void* const> outs)>;
+  void write_new_weights(std::span<const size_t> trained, StreamHandle s, const NewWeights& write);
   void update_in_backward(size_t i, const Tensor& grad, StreamHandle cs);
   void refresh_compute_weights();
   size_t index_of(const nn::ParamBlock& b) const;
@@ -162,6 +169,7 @@ class ZeroEngine : public nn::BlockAccess {
   std::vector<nn::ParamBlock*> all_blocks_;  // as given, frozen ones included
   std::vector<nn::ParamBlock*> blocks_;      // those that train: block i of the reducer and optimizer
   std::vector<size_t> gathered_index_;       // stage 3: trained block i's index in the gatherer
+  std::vector<size_t> trained_;              // 0, 1, ..., blocks_.size() - 1
   CollectiveStream comm_;  // declared before what frees buffers on its stream
   std::unique_ptr<ParameterGatherer> gatherer_;  // with sharded parameters
   std::unique_ptr<GradientReducer> reducer_;

@@ -64,7 +64,7 @@ constexpr DeepSpeedKey kKeys[] = {
     {"zero_optimization.load_from_fp32_weights", Warned, "checkpoints always hold the fp32 master weights, which a resume loads"},
     {"zero_optimization.grad_hooks", Warned, "a block's gradients are reduced as soon as its backward ends"},
     {"zero_optimization.round_robin_gradients", Warned, "each block's gradient shard is copied by its owner"},
-    {"zero_optimization.offload_param", Honoured, "parameter shards on the CPU (stage 3; configs/README.md)"},
+    {"zero_optimization.offload_param", Honoured, "parameter shards on the CPU or NVMe (stage 3; configs/README.md)"},
     {"zero_optimization.offload_optimizer", Honoured, "optimizer state on the CPU or NVMe (stages 1-3; configs/README.md)"},
     {"zero_optimization.sub_group_size", Warned, "the CPU and NVMe tiers update the state in chunks of their own"},
     {"zero_optimization.stage3_max_live_parameters", Warned, "stage 3 holds the block in use and the one prefetched"},

@@ -74,16 +74,29 @@ InferenceModel::InferenceModel(const InferenceModelOptions& o) : source_(o.model
     merged = m.get();
     weights = std::move(m);
   }
-  ZP_REQUIRE(o.offload_param == "none" || o.offload_param == "cpu", "--offload-param must be none or cpu, got '",
-             o.offload_param, "' (nvme is not implemented for inference yet)");
+  ZP_REQUIRE(o.offload_param == "none" || o.offload_param == "cpu" || o.offload_param == "nvme",
+             "--offload-param must be none, cpu or nvme, got '", o.offload_param, "'");
+  ZP_REQUIRE(o.offload_param == "nvme" || o.nvme_path.empty(), "--nvme-path '", o.nvme_path,
+             "' needs --offload-param nvme (got '", o.offload_param, "')");
+  ZP_REQUIRE(o.offload_param != "nvme" || !o.nvme_path.empty(),
+             "--offload-param nvme needs --nvme-path DIR: the directory of the weights' swap file");
   if (o.offload_param == "none") {
     model_ = std::make_unique<models::Transformer>(cfg, dev_, dt_, s_);
   } else {
-    // One block at a time: loaded in full on the device, then only its pinned host copy is kept.
+    // One block at a time: loaded in full on the device, then only its pinned host copy (or its
+    // extent of the swap file) is kept.
     model_ = std::make_unique<models::Transformer>(cfg, dev_, dt_, s_, parallel::shard_pad_multiple(1),
                                                    /*allocate=*/false);
     collective_ = std::make_unique<parallel::CollectiveStream>(nullptr, s_);
-    gatherer_ = std::make_unique<parallel::ParameterGatherer>(nullptr, *collective_, parallel::StateTier::PinnedHost);
+    const bool nvme = o.offload_param == "nvme";
+    parallel::NvmeSettings swap;  // DeepSpeed's aio defaults: 1 MiB requests, 8 in flight
+    swap.path = o.nvme_path;
+    swap.path_key = "--nvme-path";
+    swap.buffer_count = o.nvme_buffer_count;
+    std::error_code ec;  // a directory that cannot be made shows when the swap file is created, named
+    if (nvme) fs::create_directories(o.nvme_path, ec);
+    gatherer_ = std::make_unique<parallel::ParameterGatherer>(
+        nullptr, *collective_, nvme ? parallel::StateTier::Nvme : parallel::StateTier::PinnedHost, true, swap);
   }
   // Transformer::load's walk (no adapters here), block by block so that a large model shows its
   // progress on rank 0; a small one prints nothing.
@@ -125,6 +138,8 @@ InferenceModel::~InferenceModel() {
 }
 
 int64_t InferenceModel::streamed_bytes_per_forward() const {
+  // From NVMe every forward reads the weights from the disk, on a CPU as well.
+  if (gatherer_ && gatherer_->tier() == parallel::StateTier::Nvme) return int64_t(gatherer_->shard_bytes());
   return gatherer_ && dev_.is_cuda() ? int64_t(gatherer_->shard_bytes()) : 0;
 }
 

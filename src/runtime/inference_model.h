@@ -15,6 +15,9 @@
 // one prefetched on an upload stream while the current one computes (parallel::ParameterGatherer,
 // the parameter tier ZeRO-3 training uses), so the GPU holds two layers, the activations and the KV
 // cache. begin_forward() before each forward lets the prefetch follow the previous forward's order.
+// With offload_param "nvme" the weights live in a swap file under `nvme_path` instead (created at
+// start, already unlinked), and host memory holds a few block-sized buffers that read the next
+// blocks ahead (parallel/nvme_parameter_shards.h): the same gatherer, on the NVMe tier.
 #pragma once
 #include <functional>
 #include <memory>
@@ -36,8 +39,10 @@ struct InferenceModelOptions {
   std::string tokenizer;      // "" = the model folder's, if it has one
   std::string device = "auto";  // cpu | cuda | auto (cuda when there is a GPU)
   std::string dtype = "auto";   // fp32 | bf16 | fp16 | auto (bf16 on a GPU, fp32 on the cpu) (| fp64 on the cpu)
-  std::string offload_param = "none";  // none | cpu (zero_optimization.offload_param.device's names)
-  std::string lora;           // "" or a LoRA adapter merged into the weights as they load
+  std::string offload_param = "none";  // none | cpu | nvme (zero_optimization.offload_param.device's names)
+  std::string nvme_path;               // the swap file's directory, with offload_param "nvme" (--nvme-path)
+  int nvme_buffer_count = 5;           // its block-sized host buffers (offload_param.buffer_count's default)
+  std::string lora;                    // "" or a LoRA adapter merged into the weights as they load
 };
 
 class InferenceModel {

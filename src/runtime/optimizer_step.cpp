@@ -19,6 +19,10 @@ parallel::ShardingPolicy sharding_policy(const TrainConfig& cfg) {
   p.set_keep_gathered(cfg.keep_gathered);
   p.set_optimizer_nvme({cfg.offload_optimizer_nvme_path, cfg.aio_block_size, int(cfg.aio_queue_depth),
                         int(cfg.offload_optimizer_buffer_count)});
+  parallel::NvmeSettings params{cfg.offload_param_nvme_path, cfg.aio_block_size, int(cfg.aio_queue_depth),
+                                int(cfg.offload_param_buffer_count), cfg.offload_param_buffer_size};
+  params.path_key = "zero_optimization.offload_param.nvme_path";
+  p.set_parameter_nvme(params);
   return p;
 }
 

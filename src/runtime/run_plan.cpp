@@ -89,6 +89,9 @@ std::vector<Misfit> misfits(const RunPlan& p, const NodeResources& have, bool st
   const double host = p.host_bytes_per_node() - (states_only && !p.gpu ? p.activation_bytes * p.ranks_per_node : 0.0);
   if (have.host_bytes >= 0 && host > have.host_bytes)
     out.push_back({"host memory per node (" + std::to_string(p.ranks_per_node) + " ranks)", host, have.host_bytes});
+  if (have.nvme_bytes >= 0 && p.nvme_bytes_per_node() > have.nvme_bytes)
+    out.push_back({"NVMe per node (" + std::to_string(p.ranks_per_node) + " ranks' swap files)",
+                   p.nvme_bytes_per_node(), have.nvme_bytes});
   return out;
 }
 
@@ -125,11 +128,21 @@ std::string plan_report(const RunPlan& p, const NodeResources& have) {
   if (host_avail >= 0)
     r += std::string(" of ") + format_bytes(host_avail) + (p.host_bytes_per_node() <= host_avail ? "" : ": DOES NOT FIT");
   r += "\n";
-  if (s.nvme_optimizer_bytes > 0) {
-    std::snprintf(buf, sizeof buf, "  %-14s %10s per rank, %s per node, under ", "NVMe",
-                  format_bytes(s.nvme_optimizer_bytes).c_str(), format_bytes(s.nvme_optimizer_bytes * n).c_str());
+  if (s.nvme_bytes() > 0) {
+    std::snprintf(buf, sizeof buf, "  %-14s %10s per rank, %s per node", "NVMe", format_bytes(s.nvme_bytes()).c_str(),
+                  format_bytes(p.nvme_bytes_per_node()).c_str());
     r += buf;
-    r += s.nvme_path + " (checked against its free space at start)\n";
+    if (have.nvme_bytes >= 0)
+      r += std::string(" of ") + format_bytes(have.nvme_bytes) +
+           (p.nvme_bytes_per_node() <= have.nvme_bytes ? " free" : " free: DOES NOT FIT");
+    r += " (checked against the free space at start)\n";
+    auto under = [&](const char* what, double bytes, const std::string& path) {
+      if (bytes <= 0) return;
+      std::snprintf(buf, sizeof buf, "    %s %s per rank under ", what, format_bytes(bytes).c_str());
+      r += buf + path + "\n";
+    };
+    under("optimizer state", s.nvme_optimizer_bytes, s.nvme_path);
+    under("parameter shards", s.nvme_param_bytes, s.nvme_param_path);
   }
   return r;
 }

@@ -32,11 +32,13 @@ struct RunPlan {
   double pinned_host_bytes() const;    // per rank
   double pageable_host_bytes() const;  // per rank
   double host_bytes_per_node() const { return (pinned_host_bytes() + pageable_host_bytes()) * ranks_per_node; }
+  double nvme_bytes_per_node() const { return states.nvme_bytes() * ranks_per_node; }
 };
 
-// What a node offers: memory per GPU, host memory for all its ranks; <0: unknown (not checked).
+// What a node offers: memory per GPU, host memory for all its ranks, free space under the nvme_paths
+// for all its ranks' swap files; <0: unknown (not checked).
 struct NodeResources {
-  double gpu_bytes = -1, host_bytes = -1;
+  double gpu_bytes = -1, host_bytes = -1, nvme_bytes = -1;
 };
 
 // One tier that does not fit: "GPU memory per rank", needed and available bytes.
@@ -55,7 +57,7 @@ RunPlan plan_run(std::span<nn::ParamBlock* const> blocks, const parallel::Shardi
 // the file is there, else from the config's sample_size. `unet` selects the diffusion reading.
 RunPlan plan_config(const TrainConfig& cfg, bool unet, int world, int ranks_per_node);
 
-// The tiers that do not fit, GPU first. With `states_only` the GPU check counts only what the plan
+// The tiers that do not fit: GPU, host memory, NVMe. With `states_only` the GPU check counts only what the plan
 // counts exactly (model states and buffers), as the start-up check does: an activation estimate
 // never stops a run, it warns.
 std::vector<Misfit> misfits(const RunPlan& plan, const NodeResources& have, bool states_only = false);

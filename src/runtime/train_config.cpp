@@ -187,7 +187,9 @@ void read_offload(io::ConfigReader& r, TrainConfig& t) {
   // Read for their types and ranges even where they mean nothing, so a typo is still an error.
   r.number(opt + "ratio", io::Range::closed(0, 1));
   r.boolean(opt + "fast_init");
-  r.number(par + "buffer_size", io::Range::above(0));
+  const double buffer_size = r.number(par + "buffer_size", io::Range::above(0));
+  r.require(buffer_size <= 9e15, par + "buffer_size must be at most 9e15 elements");
+  t.offload_param_buffer_size = int64_t(buffer_size);
   r.number(par + "max_in_cpu", io::Range::at_least(0));
   r.boolean("aio.single_submit");
   r.boolean("aio.overlap_events");

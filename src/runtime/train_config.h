@@ -41,6 +41,7 @@ struct TrainConfig {
   bool offload_optimizer_pin_memory = true, offload_param_pin_memory = true;
   std::string offload_optimizer_nvme_path, offload_param_nvme_path;
   int64_t offload_optimizer_buffer_count = 4, offload_param_buffer_count = 5;
+  int64_t offload_param_buffer_size = 100000000;  // elements per NVMe parameter buffer: every shard must fit
   int64_t aio_block_size = 1 << 20, aio_queue_depth = 8, aio_thread_count = 1;
   // zero_optimization.offload_optimizer.delayed_update (ours): the CPU update of step s overlaps step
   // s+1, which computes with the weights of update s-1 (parallel/delayed_update.h).

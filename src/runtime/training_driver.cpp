@@ -14,7 +14,6 @@
 #include "core/numa_node.h"
 #include "core/progress_meter.h"
 #include "io/bounded_json.h"
-#include "parallel/nvme_state_store.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/zero_engine.h"
 #include "runtime/loop_checkpoints.h"
@@ -119,14 +118,8 @@ TrainResult run_training(const TrainConfig& given, comm::Runtime& rt, MPI_Comm g
     else if (!share.note.empty()) ZP_LOG_INFO(share.note);
     policy.set_host_threads(int(share.cpus.size()));
   }
-  if (policy.optimizer_tier() == parallel::StateTier::Nvme) {
-    // Before the engine allocates anything: the swap files' directory, on every node, with room.
-    std::vector<int64_t> shards;
-    for (const nn::ParamBlock* b : blocks)
-      if (!b->frozen()) shards.push_back(b->padded() / at.data_size());
-    check_nvme_storage("zero_optimization.offload_optimizer.nvme_path", policy.optimizer_nvme().path,
-                       parallel::NvmeStateStore::file_bytes(shards), at.topology->mpi_comm(comm::Group::World));
-  }
+  // Before the engine allocates anything: the swap files' directories, on every node, with room.
+  check_nvme_tiers(blocks, policy, at.data_size(), at.topology->mpi_comm(comm::Group::World));
   // Before anything is allocated: the plan against what this node has free.
   const RunPlan plan = plan_run(blocks, policy, cfg, at.data_size(), rt.local_size(), task->activation_bytes(),
                                 at.dev.is_cuda(), "");
@@ -206,7 +199,7 @@ TrainResult run_training(const TrainConfig& given, comm::Runtime& rt, MPI_Comm g
   const std::string rank_line =
       rank_start_line(at.rank(), at.world(), host,
                       at.dev.is_cuda() ? at.dev.str() + " (" + cuda_device_name(at.dev.index) + ")" : at.dev.str(),
-                      numa_node_of(at.dev), mem.device_bytes(), mem.host_bytes(), mem.nvme_optimizer_bytes);
+                      numa_node_of(at.dev), mem.device_bytes(), mem.host_bytes(), mem.nvme_bytes());
   ZP_LOG_INFO_ALL(rank_line);
   // A resumed run continues its metrics file.
   StepReporter reporter(cfg.metrics_file, at.rank(), at.world(), at.dev, unit.unit,

@@ -6,10 +6,13 @@
 //    stages 1, 2 and 3, for Llama, the tied GPT-2 and the demo UNet, with and without gradient
 //    accumulation;
 //  - at stage 3 the same holds with the parameter shards in host memory (offload_param.device =
-//    "cpu"), with the optimizer in host memory, on NVMe or on the device; on a CPU device that memory
-//    is the device's, so the transfers themselves are tested on GPUs (OffloadParamsGpu);
+//    "cpu") or on NVMe ("nvme": a swap file per rank, read through two buffers so that shards come
+//    from the file, not only from the buffers' cache), with the optimizer in host memory, on NVMe or
+//    on the device; on a CPU device host memory is the device's, so the transfers themselves are
+//    tested on GPUs (OffloadParamsGpu);
 //  - a checkpoint saved with the state on any tier resumes on any other, on the same trajectory;
-//  - an nvme_path that cannot hold the swap files stops every rank at start, naming the key;
+//  - an nvme_path (either tier's) that cannot hold the swap files stops every rank at start, naming
+//    the key, the directory and the bytes;
 //  - on GPUs, start-up and a resume raise the peak host RSS by the rank's host state, not the model.
 // Every rank takes the same branches: no rank is ever left alone in a collective.
 #include <gtest/gtest.h>
@@ -45,12 +48,15 @@ void expect_offloaded_tiers_follow_the_device_trajectory() {
   for (const std::string model : {"llama", "gpt2", "unet"}) {
     SharedDir dir("offload_" + model);
     const std::string data = data_file(dir, model);
+    const std::string swap = dir / "swap";  // both NVMe tiers' swap files (created by the start-up check)
     for (int stage = 1; stage <= 3; ++stage)
       for (int accum : {1, accumulation()}) {
         // Accumulation once per model keeps the suite short: Llama at stage 1, GPT-2 at 2, UNet at 3.
         if (accum > 1 && stage != (model == "llama" ? 1 : model == "gpt2" ? 2 : 3)) continue;
         TrainingRun r{model, stage, world};
         r.grad_accum = accum;
+        r.nvme_path = swap;
+        r.param_buffer_count = 2;
         const runtime::TrainResult on_device = run(data, r, rt, MPI_COMM_WORLD, true);
         const std::string what = model + " stage " + std::to_string(stage) + " world " + std::to_string(world) +
                                  " accumulation " + std::to_string(accum);
@@ -58,18 +64,22 @@ void expect_offloaded_tiers_follow_the_device_trajectory() {
           r.offload = tier;
           r.offload_param = "none";
           expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device, what + " optimizer on " + tier);
-          if (stage == 3) {  // and the parameter tier: the CPU AdamW writes the new weights into the host shards
-            r.offload_param = "cpu";
+          // And the parameter tier: the CPU AdamW writes the new weights into the host shards, or
+          // into the NVMe tier's buffers, which go to the swap file.
+          if (stage == 3)
+            for (const std::string param_tier : {"cpu", "nvme"}) {
+              r.offload_param = param_tier;
+              expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
+                                     what + " optimizer on " + tier + ", params on " + param_tier);
+            }
+        }
+        if (stage == 3)  // the parameter tier with the optimizer on the device
+          for (const std::string param_tier : {"cpu", "nvme"}) {
+            r.offload = "none";
+            r.offload_param = param_tier;
             expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
-                                   what + " optimizer on " + tier + ", params offloaded");
+                                   what + " params on " + param_tier + ", optimizer on the device");
           }
-        }
-        if (stage == 3) {  // the parameter tier with the optimizer on the device
-          r.offload = "none";
-          r.offload_param = "cpu";
-          expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
-                                 what + " params offloaded, optimizer on the device");
-        }
       }
   }
 }
@@ -113,6 +123,83 @@ TEST(OffloadOptimizer, ResumesAcrossTiers) {
   }
 }
 
+// The parameter shards on NVMe with gradient accumulation for the LMs (the UNet's runs above have it):
+// the micro-steps gather every block from the buffers and the swap file, the update writes once.
+TEST(OffloadParams, NvmeFollowsTheDeviceTrajectoryWithAccumulation) {
+  comm::Runtime rt;
+  const int world = world_size();
+  for (const std::string model : {"llama", "gpt2"}) {
+    SharedDir dir("offload_nvme_params_accum_" + model);
+    const std::string data = data_file(dir, model);
+    TrainingRun r{model, 3, world};
+    r.grad_accum = accumulation();
+    r.nvme_path = dir / "swap";
+    r.param_buffer_count = 2;
+    const runtime::TrainResult on_device = run(data, r, rt, MPI_COMM_WORLD, true);
+    r.offload_param = "nvme";
+    for (const std::string optimizer : {"none", "nvme"}) {
+      r.offload = optimizer;
+      expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
+                             model + " params on nvme, optimizer on " + optimizer + ", accumulation " +
+                                 std::to_string(r.grad_accum) + ", world " + std::to_string(world));
+    }
+  }
+}
+
+// The parameter shards on NVMe save and resume like any tier: a run saved with them resumes with the
+// shards in memory (and in host memory), and the reverse, on the straight run's trajectory; with one
+// buffer every shard of the resumed run is read back from the swap file the load rewrote.
+TEST(OffloadParams, ResumesAcrossNvmeParameters) {
+  comm::Runtime rt;
+  const int world = world_size();
+  for (const std::string model : {"llama", "gpt2"}) {
+    SharedDir dir("offload_resume_nvme_params_" + model);
+    const std::string data = data_file(dir, model);
+    const runtime::TrainResult straight = run(data, TrainingRun{model, 3, world}, rt, MPI_COMM_WORLD, true);
+    // (saved with, resumed with): the parameter tier and the optimizer's.
+    const std::pair<std::string, std::string> pairs[] = {{"nvme", "none"}, {"none", "nvme"}, {"nvme", "cpu"}};
+    for (const auto& [saved_with, resumed_with] : pairs) {
+      const std::string ckpt = dir / ("ckpt_" + saved_with + "_" + resumed_with);
+      TrainingRun first{model, 3, world, kSaveAt, kSaveAt, ckpt};
+      first.offload_param = saved_with;
+      first.nvme_path = dir / "swap";
+      first.param_buffer_count = 1;
+      if (saved_with == "nvme") first.offload = "nvme";  // both tiers in one directory
+      run(data, first, rt, MPI_COMM_WORLD);
+      TrainingRun second{model, 3, world, kSteps, kSaveAt, ckpt, "latest"};
+      second.offload_param = resumed_with;
+      second.nvme_path = dir / "swap";
+      second.param_buffer_count = 1;
+      const runtime::TrainResult resumed = run(data, second, rt, MPI_COMM_WORLD, true);
+      runtime::TrainResult want = straight;
+      want.losses = tail(straight.losses, kSaveAt);
+      EXPECT_EQ(resumed.first_step, kSaveAt);
+      expect_same_trajectory(resumed, want, model + " saved with params on " + saved_with + ", resumed with " +
+                                                resumed_with + ", world " + std::to_string(world),
+                             kSaveAt);
+    }
+  }
+}
+
+// The parameter tier's nvme_path: under a regular file it can be neither used nor created; every
+// rank stops before the first step naming the key and the directory.
+TEST(OffloadParams, NvmeBadPathFailsAtStartNamingTheKey) {
+  comm::Runtime rt;
+  SharedDir dir("offload_bad_nvme_params");
+  const std::string data = data_file(dir, "llama");
+  TrainingRun r{"llama", 3, world_size()};
+  r.offload_param = "nvme";
+  r.nvme_path = "/etc/hostname/swap";
+  std::string m = error_message([&] { run(data, r, rt, MPI_COMM_WORLD); });
+  EXPECT_NE(m.find("zero_optimization.offload_param.nvme_path '/etc/hostname/swap'"), std::string::npos) << m;
+  EXPECT_NE(m.find("cannot be created"), std::string::npos) << m;
+  // With the optimizer's tier in the same directory, one check names both keys.
+  r.offload = "nvme";
+  m = error_message([&] { run(data, r, rt, MPI_COMM_WORLD); });
+  EXPECT_NE(m.find("zero_optimization.offload_optimizer.nvme_path and zero_optimization.offload_param.nvme_path "
+                   "'/etc/hostname/swap'"), std::string::npos) << m;
+}
+
 // An nvme_path under a regular file can be neither used nor created: every rank stops before the
 // first step with the same error, naming the key and the path.
 TEST(OffloadOptimizer, NvmeBadPathFailsAtStartNamingTheKey) {
@@ -145,12 +232,21 @@ TEST(OffloadOptimizer, NvmeDiskTooSmallFailsAtStartNamingTheBytes) {
   r.offload = "nvme";
   r.nvme_path = small;
   const std::string m = error_message([&] { run(data, r, rt, MPI_COMM_WORLD); });
+  // The parameter tier's swap files (stage 3) in the same small directory.
+  TrainingRun p{"llama", 3, world_size()};
+  p.offload_param = "nvme";
+  p.nvme_path = small;
+  p.layers = 8;  // shards larger than 32 KiB together even at 5 ranks
+  const std::string pm = error_message([&] { run(data, p, rt, MPI_COMM_WORLD); });
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) ::umount(small.c_str());
   EXPECT_NE(m.find("zero_optimization.offload_optimizer.nvme_path '" + small + "': 32768 bytes free, but"),
             std::string::npos) << m;
   EXPECT_NE(m.find("swap files of this node's " + std::to_string(world_size()) + " rank(s) need"), std::string::npos)
       << m;
+  EXPECT_NE(pm.find("zero_optimization.offload_param.nvme_path '" + small + "': 32768 bytes free, but"),
+            std::string::npos) << pm;
+  EXPECT_NE(pm.find("bytes for the parameter shards"), std::string::npos) << pm;
 }
 
 namespace {
@@ -197,10 +293,11 @@ TEST(OffloadOptimizerGpu, NvmeTierFollowsTheDeviceTrajectoryOnGpus) {
   expect_optimizer_tier_follows_on_gpus("nvme", true);
 }
 
-// The parameter tier on GPUs: each rank's shards of the compute weights live in pinned host memory;
-// every gather copies the shard up and all-gathers in place (on a single rank, prefetched on the
-// upload stream). With the optimizer in host memory the CPU writes the new weights straight into the
-// shards; with the optimizer on the device its kernel writes them through the pinned mapping.
+// The parameter tier on GPUs: each rank's shards of the compute weights live in pinned host memory
+// (or on NVMe, through two pinned buffers); every gather copies the shard up and all-gathers in
+// place (on a single rank, prefetched on the upload stream). With the optimizer in host memory the
+// CPU writes the new weights straight into the shards (or buffers); with the optimizer on the device
+// its kernel writes them through the pinned mapping.
 TEST(OffloadParamsGpu, HostShardsFollowTheDeviceTrajectoryOnGpus) {
   if (!every_rank_has_a_gpu()) GTEST_SKIP() << "needs one GPU per rank";
   comm::Runtime rt;
@@ -212,12 +309,17 @@ TEST(OffloadParamsGpu, HostShardsFollowTheDeviceTrajectoryOnGpus) {
     r.device = "cuda";
     r.grad_accum = model == "gpt2" ? accumulation() : 1;
     const runtime::TrainResult on_device = run(data, r, rt, MPI_COMM_WORLD, true);
-    r.offload_param = "cpu";
-    r.offload = "cpu";
-    expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device, model + " params and optimizer on the host");
-    r.offload = "none";
-    expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
-                           model + " params on the host, optimizer on the device");
+    r.nvme_path = dir / "swap";
+    r.param_buffer_count = 2;
+    for (const std::string param_tier : {"cpu", "nvme"}) {
+      r.offload_param = param_tier;
+      r.offload = "cpu";
+      expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
+                             model + " params on " + param_tier + ", optimizer on the host");
+      r.offload = "none";
+      expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
+                             model + " params on " + param_tier + ", optimizer on the device");
+    }
   }
 }
 

@@ -68,8 +68,9 @@ struct TrainingRun {
   std::string device = "cpu";
   bool activation_checkpointing = false;
   std::string offload = "none";  // zero_optimization.offload_optimizer.device
-  // zero_optimization.offload_optimizer.nvme_path with offload "nvme"; "" picks the temporary
-  // directory (the swap files are unlinked as they are opened, so nothing is left there).
+  // zero_optimization.offload_optimizer.nvme_path with offload "nvme" and offload_param.nvme_path with
+  // offload_param "nvme"; "" picks the temporary directory (the swap files are unlinked as they are
+  // opened, so nothing is left there).
   std::string nvme_path;
   std::string offload_param = "none";  // zero_optimization.offload_param.device (stage 3)
   int grad_accum = 1;            // the micro-batch shrinks to keep the global batch
@@ -85,6 +86,7 @@ struct TrainingRun {
   double init_std = 0.02;        // model.init_std
   double lr = 3e-3;              // optimizer.params.lr
   io::json scheduler;            // the scheduler section instead of the suites' warmup (null: that)
+  int param_buffer_count = 0;    // zero_optimization.offload_param.buffer_count with offload_param "nvme" (0: default)
   // New fields go last: suites build runs with positional initialisers.
 };
 
@@ -112,9 +114,12 @@ inline io::Config user_config(const std::string& data, const TrainingRun& r) {
   if (!r.lora.is_null()) user["lora"] = r.lora;
   user["model"]["init_std"] = r.init_std;
   if (!r.scheduler.is_null()) user["scheduler"] = r.scheduler;
-  if (r.offload == "nvme")
-    user["zero_optimization"]["offload_optimizer"]["nvme_path"] =
-        r.nvme_path.empty() ? std::filesystem::temp_directory_path().string() : r.nvme_path;
+  const std::string nvme_path = r.nvme_path.empty() ? std::filesystem::temp_directory_path().string() : r.nvme_path;
+  if (r.offload == "nvme") user["zero_optimization"]["offload_optimizer"]["nvme_path"] = nvme_path;
+  if (r.offload_param == "nvme") {
+    user["zero_optimization"]["offload_param"]["nvme_path"] = nvme_path;
+    if (r.param_buffer_count > 0) user["zero_optimization"]["offload_param"]["buffer_count"] = r.param_buffer_count;
+  }
   if (r.model == "unet") {
     std::ifstream in(kUNetDemo);
     io::json demo = io::json::parse(in);
