@@ -26,28 +26,7 @@ runtime::TrainResult reference(const std::string& data, const std::string& model
   r.device = device;
   r.grad_accum = accum;
   r.layers = kLayers;
-  runtime::TrainResult res;
-  MPI_Comm one = first_ranks(1);
-  if (one != MPI_COMM_NULL) {
-    res = run(data, r, rt, one, true);
-    MPI_Comm_free(&one);
-  }
-  int n[2] = {int(res.losses.size()), int(res.final_params.size())};
-  MPI_Bcast(n, 2, MPI_INT, 0, MPI_COMM_WORLD);
-  res.losses.resize(size_t(n[0]));
-  res.final_params.resize(size_t(n[1]));
-  MPI_Bcast(res.losses.data(), n[0], MPI_DOUBLE, 0, MPI_COMM_WORLD);
-  MPI_Bcast(res.final_params.data(), n[1], MPI_FLOAT, 0, MPI_COMM_WORLD);
-  return res;
-}
-
-std::string error_of(const std::string& data, const TrainingRun& r, comm::Runtime& rt) {
-  try {
-    run(data, r, rt, MPI_COMM_WORLD);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return single_rank_reference(data, r, rt);
 }
 
 }  // namespace

@@ -19,18 +19,7 @@ runtime::TrainResult unet_reference(const std::string& data, int accum, comm::Ru
   TrainingRun r{"unet", 0, 1};
   r.grad_accum = accum;
   r.lora = lora;
-  runtime::TrainResult res;
-  if (MPI_Comm one = first_ranks(1); one != MPI_COMM_NULL) {
-    res = run(data, r, rt, one, true);
-    MPI_Comm_free(&one);
-  }
-  int n[2] = {int(res.losses.size()), int(res.final_params.size())};
-  MPI_Bcast(n, 2, MPI_INT, 0, MPI_COMM_WORLD);
-  res.losses.resize(size_t(n[0]));
-  res.final_params.resize(size_t(n[1]));
-  MPI_Bcast(res.losses.data(), n[0], MPI_DOUBLE, 0, MPI_COMM_WORLD);
-  MPI_Bcast(res.final_params.data(), n[1], MPI_FLOAT, 0, MPI_COMM_WORLD);
-  return res;
+  return single_rank_reference(data, r, rt);
 }
 
 // All the ranks as P stages of one pipeline, M = P micro-batches.
@@ -39,15 +28,6 @@ TrainingRun unet_stages_of_world(int zero) {
   r.stages = world_size();
   r.grad_accum = world_size();
   return r;
-}
-
-std::string unet_error_of(const std::string& data, const TrainingRun& r, comm::Runtime& rt) {
-  try {
-    run(data, r, rt, MPI_COMM_WORLD);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace
@@ -196,7 +176,7 @@ TEST(UNetPipeline, BadCutsAreErrorsNamingTheKeys) {
   TrainingRun r = unet_stages_of_world(1);
   r.schedule = "interleaved";
   r.virtual_stages = kUNetUnits / P + 1;  // more chunks than the 5 units
-  const std::string many = unet_error_of(data, r, rt);
+  const std::string many = error_of(data, r, rt);
   EXPECT_NE(many.find("pipeline.stages x pipeline.virtual_stages = " + std::to_string(P * r.virtual_stages) +
                       " model chunks, but the model has 5 UNet blocks"),
             std::string::npos)
@@ -206,7 +186,7 @@ TEST(UNetPipeline, BadCutsAreErrorsNamingTheKeys) {
   for (int k = 1; k < P; ++k) firsts.push_back(k);
   firsts.back() = kUNetUnits;  // the list's last entry starts no chunk: the up blocks end at unit 4
   r.partition = firsts;
-  const std::string listed = unet_error_of(data, r, rt);
+  const std::string listed = error_of(data, r, rt);
   EXPECT_NE(listed.find("pipeline.partition: UNet block " + std::to_string(kUNetUnits) + " cannot start a chunk"),
             std::string::npos)
       << listed;

@@ -152,6 +152,33 @@ inline MPI_Comm first_ranks(int n) {
   return c;
 }
 
+// Run `r` (its world 1) on world rank 0 alone and broadcast its losses and final parameters: the
+// trajectory every layout must follow.
+inline runtime::TrainResult single_rank_reference(const std::string& data, const TrainingRun& r, comm::Runtime& rt) {
+  runtime::TrainResult res;
+  if (MPI_Comm one = first_ranks(1); one != MPI_COMM_NULL) {
+    res = run(data, r, rt, one, true);
+    MPI_Comm_free(&one);
+  }
+  int n[2] = {int(res.losses.size()), int(res.final_params.size())};
+  MPI_Bcast(n, 2, MPI_INT, 0, MPI_COMM_WORLD);
+  res.losses.resize(size_t(n[0]));
+  res.final_params.resize(size_t(n[1]));
+  MPI_Bcast(res.losses.data(), n[0], MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  MPI_Bcast(res.final_params.data(), n[1], MPI_FLOAT, 0, MPI_COMM_WORLD);
+  return res;
+}
+
+// The message of the zp::Error a run throws on every rank; "" when it runs.
+inline std::string error_of(const std::string& data, const TrainingRun& r, comm::Runtime& rt) {
+  try {
+    run(data, r, rt, MPI_COMM_WORLD);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 inline std::vector<double> tail(const std::vector<double>& v, size_t from) {
   return from <= v.size() ? std::vector<double>(v.begin() + long(from), v.end()) : std::vector<double>{};
 }
