@@ -149,10 +149,13 @@ Tensor& ParameterGatherer::shard(size_t i) {
 
 const void* ParameterGatherer::shard_data(size_t i, StreamHandle s) {
   if (tier_ != StateTier::Nvme) return shard(i).data();
-  // The previous call's buffer may be reused by this one: the work reading it ends first.
-  Event read;
-  read.record(s);
-  read.synchronize();
+  // The previous call's buffer may be reused by this one: the work reading it ends first (a GPU's
+  // stream; on the CPU it has ended already).
+  if (s) {
+    Event read;
+    read.record(s);
+    read.synchronize();
+  }
   const size_t k = blocks_.at(i).nvme_index;
   const void* at = nvme_->take(k);
   nvme_->release(k, nullptr);

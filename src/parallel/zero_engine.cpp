@@ -108,7 +108,7 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, const ShardingPolicy
   opt_ = std::make_unique<ShardedAdamW>(make_optimizer_state_store(policy_, std::move(ranges), start, s), h, s);
   // The device store reads the last block's initial values on `s` after it returns; the gatherer may
   // reuse the memory they came from (an NVMe buffer) from now on.
-  if (gatherer_) stream_synchronize(s);
+  if (gatherer_ && s) stream_synchronize(s);
   if (policy_.delays_update()) {
     const bool weights_on_host = gatherer_ && gatherer_->shards_on_host() && !blocks_.empty() &&
                                  blocks_[0]->device().is_cuda();
