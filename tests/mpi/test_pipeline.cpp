@@ -189,26 +189,11 @@ TEST(Pipeline, CheckpointsReshardBetweenLayouts) {
     runtime::TrainResult want = reference(data, model, P, rt);
     want.losses = tail(want.losses, kSaveAt);
     const std::string ckpt = dir / "ckpt";
-    auto saved_by = [&](TrainingRun r, const std::string& sub) {
-      r.dir = ckpt + "_" + sub;
-      r.max_steps = kSaveAt;
-      r.save_every = kSaveAt;
-      if (MPI_Comm g = first_ranks(r.world); g != MPI_COMM_NULL) {
-        run(data, r, rt, g);
-        MPI_Comm_free(&g);
-      }
-      MPI_Barrier(MPI_COMM_WORLD);
-      return r.dir + "/" + io::checkpoint_filename(kSaveAt);
+    auto saved_by = [&](const TrainingRun& r, const std::string& sub) {
+      return save_at_half(data, r, ckpt + "_" + sub, rt);
     };
-    auto resumes = [&](TrainingRun r, const std::string& file, const std::string& what) {
-      r.resume = file;
-      if (MPI_Comm g = first_ranks(r.world); g != MPI_COMM_NULL) {
-        const runtime::TrainResult got = run(data, r, rt, g, true);
-        EXPECT_EQ(got.first_step, kSaveAt) << what;
-        expect_same_trajectory(got, want, model + ": " + what, kSaveAt);
-        MPI_Comm_free(&g);
-      }
-      MPI_Barrier(MPI_COMM_WORLD);
+    auto resumes = [&](const TrainingRun& r, const std::string& file, const std::string& what) {
+      expect_resume_follows(data, r, file, want, model + ": " + what, rt);
     };
     TrainingRun flat{model, 3, P};  // all ranks data-parallel, one micro-batch each: the same global batch
     flat.layers = kLayers;

@@ -14,6 +14,7 @@
 
 #include "app/make_latents.h"
 #include "comm/bootstrap.h"
+#include "io/checkpoint_file.h"
 #include "io/config.h"
 #include "io/token_dataset.h"
 #include "mpi_test_util.h"
@@ -21,6 +22,7 @@
 #include "runtime/diffusion_training.h"
 #include "runtime/lm_training.h"
 #include "runtime/train_config.h"
+#include "test_util.h"
 
 namespace zp::test {
 
@@ -171,12 +173,7 @@ inline runtime::TrainResult single_rank_reference(const std::string& data, const
 
 // The message of the zp::Error a run throws on every rank; "" when it runs.
 inline std::string error_of(const std::string& data, const TrainingRun& r, comm::Runtime& rt) {
-  try {
-    run(data, r, rt, MPI_COMM_WORLD);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return error_message([&] { run(data, r, rt, MPI_COMM_WORLD); });
 }
 
 inline std::vector<double> tail(const std::vector<double>& v, size_t from) {
@@ -199,6 +196,34 @@ inline void expect_same_trajectory(const runtime::TrainResult& got, const runtim
     den += double(want.final_params[i]) * want.final_params[i];
   }
   EXPECT_LE(std::sqrt(num / den), 1e-5) << what << ": final parameters";
+}
+
+// Runs `r` for kSaveAt steps on the first r.world ranks, saving the last one under `dir`; returns the
+// checkpoint's path on every rank.
+inline std::string save_at_half(const std::string& data, TrainingRun r, const std::string& dir, comm::Runtime& rt) {
+  r.dir = dir;
+  r.max_steps = kSaveAt;
+  r.save_every = kSaveAt;
+  if (MPI_Comm g = first_ranks(r.world); g != MPI_COMM_NULL) {
+    run(data, r, rt, g);
+    MPI_Comm_free(&g);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return r.dir + "/" + io::checkpoint_filename(kSaveAt);
+}
+
+// Resumes `r` from `resume` (save_at_half's file, or "latest" in r.dir) on the first r.world ranks: it
+// must go on from step kSaveAt and follow `want`, the whole run's trajectory from there.
+inline void expect_resume_follows(const std::string& data, TrainingRun r, const std::string& resume,
+                                  const runtime::TrainResult& want, const std::string& what, comm::Runtime& rt) {
+  r.resume = resume;
+  if (MPI_Comm g = first_ranks(r.world); g != MPI_COMM_NULL) {
+    const runtime::TrainResult got = run(data, r, rt, g, true);
+    EXPECT_EQ(got.first_step, kSaveAt) << what;
+    expect_same_trajectory(got, want, what, kSaveAt);
+    MPI_Comm_free(&g);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 }  // namespace zp::test
