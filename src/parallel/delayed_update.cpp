@@ -60,9 +60,12 @@ void DelayedUpdate::run_update() noexcept {
   }
 }
 
-bool DelayedUpdate::step(std::span<const RangeUpdate> updates, const kernels::AdamWConfig& cfg) {
+bool DelayedUpdate::step(std::span<const RangeUpdate> updates, const kernels::AdamWConfig& cfg,
+                         std::span<Tensor* const> weight_tensors) {
   ZP_CHECK(updates.size() == spare_.size(), "DelayedUpdate::step: ", updates.size(), " updates for ", spare_.size(),
            " ranges");
+  ZP_CHECK(weight_tensors.empty() || weight_tensors.size() == updates.size(), "DelayedUpdate::step: ",
+           weight_tensors.size(), " weight tensors for ", updates.size(), " updates");
   wait();
   const bool install = pending_;
   // Host-side copies (the parameter tier's shards) must not run ahead of the step that reads them.
@@ -71,7 +74,17 @@ bool DelayedUpdate::step(std::span<const RangeUpdate> updates, const kernels::Ad
   for (const RangeUpdate& u : updates) {
     ZP_CHECK(u.range < spare_.size(), "DelayedUpdate::step: range ", u.range, " of ", spare_.size());
     const int64_t n = opt_.ranges()[u.range].size();
-    if (install) copy_bytes_async(u.weights_out, weights_dev_, weights_[u.range].data(), weights_dev_, size_t(n) * esz, s_);
+    Tensor* whole = weight_tensors.empty() ? nullptr : weight_tensors[size_t(&u - updates.data())];
+    Tensor& spare = weights_[u.range];
+    if (install && whole && whole->data() == u.weights_out && whole->numel() == n && whole->dtype() == dt_ &&
+        whole->device() == spare.device()) {
+      // The step that read the old weights has ended (host weights: the wait above) or comes before
+      // the next update's writes (device weights: the host thread's stream waits for ready_).
+      std::swap(*whole, spare);
+      spare_[u.range].weights_out = spare.data();
+    } else if (install) {
+      copy_bytes_async(u.weights_out, weights_dev_, spare.data(), weights_dev_, size_t(n) * esz, s_);
+    }
     copy_bytes_async(grads_[u.range].data(), dev_, u.grad, dev_, size_t(n) * sizeof(float), s_);
   }
   pending_ = false;

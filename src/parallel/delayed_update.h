@@ -47,7 +47,12 @@ class DelayedUpdate {
   // engine's, ready on `s`) and where its compute weights live. cfg: this step's AdamW settings
   // (ShardedAdamW::next_config). Returns whether the previous update's weights were installed into
   // the ranges' weights_out (ordered on `s`): the engine all-gathers them where they are replicated.
-  bool step(std::span<const RangeUpdate> updates, const kernels::AdamWConfig& cfg);
+  // `weight_tensors` (optional, one per range, null where not): a range whose compute weights are a
+  // whole tensor (a ZeRO-3 shard) that its spare matches in size, dtype and device gets the new
+  // weights by exchanging the two tensors instead of a copy: with the parameters in host memory that
+  // copy is a host memcpy of every owned weight between two steps, which the GPU waits for.
+  bool step(std::span<const RangeUpdate> updates, const kernels::AdamWConfig& cfg,
+            std::span<Tensor* const> weight_tensors = {});
   // Waits for the update in flight, if any, and rethrows its failure. Its weights stay pending.
   void wait();
   // Whether new compute weights wait for the next step to install them.

@@ -255,7 +255,11 @@ void ZeroEngine::step(float grad_scale, const ScheduledHyper& sched) {
   updates_.clear();
   if (delayed_) {
     for (size_t i = 0; i < blocks_.size(); ++i) updates_.push_back({i, reducer_->gradient(i), weights_out(i)});
-    if (delayed_->step(updates_, opt_->next_config(grad_scale, sched))) all_gather_compute_weights();
+    // ZeRO-3 shards are whole tensors the delayed update may exchange with its spares.
+    std::vector<Tensor*> shards;
+    if (gatherer_ && gatherer_->tier() != StateTier::Nvme)
+      for (size_t i = 0; i < blocks_.size(); ++i) shards.push_back(&gatherer_->shard(gathered_index_[i]));
+    if (delayed_->step(updates_, opt_->next_config(grad_scale, sched), shards)) all_gather_compute_weights();
     return;
   }
   // One update of every block, in the groups the parameter tier can take new weights for at once
