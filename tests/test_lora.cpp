@@ -7,10 +7,14 @@
 //  - A Transformer (GPT-2 and Llama, every target module kind) with LoRA computes the logits of the
 //    plain model with merged weights, its adapter gradients match finite differences, with and
 //    without activation checkpointing, and the base blocks take no gradient.
+//  - A Conv2d with a LoRA adapter (PEFT's LoRA Conv2d: A with the base's kernel, stride and padding,
+//    B 1x1), 3x3 with padding, strided, and 1x1: the output and input gradient of the merged weight
+//    W + scale * B A, the adapters' gradients against finite differences, with and without dropout.
 //  - The SDXL-layout UNet with adapters on every linear module kind (attn1/attn2 to_q, to_k, to_v,
 //    to_out.0, ff.net.0.proj, ff.net.2, proj_in, proj_out) gives the merged model's output, exact
-//    adapter gradients, and no gradient to its frozen blocks; SD 1.x's convolution projections are
-//    refused as targets.
+//    adapter gradients, and no gradient to its frozen blocks; so does the SD 1.x UNet with adapters
+//    on every convolution kind (ResBlocks' conv1, conv2, conv_shortcut, the 1x1 proj_in / proj_out,
+//    the samplers' conv), merged by io::add_lora_update; a target the model lacks is refused.
 //  - On the golden models (tests/golden/*-tiny/lora: PEFT's own LoRA layers in float64, in
 //    transformers' LMs and diffusers' UNets) the outputs, the loss and every adapter gradient meet
 //    the parity criterion, fp32 on the CPU, bf16 on a GPU.
@@ -19,9 +23,12 @@
 #include <functional>
 
 #include "app/parity.h"
+#include "io/config.h"
+#include "io/lora_adapter_files.h"
 #include "kernels/dropout.h"
 #include "models/transformer.h"
 #include "models/unet.h"
+#include "nn/conv2d.h"
 #include "nn/init.h"
 #include "nn/linear.h"
 #include "test_util.h"
@@ -240,6 +247,145 @@ TEST(LoraLinear, DropoutIsTheDenseFormulaWithTheHashedMaskAndItsExactGradient) {
   }
 }
 
+
+namespace {
+
+// A Conv2d (Cin 3 -> Cout 4, k x k, stride, padding, bias) with a rank-2 adapter, f64 on the CPU.
+struct ConvCase {
+  static constexpr int64_t kCin = 3, kCout = 4, kR = 2, kN = 2, kH = 5, kW = 6;
+  int64_t k, stride, pad;
+  nn::ParamBlock base{"base"}, adapters{"adapters"};
+  nn::Parameter *w, *bias, *a, *b;
+  nn::Conv2d conv;
+  float scale = 1.5f;
+
+  ConvCase(int64_t k_, int64_t stride_, int64_t pad_, float dropout = 0.f) : k(k_), stride(stride_), pad(pad_) {
+    w = base.add("conv.weight", {kCout, kCin, k, k}, true);
+    bias = base.add("conv.bias", {kCout}, false);
+    base.freeze();
+    base.allocate(Device::cpu(), DType::F64);
+    a = adapters.add("conv.lora_A.weight", {kR, kCin, k, k}, true);
+    b = adapters.add("conv.lora_B.weight", {kCout, kR, 1, 1}, true);
+    adapters.allocate(Device::cpu(), DType::F64);
+    uint64_t seed = 41;
+    for (nn::Parameter* p : {w, bias, a, b}) fill(*p, seed++, 0.5);
+    conv = nn::Conv2d(w, bias, stride, pad);
+    conv.set_adapter(a, b, scale, dropout);
+  }
+  kernels::Conv2dShape shape() const { return conv.shape(kN, kH, kW); }
+  // L = sum(conv(x) * g).
+  double loss(const nn::Ctx& c, const Tensor& x, const std::vector<float>& g) const {
+    const kernels::Conv2dShape s = shape();
+    Tensor out = Tensor::zeros({s.y_numel()}, DType::F64, Device::cpu());
+    conv.forward(c, out.data(), x.data(), s.N, s.H, s.W);
+    double sum = 0;
+    for (int64_t i = 0; i < s.y_numel(); ++i) sum += out.data<double>()[i] * g[size_t(i)];
+    return sum;
+  }
+  // The base conv with the merged weight W + scale * B A (A and B flattened to [r, Cin k k], [Cout, r]).
+  std::vector<double> merged() const {
+    std::vector<double> m = values(w->value);
+    const int64_t K = kCin * k * k;
+    for (int64_t o = 0; o < kCout; ++o)
+      for (int64_t i = 0; i < K; ++i)
+        for (int64_t r = 0; r < kR; ++r)
+          m[size_t(o * K + i)] += scale * b->value.data<double>()[o * kR + r] * a->value.data<double>()[r * K + i];
+    return m;
+  }
+};
+
+}  // namespace
+
+TEST(LoraConv2d, AdaptersEqualTheMergedWeightAndTheirGradientsAreExact) {
+  const nn::Ctx c = cpu64();
+  for (auto [k, stride, pad] : {std::tuple<int64_t, int64_t, int64_t>{3, 1, 1}, {3, 2, 1}, {1, 1, 0}}) {
+    ConvCase cc(k, stride, pad);
+    const kernels::Conv2dShape s = cc.shape();
+    const std::string what = std::to_string(k) + "x" + std::to_string(k) + " stride " + std::to_string(stride);
+    Tensor x = upload(randn(size_t(s.x_numel()), 51), DType::F64, Device::cpu());
+    Tensor y = Tensor::zeros({s.y_numel()}, DType::F64, Device::cpu());
+    cc.conv.forward(c, y.data(), x.data(), s.N, s.H, s.W);
+    // The dense formulation: the base kernel over the merged weight.
+    Tensor wm = upload(std::vector<float>(size_t(s.w_numel())), DType::F64, Device::cpu());
+    const std::vector<double> m = cc.merged();
+    std::copy(m.begin(), m.end(), wm.data<double>());
+    Tensor want = Tensor::zeros({s.y_numel()}, DType::F64, Device::cpu());
+    kernels::cpu::conv2d_forward(nullptr, DType::F64, want.data(), x.data(), wm.data(), cc.bias->v(), s);
+    EXPECT_LE(rel_error(values(y), values(want)), 1e-13) << what;
+
+    const std::vector<float> g = randn(size_t(s.y_numel()), 52);
+    Tensor dy = upload(g, DType::F64, Device::cpu());
+    Tensor dx = Tensor::zeros({s.x_numel()}, DType::F64, Device::cpu());
+    cc.adapters.zero_grad();
+    cc.base.zero_grad();
+    cc.conv.backward(c, dx.data(), dy.data(), x.data(), s.N, s.H, s.W);
+    Tensor want_dx = Tensor::zeros({s.x_numel()}, DType::F64, Device::cpu());
+    kernels::cpu::conv2d_backward_data(nullptr, DType::F64, want_dx.data(), dy.data(), wm.data(), s);
+    EXPECT_LE(rel_error(values(dx), values(want_dx)), 1e-13) << what << ": input gradient";
+    double base_grad = 0;
+    for (float v : download(cc.base.grads())) base_grad += std::abs(v);
+    EXPECT_EQ(base_grad, 0.0) << what << ": the frozen base took a gradient";
+
+    auto loss = [&] { return cc.loss(c, x, g); };
+    for (nn::Parameter* p : {cc.a, cc.b}) {
+      const std::vector<double> an = values(p->grad), fd = central_differences(p->value.data<double>(), p->numel(), loss);
+      EXPECT_LE(rel_error(an, fd), 1e-7) << what << ": " << p->name;
+    }
+  }
+}
+
+TEST(LoraConv2d, DropoutIsTheDenseFormulaWithTheHashedMaskAndItsExactGradient) {
+  const float p = 0.3f;
+  for (auto [k, stride, pad] : {std::tuple<int64_t, int64_t, int64_t>{3, 2, 1}, {1, 1, 0}}) {
+    ConvCase cc(k, stride, pad, p);
+    nn::Ctx c = cpu64();
+    c.dropout = {0x5678, 9};
+    const kernels::Conv2dShape s = cc.shape();
+    Tensor x = upload(randn(size_t(s.x_numel()), 61), DType::F64, Device::cpu());
+    Tensor y = Tensor::zeros({s.y_numel()}, DType::F64, Device::cpu());
+    cc.conv.forward(c, y.data(), x.data(), s.N, s.H, s.W);
+    // By hand: base(x) + scale * B(A(mask(x))), the mask one row per sample, keyed by the A's name.
+    const uint64_t key = 0x5678 ^ nn::fnv1a(cc.a->name);
+    const int64_t cols = s.Cin * s.H * s.W;
+    Tensor xd = Tensor::zeros({s.x_numel()}, DType::F64, Device::cpu());
+    int dropped = 0;
+    for (int64_t n = 0; n < s.N; ++n)
+      for (int64_t i = 0; i < cols; ++i) {
+        const bool keep = kernels::dropout_keep_draw(key, uint64_t((9 + n) * cols + i)) >= p;
+        dropped += !keep;
+        xd.data<double>()[n * cols + i] = keep ? x.data<double>()[n * cols + i] / (1.0 - p) : 0.0;
+      }
+    EXPECT_GT(dropped, 0);
+    EXPECT_LT(dropped, s.x_numel());
+    kernels::Conv2dShape sa = s;
+    sa.Cout = ConvCase::kR;
+    Tensor u = Tensor::zeros({sa.y_numel()}, DType::F64, Device::cpu());
+    kernels::cpu::conv2d_forward(nullptr, DType::F64, u.data(), xd.data(), cc.a->v(), nullptr, sa);
+    Tensor want = Tensor::zeros({s.y_numel()}, DType::F64, Device::cpu());
+    kernels::cpu::conv2d_forward(nullptr, DType::F64, want.data(), x.data(), cc.w->v(), cc.bias->v(), s);
+    const int64_t P = s.oh() * s.ow();
+    for (int64_t n = 0; n < s.N; ++n)
+      for (int64_t o = 0; o < s.Cout; ++o)
+        for (int64_t q = 0; q < P; ++q)
+          for (int64_t r = 0; r < ConvCase::kR; ++r)
+            want.data<double>()[(n * s.Cout + o) * P + q] +=
+                cc.scale * cc.b->value.data<double>()[o * ConvCase::kR + r] * u.data<double>()[(n * ConvCase::kR + r) * P + q];
+    EXPECT_LE(rel_error(values(y), values(want)), 1e-13) << k << "x" << k;
+
+    const std::vector<float> g = randn(size_t(s.y_numel()), 62);
+    Tensor dy = upload(g, DType::F64, Device::cpu());
+    Tensor dx = Tensor::zeros({s.x_numel()}, DType::F64, Device::cpu());
+    cc.adapters.zero_grad();
+    cc.conv.backward(c, dx.data(), dy.data(), x.data(), s.N, s.H, s.W);
+    auto loss = [&] { return cc.loss(c, x, g); };
+    EXPECT_LE(rel_error(values(dx), central_differences(x.data<double>(), x.numel(), loss)), 1e-7) << "dx";
+    EXPECT_LE(rel_error(values(cc.a->grad), central_differences(cc.a->value.data<double>(), cc.a->numel(), loss)), 1e-7)
+        << "dA";
+    EXPECT_LE(rel_error(values(cc.b->grad), central_differences(cc.b->value.data<double>(), cc.b->numel(), loss)), 1e-7)
+        << "dB";
+  }
+}
+
 namespace {
 
 // plain's weights += scale * B A for every adapter of `with_lora` (same model without LoRA; both f64
@@ -361,6 +507,63 @@ TEST(LoraTransformer, TargetsThatNameNoModuleAreRefused) {
   }
 }
 
+namespace {
+
+// A UNet with LoRA (`m`, f64) against the same UNet with its adapters merged into the weights
+// (`plain`) on inputs `x` (B samples of S x S): the outputs agree, a checkpointed training backward
+// (the re-forward sees the adapters too) gives the frozen blocks no gradient, and every adapter
+// tensor's gradient (with `convolutions_only`, every 4-d one's), at `per_tensor` of its elements,
+// matches fourth-order central differences (the UNet's depth makes the second-order ones' error ~1e-6).
+void expect_merged_and_exact(models::UNet& m, models::UNet& plain, const models::UNetInputs& x, int64_t per_tensor,
+                             bool convolutions_only = false) {
+  const models::UNetConfig& cfg = m.config();
+  const int64_t B = x.sample.size(0), S = x.sample.size(2);
+  auto infer = models::UNetActivations::inference();
+  auto infer2 = models::UNetActivations::inference();
+  EXPECT_LE(rel_error(values(m.forward(x, infer)), values(plain.forward(x, infer2))), 1e-12) << "LoRA vs merged";
+
+  const std::vector<float> g = randn(size_t(B * cfg.out_channels * S * S), 4);
+  Tensor dout = upload(g, DType::F64, Device::cpu()).view({B, cfg.out_channels, S, S});
+  auto loss = [&] {
+    auto a = models::UNetActivations::inference();
+    const std::vector<double> y = values(m.forward(x, a));
+    double sum = 0;
+    for (size_t i = 0; i < y.size(); ++i) sum += y[i] * g[i];
+    return sum;
+  };
+  for (nn::ParamBlock* blk : m.blocks()) blk->zero_grad();
+  auto acts = models::UNetActivations::training(true);
+  m.forward(x, acts);
+  m.backward(dout, acts);
+  for (nn::ParamBlock* blk : m.frozen_blocks()) {
+    double sum = 0;
+    for (float v : download(blk->grads())) sum += std::abs(v);
+    EXPECT_EQ(sum, 0.0) << "frozen block " << blk->name() << " took a gradient";
+  }
+  for (nn::Parameter* p : m.parameters()) {
+    if (!p->name.ends_with(".lora_A.weight") && !p->name.ends_with(".lora_B.weight")) continue;
+    if (convolutions_only && p->shape.size() != 4) continue;
+    const std::vector<double> an = values(p->grad);
+    std::vector<double> got, fd;
+    double* pv = p->value.data<double>();
+    for (int64_t i = 0; i < p->numel(); i += std::max<int64_t>(1, p->numel() / per_tensor)) {
+      const double keep = pv[i], h = 1e-4;
+      double f[4];
+      const double at[4] = {2 * h, h, -h, -2 * h};
+      for (int k = 0; k < 4; ++k) {
+        pv[i] = keep + at[k];
+        f[k] = loss();
+      }
+      pv[i] = keep;
+      fd.push_back((-f[0] + 8 * f[1] - 8 * f[2] + f[3]) / (12 * h));
+      got.push_back(an[size_t(i)]);
+    }
+    EXPECT_LE(rel_error(got, fd), 1e-6) << p->name;
+  }
+}
+
+}  // namespace
+
 TEST(LoraUNet, MergedWeightsGiveTheSameOutputAndAdapterGradientsAreExact) {
   const models::UNetConfig cfg = models::UNetConfig::from_hub_json(tiny_unet_config(true), "tiny_unet_config");
   models::LoraSpec lora{2, 3, 0, {"to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2", "proj_in", "proj_out"}, false};
@@ -385,64 +588,87 @@ TEST(LoraUNet, MergedWeightsGiveTheSameOutputAndAdapterGradientsAreExact) {
   x.text_embeds = upload(randn(size_t(B * cfg.text_embeds_dim()), 3), DType::F64, Device::cpu()).view({B, cfg.text_embeds_dim()});
   for (int64_t b = 0; b < B; ++b)
     for (float v : {64.f, 64.f, 0.f, 0.f, 64.f, 64.f}) x.time_ids.push_back(v);
-  auto infer = models::UNetActivations::inference();
-  auto infer2 = models::UNetActivations::inference();
-  EXPECT_LE(rel_error(values(m.forward(x, infer)), values(plain.forward(x, infer2))), 1e-12) << "LoRA vs merged";
-
-  const std::vector<float> g = randn(size_t(B * cfg.out_channels * S * S), 4);
-  Tensor dout = upload(g, DType::F64, Device::cpu()).view({B, cfg.out_channels, S, S});
-  auto loss = [&] {
-    auto a = models::UNetActivations::inference();
-    const std::vector<double> y = values(m.forward(x, a));
-    double sum = 0;
-    for (size_t i = 0; i < y.size(); ++i) sum += y[i] * g[i];
-    return sum;
-  };
-  for (nn::ParamBlock* blk : m.blocks()) blk->zero_grad();
-  auto acts = models::UNetActivations::training(true);  // checkpointed: the re-forward sees the adapters too
-  m.forward(x, acts);
-  m.backward(dout, acts);
-  for (nn::ParamBlock* blk : m.frozen_blocks()) {
-    double sum = 0;
-    for (float v : download(blk->grads())) sum += std::abs(v);
-    EXPECT_EQ(sum, 0.0) << "frozen block " << blk->name() << " took a gradient";
-  }
   EXPECT_EQ(m.trainable_blocks().size(), 3u);  // down 0, mid, up 1
-  for (nn::Parameter* p : m.parameters()) {
-    if (!p->name.ends_with(".lora_A.weight") && !p->name.ends_with(".lora_B.weight")) continue;
-    const std::vector<double> an = values(p->grad);
-    std::vector<double> got, fd;
-    double* pv = p->value.data<double>();
-    // Three elements of each of the 96 tensors: every adapter checked, the test short.
-    for (int64_t i = 0; i < p->numel(); i += std::max<int64_t>(1, p->numel() / 3)) {
-      // Fourth-order central differences: the UNet's depth makes the second-order ones' error ~1e-6.
-      const double keep = pv[i], h = 1e-4;
-      double f[4];
-      const double at[4] = {2 * h, h, -h, -2 * h};
-      for (int k = 0; k < 4; ++k) {
-        pv[i] = keep + at[k];
-        f[k] = loss();
-      }
-      pv[i] = keep;
-      fd.push_back((-f[0] + 8 * f[1] - 8 * f[2] + f[3]) / (12 * h));
-      got.push_back(an[size_t(i)]);
-    }
-    EXPECT_LE(rel_error(got, fd), 1e-6) << p->name;
-  }
+  expect_merged_and_exact(m, plain, x, 3);  // three elements of each of the 96 tensors
 }
 
-TEST(LoraUNet, ConvolutionProjectionsAreRefusedAsTargets) {
-  const models::UNetConfig cfg = models::UNetConfig::from_hub_json(tiny_unet_config(false), "tiny_unet_config");
-  models::LoraSpec lora{4, 4, 0, {"to_q", "proj_in"}, false};
-  try {
-    models::UNet m(cfg, Device::cpu(), DType::F32, nullptr, 1, false, lora);
-    ADD_FAILURE() << "LoRA on a 1x1 convolution was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("1x1 convolution"), std::string::npos) << e.what();
+namespace {
+
+// The f64 inputs of a tiny UNet forward (SD layout: no added conditioning).
+models::UNetInputs unet_inputs(const models::UNetConfig& cfg, int64_t B, int64_t S, int64_t L) {
+  models::UNetInputs x;
+  x.sample = upload(randn(size_t(B * cfg.in_channels * S * S), 1), DType::F64, Device::cpu()).view({B, cfg.in_channels, S, S});
+  x.timesteps = std::vector<float>(size_t(B), 0.f);
+  for (int64_t b = 0; b < B; ++b) x.timesteps[size_t(b)] = 10.f + 690.f * float(b);
+  x.encoder_hidden_states = upload(randn(size_t(B * L * cfg.cross_dim[0]), 2), DType::F64, Device::cpu()).view({B, L, cfg.cross_dim[0]});
+  return x;
+}
+
+}  // namespace
+
+TEST(LoraUNet, ConvolutionAdaptersEqualTheMergedWeightsAndTheirGradientsAreExact) {
+  const models::UNetConfig cfg = models::UNetConfig::from_hub_json(
+      io::read_json_file(golden_path("unet-sd-tiny/config.json")), "unet-sd-tiny/config.json");
+  // Every convolution kind of the blocks, the 1x1 projections among them, and one linear module.
+  const models::LoraSpec lora{2, 3, 0, {"conv1", "conv2", "conv_shortcut", "proj_in", "proj_out", "downsamplers.0.conv",
+                                        "upsamplers.0.conv", "to_q"}, false};
+  models::UNet m(cfg, Device::cpu(), DType::F64, nullptr, 1, true, lora), plain(cfg, Device::cpu(), DType::F64);
+  for (nn::Parameter* p : plain.parameters()) nn::init_normal(*p, 11, 0.2);
+  io::LoraAdapter adapter;
+  adapter.config = lora;
+  adapter.source = "the model's adapters";
+  size_t filled = 0, convs = 0;
+  for (nn::Parameter* p : m.parameters()) {
+    if (!p->name.ends_with(io::kLoraASuffix) && !p->name.ends_with(io::kLoraBSuffix)) {
+      nn::init_normal(*p, 11, 0.2);
+      continue;
+    }
+    fill(*p, 500 + filled++, 0.3);  // B non-zero: the adapters change the output
+    adapter.tensors[p->name] = p->value;
+    convs += p->shape.size() == 4;
   }
-  lora.target_modules = {"to_q", "to_v"};  // the attention alone is fine
-  models::UNet ok(cfg, Device::cpu(), DType::F32, nullptr, 1, false, lora);
+  // down 0: resnet conv1, conv2, proj_in, proj_out, downsampler, to_q x 2 (attn1, attn2); down 1: conv1,
+  // conv2, conv_shortcut; mid: 2 x (conv1, conv2), proj_in, proj_out, 2 x to_q; up 0: 2 x (conv1, conv2,
+  // conv_shortcut), upsampler; up 1: 2 x (conv1, conv2, conv_shortcut, proj_in, proj_out, 2 x to_q).
+  EXPECT_EQ(filled, 2u * (7 + 3 + 8 + 7 + 14));
+  EXPECT_EQ(convs, 2u * (5 + 3 + 6 + 7 + 10));
+  EXPECT_EQ(m.trainable_blocks().size(), 5u);  // the adapters of every down and up block and the mid block
+  for (const std::string& module : adapter.modules()) {
+    nn::Parameter* w = plain.find(module + ".weight");
+    ASSERT_TRUE(w) << module;
+    io::add_lora_update(adapter, module, w->value.data<double>(), w->shape);
+  }
+  const int64_t B = 2, S = 8, L = 3;
+  const models::UNetInputs x = unet_inputs(cfg, B, S, L);
+  // The gradients of the convolution adapters: SD's attn1.to_q adapter gradients here are ~1e-6, at
+  // the central differences' rounding floor (LoraGolden checks them against PEFT's float64 ones).
+  expect_merged_and_exact(m, plain, x, 2, /*convolutions_only=*/true);
+}
+
+TEST(LoraUNet, TargetsTheModelLacksAreRefusedNamingThem) {
+  const models::UNetConfig sd = models::UNetConfig::from_hub_json(tiny_unet_config(false), "tiny_unet_config");
+  models::LoraSpec lora{4, 4, 0, {"to_q", "conv_in"}, false};  // the stem trains no adapters
+  expect_error([&] { models::UNet m(sd, Device::cpu(), DType::F32, nullptr, 1, false, lora); },
+               {"'conv_in' names no module of a UNet block"});
+  // One block: no downsampler, no upsampler, so a sampler conv names nothing in this model.
+  nlohmann::json one = tiny_unet_config(false);
+  one["block_out_channels"] = {16};
+  one["down_block_types"] = {"CrossAttnDownBlock2D"};
+  one["up_block_types"] = {"CrossAttnUpBlock2D"};
+  const models::UNetConfig single = models::UNetConfig::from_hub_json(one, "one block");
+  lora.target_modules = {"conv1", "downsamplers.0.conv"};
+  expect_error([&] { models::UNet m(single, Device::cpu(), DType::F32, nullptr, 1, false, lora); },
+               {"'downsamplers.0.conv' names no module of this UNet"});
+  // ... and so does a chunk of a pipeline that holds only part of the model.
+  expect_error([&] { models::UNet m(single, Device::cpu(), DType::F32, nullptr, 1, false, lora, {0, 1}); },
+               {"'downsamplers.0.conv' names no module of this UNet"});
+  lora.target_modules = {"conv1", "proj_in"};
+  models::UNet ok(single, Device::cpu(), DType::F32, nullptr, 1, false, lora);
   EXPECT_EQ(ok.trainable_blocks().size(), 3u);
+  // A convolution name in a language model.
+  models::LoraSpec lm{4, 4, 0, {"q_proj", "conv1"}, false};
+  expect_error([&] { models::Transformer t(tiny("llama"), Device::cpu(), DType::F32, nullptr, 1, false, {}, lm); },
+               {"'conv1' names no module of a llama layer"});
 }
 
 namespace {
@@ -490,6 +716,25 @@ TEST(LoraGoldenGpu, UNetsMatchDiffusersPeftFloat64ReferenceInBf16) {
   expect_lora_parity({"unet-sd-tiny", "unet-sdxl-tiny"}, "cuda", "bf16");
 }
 
+namespace {
+
+// The CUDA-vs-CPU adapter tests: f32 on the CPU, bf16 on the GPU, both drawing the same dropout masks.
+struct CpuAndGpu {
+  nn::Ctx cpu, gpu;
+  CpuAndGpu() {
+    cpu.dropout = gpu.dropout = {77, 5};
+    gpu.dev = Device::cuda(0);
+    gpu.dt = DType::BF16;
+  }
+  // n normal values rounded to bf16: as the CPU's f32 tensor and the GPU's bf16 one.
+  static std::pair<Tensor, Tensor> rounded(int64_t n, uint64_t seed) {
+    const std::vector<float> v = round_to(randn(size_t(n), seed), DType::BF16);
+    return {upload(v, DType::F32, Device::cpu()), upload(v, DType::BF16)};
+  }
+};
+
+}  // namespace
+
 TEST(LoraLinearGpu, Bf16AdaptersAndDropoutFollowTheCpu) {
   ZP_SKIP_WITHOUT_GPU();
   // The same packed Linear in f32 on the CPU and bf16 on the GPU (values rounded to bf16 first).
@@ -512,19 +757,17 @@ TEST(LoraLinearGpu, Bf16AdaptersAndDropoutFollowTheCpu) {
   };
   nn::ParamBlock cb("b"), ca("a"), gb("b"), ga("a");
   nn::Linear cpu = make(Device::cpu(), DType::F32, cb, ca), gpu = make(Device::cuda(0), DType::BF16, gb, ga);
-  nn::Ctx cc, gc;
-  cc.dropout = gc.dropout = {77, 5};
-  gc.dev = Device::cuda(0);
-  gc.dt = DType::BF16;
-  const std::vector<float> xv = round_to(randn(size_t(N * in), 3), DType::BF16), gv = round_to(randn(size_t(N * 96), 4), DType::BF16);
-  Tensor xc = upload(xv, DType::F32, Device::cpu()), xg = upload(xv, DType::BF16);
+  const CpuAndGpu at;
+  const nn::Ctx &cc = at.cpu, &gc = at.gpu;
+  const auto [xc, xg] = CpuAndGpu::rounded(N * in, 3);
+  const auto [gvc, gvg] = CpuAndGpu::rounded(N * 96, 4);
   Tensor yc = Tensor::zeros({N, 96}, DType::F32, Device::cpu()), yg = Tensor::zeros({N, 96}, DType::BF16, Device::cuda(0));
   cpu.forward(cc, yc.data(), xc.data(), N);
   gpu.forward(gc, yg.data(), xg.data(), N);
   EXPECT_LE(rel_error(download(yg), download(yc)), tolerance(DType::BF16));
   Tensor dc = Tensor::zeros({N, in}, DType::F32, Device::cpu()), dg = Tensor::zeros({N, in}, DType::BF16, Device::cuda(0));
-  cpu.backward(cc, dc.data(), upload(gv, DType::F32, Device::cpu()).data(), xc.data(), N);
-  gpu.backward(gc, dg.data(), upload(gv, DType::BF16).data(), xg.data(), N);
+  cpu.backward(cc, dc.data(), gvc.data(), xc.data(), N);
+  gpu.backward(gc, dg.data(), gvg.data(), xg.data(), N);
   EXPECT_LE(rel_error(download(dg), download(dc)), tolerance(DType::BF16));
   EXPECT_LE(rel_error(download(ga.grads()), download(ca.grads())), tolerance(DType::BF16));
 
@@ -534,6 +777,49 @@ TEST(LoraLinearGpu, Bf16AdaptersAndDropoutFollowTheCpu) {
   kernels::cpu::dropout_apply(nullptr, DType::F32, ones_c.data(), 0, ones_c.data(), 0, N, in, 9, 42, 0.5f, false);
   kernels::cuda::dropout_apply(nullptr, DType::BF16, ones_g.data(), 0, ones_g.data(), 0, N, in, 9, 42, 0.5f, false);
   EXPECT_EQ(download(ones_g), download(ones_c));
+}
+
+TEST(LoraConv2dGpu, Bf16AdaptersAndDropoutFollowTheCpu) {
+  ZP_SKIP_WITHOUT_GPU();
+  // The same frozen conv with an adapter in f32 on the CPU and bf16 on the GPU (values rounded to bf16
+  // first): 3x3 with padding, strided, and 1x1.
+  for (auto [k, stride, pad] : {std::tuple<int64_t, int64_t, int64_t>{3, 1, 1}, {3, 2, 1}, {1, 1, 0}}) {
+    const int64_t N = 2, Cin = 32, Cout = 48, R = 8, H = 16, W = 12;
+    auto make = [&](Device dev, DType dt, nn::ParamBlock& base, nn::ParamBlock& ad) {
+      nn::Parameter* w = base.add("c.weight", {Cout, Cin, k, k}, true);
+      nn::Parameter* bias = base.add("c.bias", {Cout}, false);
+      base.freeze();
+      base.allocate(dev, dt);
+      nn::Parameter* a = ad.add("c.lora_A.weight", {R, Cin, k, k}, true);
+      nn::Parameter* b = ad.add("c.lora_B.weight", {Cout, R, 1, 1}, true);
+      ad.allocate(dev, dt);
+      uint64_t seed = 1;
+      for (nn::Parameter* p : {w, bias, a, b})
+        p->value.copy_from(upload(round_to(randn(size_t(p->numel()), seed++, 0.2f), DType::BF16), dt, dev));
+      nn::Conv2d conv(w, bias, stride, pad);
+      conv.set_adapter(a, b, 2.f, 0.25f);
+      return conv;
+    };
+    nn::ParamBlock cb("b"), ca("a"), gb("b"), ga("a");
+    nn::Conv2d cpu = make(Device::cpu(), DType::F32, cb, ca), gpu = make(Device::cuda(0), DType::BF16, gb, ga);
+    const CpuAndGpu at;
+    const nn::Ctx &cc = at.cpu, &gc = at.gpu;
+    const kernels::Conv2dShape s = cpu.shape(N, H, W);
+    const auto [xc, xg] = CpuAndGpu::rounded(s.x_numel(), 3);
+    const auto [gvc, gvg] = CpuAndGpu::rounded(s.y_numel(), 4);
+    Tensor yc = Tensor::zeros({s.y_numel()}, DType::F32, Device::cpu()), yg = Tensor::zeros({s.y_numel()}, DType::BF16, Device::cuda(0));
+    cpu.forward(cc, yc.data(), xc.data(), N, H, W);
+    gpu.forward(gc, yg.data(), xg.data(), N, H, W);
+    const std::string what = std::to_string(k) + "x" + std::to_string(k) + " stride " + std::to_string(stride);
+    EXPECT_LE(rel_error(download(yg), download(yc)), tolerance(DType::BF16)) << what;
+    Tensor dc = Tensor::zeros({s.x_numel()}, DType::F32, Device::cpu()), dg = Tensor::zeros({s.x_numel()}, DType::BF16, Device::cuda(0));
+    for (nn::ParamBlock* blk : {&cb, &ca, &gb, &ga}) blk->zero_grad();
+    cpu.backward(cc, dc.data(), gvc.data(), xc.data(), N, H, W);
+    gpu.backward(gc, dg.data(), gvg.data(), xg.data(), N, H, W);
+    EXPECT_LE(rel_error(download(dg), download(dc)), tolerance(DType::BF16)) << what << ": dx";
+    EXPECT_LE(rel_error(download(ga.grads()), download(ca.grads())), tolerance(DType::BF16)) << what << ": dA, dB";
+    EXPECT_EQ(download(gb.grads()), std::vector<float>(size_t(gb.grads().numel()), 0.f)) << what << ": frozen base";
+  }
 }
 
 }  // namespace zp::test

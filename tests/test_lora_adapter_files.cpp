@@ -520,17 +520,26 @@ TEST(ConvertLora, MergeEqualsBasePlusScaledUpdateGpt2) {
 TEST(ConvertLora, MergesDiffusersAndKohyaIntoAUnet) {
   ScratchDir d("merge_unet");
   const std::string unet = golden_path("unet-sd-tiny");
-  // proj_in of the SD UNet is a 1x1 convolution: its adapter is [r, in, 1, 1] / [out, r, 1, 1].
+  // Convolutions, as PEFT's LoRA Conv2d: A [r, in, kh, kw] with the base's kernel, B [out, r, 1, 1]:
+  // proj_in of the SD UNet (1x1), a ResBlock's 3x3 conv1, the strided downsampler, a 1x1 shortcut.
+  // Their update is B A with A flattened to [r, in * kh * kw], the layout of the weight's rows.
   std::vector<Module> mods = unet_modules();
   LoraAdapter a = make_adapter(mods, 4, 8, false, 101);
-  const std::string proj = "down_blocks.0.attentions.0.proj_in";
-  a.tensors[proj + kLoraASuffix] = random_tensor({4, 16, 1, 1}, 7);
-  a.tensors[proj + kLoraBSuffix] = random_tensor({16, 4, 1, 1}, 8);
+  const std::vector<std::pair<Module, int64_t>> convs = {{{"down_blocks.0.attentions.0.proj_in", 16, 16}, 1},
+                                                         {{"down_blocks.0.resnets.0.conv1", 16, 16}, 3},
+                                                         {{"down_blocks.0.downsamplers.0.conv", 16, 16}, 3},
+                                                         {{"down_blocks.1.resnets.0.conv_shortcut", 32, 16}, 1}};
+  uint64_t seed = 7;
+  for (const auto& [m, k] : convs) {
+    a.tensors[m.path + kLoraASuffix] = random_tensor({4, m.in, k, k}, seed++);
+    a.tensors[m.path + kLoraBSuffix] = random_tensor({m.out, 4, 1, 1}, seed++);
+    mods.push_back({m.path, m.out, m.in * k * k});
+  }
+  a.config.target_modules = {"to_q", "to_k", "to_out.0", "to_v", "proj_in", "conv1", "conv", "conv_shortcut"};
   write_diffusers_lora(d / "lora", a);
   ASSERT_EQ(convert(unet, d / "merged", d / "lora"), 0);
   SafetensorsFile base(unet + "/diffusion_pytorch_model.safetensors");
   SafetensorsFile merged(d / "merged/diffusion_pytorch_model.safetensors");
-  mods.push_back({proj, 16, 16});
   for (const Module& m : mods) {
     const std::vector<float> W = values_of(base.read(m.path + ".weight"));
     const std::vector<float> got = values_of(merged.read(m.path + ".weight"));

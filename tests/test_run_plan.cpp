@@ -7,11 +7,16 @@
 #include "app/plan_command.h"
 #include "core/cpu_share.h"
 #include "core/host_memory.h"
+#include "io/config.h"
 #include "models/transformer.h"
+#include "models/unet.h"
 #include "parallel/host_state_store.h"
 #include "parallel/memory_plan.h"
 #include "parallel/nvme_parameter_shards.h"
 #include "parallel/zero_engine.h"
+#include "runtime/diffusion_config.h"
+#include "runtime/lora_run.h"
+#include "runtime/optimizer_step.h"
 #include "runtime/run_plan.h"
 #include "test_util.h"
 #include "tiny_llama_config.h"
@@ -213,6 +218,85 @@ TEST(RunPlan, PlanCommandOnThePresets) {
   // No GPU or host sizes: the plan alone, status 0.
   EXPECT_EQ(plan("llama-8b.json", {}, 4, "", "", out), 0) << out;
   EXPECT_NE(out.find("give --gpu-memory"), std::string::npos) << out;
+}
+
+// With a lora section the plan is of what the run trains: gradients and optimizer state for the
+// adapters the model builds, the base frozen (its weights only, in the compute dtype, sharded at
+// stage 3 like any weights).
+TEST(RunPlan, LoraPlansTheAdaptersAloneAsTrained) {
+  const int world = 4;
+  // The LoRA presets' lora sections on the presets of the same models (which describe them inline).
+  for (const auto& [preset, lora_preset] : {std::pair<std::string, std::string>{"llama-8b.json", "llama-8b-lora.json"},
+                                            {"sdxl-unet-zero3-offload.json", "sdxl-unet-lora.json"}}) {
+    io::Config c = io::Config::from_file(runtime::train_schema_with_diffusion(), (kConfigs / preset).string(),
+                                         io::Config::OnProblem::Keep);
+    const io::json lora = io::read_json_file((kConfigs / lora_preset).string())["lora"];
+    for (const auto& [key, value] : lora.items()) c.set("lora." + key + "=" + value.dump());
+    c.set("zero_optimization.stage=3");
+    const bool unet = c.get<std::string>("model.type") == "unet";
+    const runtime::TrainConfig tc = (unet ? runtime::UNetTrainConfig::from(c).common : runtime::TrainConfig::from(c))
+                                        .resolve_for_place(world, world, Device::cpu());
+    ASSERT_GT(tc.lora_r, 0) << preset;
+    runtime::TrainConfig full = tc;
+    full.lora_r = 0;
+    const runtime::RunPlan with = runtime::plan_config(tc, unet, world, world);
+    const runtime::RunPlan without = runtime::plan_config(full, unet, world, world);
+
+    // The adapters of the model as the run lays it out, found by their names.
+    std::string source;
+    const io::json hub = tc.hub_config_json(source);
+    const int64_t pad = parallel::shard_pad_multiple(world);
+    std::unique_ptr<models::UNet> u;
+    std::unique_ptr<models::Transformer> t;
+    std::vector<nn::ParamBlock*> blocks;
+    if (unet) {
+      u = std::make_unique<models::UNet>(models::UNetConfig::from_hub_json(hub, source), Device::cpu(), tc.dtype,
+                                         nullptr, pad, false, runtime::lora_spec_of(tc));
+      blocks = u->blocks();
+    } else {
+      t = std::make_unique<models::Transformer>(models::TransformerConfig::from_hub_json(hub, source), Device::cpu(),
+                                                tc.dtype, nullptr, pad, false, models::LayerSpan{},
+                                                runtime::lora_spec_of(tc));
+      blocks = t->blocks();
+    }
+    int64_t adapters = 0, adapter_blocks_padded = 0, largest_adapters = 0, all = 0;
+    for (nn::ParamBlock* b : blocks) {
+      bool has_adapters = false;
+      for (const auto& p : b->params()) {
+        all += p->numel();
+        if (p->name.ends_with(".lora_A.weight") || p->name.ends_with(".lora_B.weight")) {
+          adapters += p->numel();
+          has_adapters = true;
+        }
+      }
+      if (has_adapters) adapter_blocks_padded += b->padded();
+      if (has_adapters) largest_adapters = std::max(largest_adapters, b->padded());
+    }
+    EXPECT_EQ(with.trained_params, adapters) << preset;
+    EXPECT_EQ(with.states.trainable_params, adapter_blocks_padded) << preset;
+    EXPECT_EQ(with.states.params, without.states.params + with.states.trainable_params) << preset;
+    EXPECT_EQ(without.trained_params, all - adapters) << preset << ": without LoRA everything trains";
+    if (!unet)  // 32 layers x r 16 x (in + out) of q, k, v, o (4096 -> 4096, 1024, 1024, 4096), gate, up, down
+      EXPECT_EQ(adapters, 32 * 16 * (8192 + 5120 + 5120 + 8192 + 3 * (4096 + 14336))) << preset;
+
+    // Gradients and optimizer state shrink to the adapters'; the frozen base's weights stay.
+    const parallel::ShardingPolicy policy = runtime::sharding_policy(tc);
+    const double shard = double(with.states.trainable_params) / world;
+    const double grads = policy.shards_gradients() ? (tc.step_in_backward ? 0.0 : shard) + 2.0 * double(largest_adapters)
+                                                   : double(with.states.trainable_params);
+    EXPECT_DOUBLE_EQ(with.states.grad_bytes, grads * 4) << preset << ": fp32 gradients of the adapters only";
+    EXPECT_LT(with.states.grad_bytes, without.states.grad_bytes / 10) << preset;
+    EXPECT_DOUBLE_EQ(with.states.optimizer_bytes + with.states.host_optimizer_bytes, shard * 12) << preset;
+    EXPECT_DOUBLE_EQ(without.states.optimizer_bytes + without.states.host_optimizer_bytes,
+                     double(without.states.trainable_params) / world * 12) << preset;
+    EXPECT_GT(with.states.param_bytes + with.states.host_param_bytes,
+              without.states.param_bytes + without.states.host_param_bytes - 1)
+        << preset << ": the base is held as without LoRA, the adapters on top";
+    EXPECT_LT(with.states.device_bytes() + with.states.host_bytes(),
+              without.states.device_bytes() + without.states.host_bytes()) << preset;
+    EXPECT_NE(with.model.find("LoRA r="), std::string::npos) << with.model;
+    EXPECT_EQ(without.model.find("LoRA"), std::string::npos) << without.model;
+  }
 }
 
 }  // namespace zp::test

@@ -546,8 +546,7 @@ std::map<std::string, const ModelTensor*> adaptable_modules(const std::map<std::
   std::map<std::string, const ModelTensor*> out;
   for (const auto& [name, t] : model) {
     if (!name.ends_with(".weight")) continue;
-    const bool conv1x1 = t.shape.size() == 4 && t.shape[2] == 1 && t.shape[3] == 1;
-    if (t.shape.size() == 2 || conv1x1) out[name.substr(0, name.size() - 7)] = &t;
+    if (t.shape.size() == 2 || t.shape.size() == 4) out[name.substr(0, name.size() - 7)] = &t;
   }
   return out;
 }
@@ -561,8 +560,9 @@ std::vector<std::string> known_adapter_names(const std::map<std::string, ModelTe
   return out;
 }
 
-// Every adapter module is a linear map (or 1x1 convolution) of the model with matching sizes:
-// A [r, in], B [out, r] for the engine-layout weight [out, in]. An embedding is refused: PEFT keeps
+// Every adapter module is a linear map or convolution of the model with matching sizes: A [r, in],
+// B [out, r] for the engine-layout weight [out, in]; A [r, in, kh, kw], B [out, r, 1, 1] for a
+// convolution's [out, in, kh, kw] (a 1x1 convolution's may be 2-d). An embedding is refused: PEFT keeps
 // an embedding's adapter as lora_embedding_A / _B of other shapes. Errors name the tensor.
 void check_adapter_fits(const io::LoraAdapter& a, const std::map<std::string, ModelTensor>& model, const std::string& base) {
   const std::map<std::string, const ModelTensor*> modules = adaptable_modules(model);
@@ -575,12 +575,13 @@ void check_adapter_fits(const io::LoraAdapter& a, const std::map<std::string, Mo
     if (it == modules.end()) {
       auto t = model.find(m + ".weight");
       ZP_REQUIRE(t == model.end(), a.source, ": tensor '", a_name, "': the base weight '", m, ".weight' has shape ",
-                 shape_str(t->second.shape), " (only linear maps and 1x1 convolutions take a LoRA)");
+                 shape_str(t->second.shape), " (only linear maps and convolutions take a LoRA)");
       throw Error(a.source + ": tensor '" + a_name + "': " + base + " has no weight '" + m + ".weight'");
     }
     const Shape& w = it->second->shape;
     const Tensor &A = a.a(m), &B = a.b(m);
-    ZP_REQUIRE(A.size(1) == w[1], "cannot merge ", a.source, ": tensor '", a_name, "' has shape ", shape_str(A.shape()),
+    const bool kernel_fits = A.dim() == 2 ? shape_numel(w) == w[0] * w[1] : w.size() == 4 && A.size(2) == w[2] && A.size(3) == w[3];
+    ZP_REQUIRE(A.size(1) == w[1] && kernel_fits, "cannot merge ", a.source, ": tensor '", a_name, "' has shape ", shape_str(A.shape()),
                " but ", base, "'s '", m, ".weight' takes ", w[1], " inputs (its shape ", shape_str(w),
                " in the engine layout [out, in])");
     ZP_REQUIRE(B.size(0) == w[0], "cannot merge ", a.source, ": tensor '", b_name, "' has shape ", shape_str(B.shape()),

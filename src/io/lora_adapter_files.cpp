@@ -239,12 +239,12 @@ void LoraAdapter::check() const {
   }
   for (const std::string& m : modules()) {
     const Tensor &A = a(m), &B = b(m);
-    const auto one_by_one = [](const Tensor& t) { return t.dim() == 2 || (t.dim() == 4 && t.size(2) == 1 && t.size(3) == 1); };
-    ZP_REQUIRE(one_by_one(A), source, ": tensor '", m, kLoraASuffix, "' has shape ", shape_str(A.shape()),
-               "; expected [r, in] (or [r, in, 1, 1] for a 1x1 convolution)");
-    ZP_REQUIRE(one_by_one(B) && B.dim() == A.dim(), source, ": tensor '", m, kLoraBSuffix, "' has shape ",
-               shape_str(B.shape()), "; expected ", A.dim() == 4 ? "[out, r, 1, 1]" : "[out, r]", " to go with lora_A ",
-               shape_str(A.shape()));
+    // A convolution's A has the base's kernel, its B is 1x1 (PEFT's LoRA Conv2d).
+    ZP_REQUIRE(A.dim() == 2 || A.dim() == 4, source, ": tensor '", m, kLoraASuffix, "' has shape ",
+               shape_str(A.shape()), "; expected [r, in] (or [r, in, kh, kw] for a convolution)");
+    ZP_REQUIRE(B.dim() == A.dim() && (B.dim() == 2 || (B.size(2) == 1 && B.size(3) == 1)), source, ": tensor '", m,
+               kLoraBSuffix, "' has shape ", shape_str(B.shape()), "; expected ",
+               A.dim() == 4 ? "[out, r, 1, 1]" : "[out, r]", " to go with lora_A ", shape_str(A.shape()));
     ZP_REQUIRE(B.size(1) == A.size(0), source, ": module '", m, "': lora_B ", shape_str(B.shape()),
                " and lora_A ", shape_str(A.shape()), " disagree on the rank");
     ZP_REQUIRE(A.size(0) >= 1 && A.size(1) >= 1 && B.size(0) >= 1, source, ": module '", m, "' has an empty adapter");

@@ -3,9 +3,10 @@
 // Internal names (the engine's, and a LoRA checkpoint's /model): for a module whose base weight is
 // "<path>.weight" under the hub's name, its adapter is "<path>.lora_A.weight" [r, in] and
 // "<path>.lora_B.weight" [out, r], in and out being the module's as a linear map (GPT-2's Conv1D
-// c_attn: in = C, out = 3C, although its hub weight is stored [in, out]). A 1x1 convolution's
-// adapter keeps PEFT's 4-d shapes [r, in, 1, 1] / [out, r, 1, 1]. The update merged into the base
-// weight W [out, in] is scale * B A, scale = alpha / r (alpha / sqrt(r) with rslora), PEFT's rule.
+// c_attn: in = C, out = 3C, although its hub weight is stored [in, out]). A convolution's adapter
+// has PEFT's 4-d shapes: A [r, in, kh, kw] (the base's kernel), B [out, r, 1, 1]. The update merged
+// into the base weight W [out, in] (a convolution's [out, in * kh * kw]) is scale * B A, A and B
+// flattened to [r, in * kh * kw] and [out, r], scale = alpha / r (alpha / sqrt(r) with rslora), PEFT's rule.
 //
 // Layouts written and read:
 //  - PEFT (LMs): a folder with adapter_model.safetensors, keys "base_model.model.<path>.lora_A.weight"
@@ -74,7 +75,7 @@ struct LoraAdapter {
   const Tensor& b(const std::string& module) const;
   int64_t rank(const std::string& module) const { return a(module).size(0); }
   double scale_of(const std::string& module) const;
-  // Every module has both tensors; A is [r, in] and B [out, r] (or [r, in, 1, 1] / [out, r, 1, 1]);
+  // Every module has both tensors; A is [r, in] and B [out, r] (or [r, in, kh, kw] / [out, r, 1, 1]);
   // every name is an A or a B. Throws zp::Error naming `source` and the tensor.
   void check() const;
 };
@@ -83,7 +84,7 @@ struct LoraAdapter {
 std::map<std::string, Tensor> lora_tensors_as(const LoraAdapter& a, DType dtype);
 
 // PEFT's merge of one module: adds scale * B A to its base weight `w` [out, in] in the engine layout
-// (a 1x1 convolution's [out, in, 1, 1] alike; `w_shape` is its shape), in float64. Throws zp::Error
+// (a convolution's [out, in, kh, kw] as [out, in * kh * kw]; `w_shape` is its shape), in float64. Throws zp::Error
 // naming the adapter's file, the tensor and the weight's shape when A or B does not fit.
 void add_lora_update(const LoraAdapter& a, const std::string& module, double* w, const Shape& w_shape);
 

@@ -34,7 +34,7 @@ void check_lora_targets(const LoraSpec& lora, const std::vector<std::string>& of
 
 bool init_lora_parameter(nn::Parameter& p, uint64_t seed, StreamHandle s) {
   if (p.name.ends_with(".lora_A.weight")) {
-    nn::init_uniform(p, seed, 1.0 / std::sqrt(double(p.shape.at(1))), s);
+    nn::init_uniform(p, seed, 1.0 / std::sqrt(double(shape_numel(p.shape) / p.shape.at(0))), s);
     return true;
   }
   if (p.name.ends_with(".lora_B.weight")) {
@@ -81,13 +81,34 @@ void LoraInitialAdapter::fill(nn::ParamBlock& b, StreamHandle s) const {
     ZP_REQUIRE(it != adapter_.tensors.end(), "lora.init_from: ", adapter_.source, " has no tensor '", p.name,
                "', which the run's lora.target_modules adapt");
     const Tensor& t = it->second;
-    // A 1x1 convolution's adapter keeps PEFT's 4-d shape: same values as the engine's 2-d one.
+    // PEFT's 4-d shape of a 1x1 convolution's adapter has the same values as a 2-d one.
     ZP_REQUIRE(t.numel() == shape_numel(p.shape) && t.size(0) == p.shape.at(0), "lora.init_from: ", adapter_.source,
                ": tensor '", p.name, "' has shape ", shape_str(t.shape()), ", the model's is ", shape_str(p.shape));
     Tensor v = Tensor::empty(p.shape, p.value.dtype(), Device::cpu(), "lora");
     kernels::cpu::cast(nullptr, p.value.dtype(), v.data(), t.dtype(), t.data(), t.numel());
     p.value.copy_from(v, s);
   }
+}
+
+bool LoraAttacher::targeted(const std::string& module) {
+  bool hit = false;
+  for (const std::string& t : lora_.target_modules)
+    if (lora_targets({t}, module)) {
+      used_.insert(t);
+      hit = true;
+    }
+  return hit;
+}
+
+int LoraAttacher::attach(nn::Conv2d& conv, nn::Parameter* weight) {
+  const std::string module = module_of(weight->name);
+  if (!targeted(module)) return 0;
+  const Shape& w = weight->shape;
+  nn::Parameter* a = adapters_.add(module + ".lora_A.weight", {lora_.r, w.at(1), w.at(2), w.at(3)}, true);
+  nn::Parameter* b = adapters_.add(module + ".lora_B.weight", {w.at(0), lora_.r, 1, 1}, true);
+  conv.set_adapter(a, b, float(lora_.scale_for(lora_.r, lora_.alpha)), float(lora_.dropout));
+  attached_ += 1;
+  return 1;
 }
 
 int LoraAttacher::attach(nn::Linear& linear, const std::vector<nn::Parameter*>& weights) {
@@ -99,7 +120,7 @@ int LoraAttacher::attach(nn::Linear& linear, const std::vector<nn::Parameter*>& 
   std::vector<Targeted> hit;
   int64_t col = 0;
   for (nn::Parameter* w : weights) {
-    if (lora_targets(lora_.target_modules, module_of(w->name))) hit.push_back({w, col});
+    if (targeted(module_of(w->name))) hit.push_back({w, col});
     col += w->shape[0];
   }
   if (hit.empty()) return 0;

@@ -1,15 +1,17 @@
-// LoRA's adapters on a model's linear modules (issue 14), shared by the transformer and the UNet:
-// which modules a LoRA config targets (PEFT's rule for a list of names: the module's name is a
-// target or ends with "." + target), and the adapter parameters of each targeted module,
-// <module>.lora_A.weight [r, in] and <module>.lora_B.weight [out, r], added to the layer's or stage's
-// adapter block and given to the Linear that computes the module (nn::Linear's adapters). The A
-// matrices of one Linear (a packed q/k/v or gate/up projection) are added back to back, so the
-// Linear computes them all with one GEMM.
+// LoRA's adapters on a model's linear and convolution modules (issue 14), shared by the transformer
+// and the UNet: which modules a LoRA config targets (PEFT's rule for a list of names: the module's
+// name is a target or ends with "." + target), and the adapter parameters of each targeted module,
+// <module>.lora_A.weight [r, in] and <module>.lora_B.weight [out, r] (a convolution's, as PEFT's:
+// [r, in, kh, kw] and [out, r, 1, 1]), added to the layer's or stage's adapter block and given to the
+// Linear or Conv2d that computes the module. The A matrices of one Linear (a packed q/k/v or gate/up
+// projection) are added back to back, so the Linear computes them all with one GEMM.
 #pragma once
+#include <set>
 #include <string>
 #include <vector>
 
 #include "io/lora_adapter_files.h"
+#include "nn/conv2d.h"
 #include "nn/linear.h"
 #include "nn/parameter.h"
 
@@ -25,8 +27,8 @@ bool lora_targets(const std::vector<std::string>& targets, const std::string& mo
 // relative names such as "self_attn.q_proj"; `family` names the model in the message).
 void check_lora_targets(const LoraSpec& lora, const std::vector<std::string>& offered, const std::string& family);
 
-// PEFT's initialisation of an adapter parameter: A uniform within 1/sqrt(in) (kaiming_uniform with
-// a = sqrt(5)), B zero, so training starts from the base's output. False for any other parameter.
+// PEFT's initialisation of an adapter parameter: A uniform within 1/sqrt(fan_in) (kaiming_uniform with
+// a = sqrt(5); fan_in = in, or in * kh * kw for a convolution's), B zero, so training starts from the base's output. False for any other parameter.
 bool init_lora_parameter(nn::Parameter& p, uint64_t seed, StreamHandle s);
 
 // lora.init_from: an adapter the run's adapters start from instead of PEFT's initialisation (to go
@@ -55,13 +57,19 @@ class LoraAttacher {
   // `weights`: the parameters packed in `linear`, in row order. Gives `linear` an adapter for each
   // targeted one; returns how many.
   int attach(nn::Linear& linear, const std::vector<nn::Parameter*>& weights);
+  // `weight`: the convolution's [out, in, kh, kw]. Gives `conv` an adapter when it is targeted.
+  int attach(nn::Conv2d& conv, nn::Parameter* weight);
   int attached() const { return attached_; }
   const std::vector<std::string>& targets() const { return lora_.target_modules; }
+  // The entries of lora.target_modules that selected at least one module so far.
+  const std::set<std::string>& targets_used() const { return used_; }
 
  private:
+  bool targeted(const std::string& module);
   const LoraSpec& lora_;
   nn::ParamBlock& adapters_;
   int attached_ = 0;
+  std::set<std::string> used_;
 };
 
 }  // namespace zp::models

@@ -307,11 +307,14 @@ void add_into(const Ctx& c, Tensor& y, const Tensor& x) {
 
 // ---- parameter builders: diffusers' names under `p`, added to the block in diffusers' order
 
+// lora: the stage's LoRA adapters, which this convolution gets when its module is a target.
 Conv2d add_conv(ParamBlock& b, const std::string& p, int64_t cin, int64_t cout, int64_t k, int64_t stride,
-                int64_t pad) {
+                int64_t pad, LoraAttacher* lora = nullptr) {
   Parameter* w = b.add(p + ".weight", {cout, cin, k, k}, true);
   Parameter* bias = b.add(p + ".bias", {cout}, false);
-  return Conv2d(w, bias, stride, pad);
+  Conv2d conv(w, bias, stride, pad);
+  if (lora) lora->attach(conv, w);
+  return conv;
 }
 GroupNorm add_group_norm(ParamBlock& b, const std::string& p, int64_t C, int64_t groups, float eps, bool silu) {
   Parameter* w = b.add(p + ".weight", {C}, false);
@@ -334,14 +337,14 @@ Norm add_layer_norm(ParamBlock& b, const std::string& p, int64_t C) {
 
 // ResnetBlock2D: cin -> cout channels, scaled by `scale` (output_scale_factor).
 ResBlock add_res_block(ParamBlock& b, const std::string& p, int64_t cin, int64_t cout, const UNetConfig& cfg,
-                       float scale) {
+                       float scale, LoraAttacher* lora) {
   GroupNorm norm1 = add_group_norm(b, p + ".norm1", cin, cfg.groups, cfg.norm_eps, true);
-  Conv2d conv1 = add_conv(b, p + ".conv1", cin, cout, 3, 1, 1);
+  Conv2d conv1 = add_conv(b, p + ".conv1", cin, cout, 3, 1, 1, lora);
   Linear temb_proj = add_linear(b, p + ".time_emb_proj", cfg.time_embed_dim, cout);
   GroupNorm norm2 = add_group_norm(b, p + ".norm2", cout, cfg.groups, cfg.norm_eps, true);
-  Conv2d conv2 = add_conv(b, p + ".conv2", cout, cout, 3, 1, 1);
+  Conv2d conv2 = add_conv(b, p + ".conv2", cout, cout, 3, 1, 1, lora);
   Conv2d shortcut;
-  if (cin != cout) shortcut = add_conv(b, p + ".conv_shortcut", cin, cout, 1, 1, 0);
+  if (cin != cout) shortcut = add_conv(b, p + ".conv_shortcut", cin, cout, 1, 1, 0, lora);
   return ResBlock(norm1, conv1, temb_proj, norm2, conv2, shortcut, scale);
 }
 
@@ -397,11 +400,7 @@ Transformer2D add_transformer2d(ParamBlock& b, const std::string& p, int64_t C, 
   if (cfg.linear_projection) {
     in_lin = add_linear(b, p + ".proj_in", C, inner, lora);
   } else {
-    for (const char* proj : {".proj_in", ".proj_out"})
-      ZP_REQUIRE(!lora || !lora_targets(lora->targets(), p + proj), "lora.target_modules: ", p, proj,
-                 " is a 1x1 convolution in this UNet (use_linear_projection false, SD 1.x): LoRA on convolutions "
-                 "is not implemented; leave proj_in / proj_out out of the targets");
-    in_conv = add_conv(b, p + ".proj_in", C, inner, 1, 1, 0);
+    in_conv = add_conv(b, p + ".proj_in", C, inner, 1, 1, 0, lora);
   }
   std::vector<BasicTransformerBlock> blocks;
   for (int64_t l = 0; l < layers; ++l)
@@ -409,7 +408,7 @@ Transformer2D add_transformer2d(ParamBlock& b, const std::string& p, int64_t C, 
         add_transformer_block(b, p + ".transformer_blocks." + std::to_string(l), inner, heads, cross_dim, lora));
   if (cfg.linear_projection)
     return Transformer2D(norm, in_lin, std::move(blocks), add_linear(b, p + ".proj_out", inner, C, lora));
-  return Transformer2D(norm, in_conv, std::move(blocks), add_conv(b, p + ".proj_out", inner, C, 1, 1, 0));
+  return Transformer2D(norm, in_conv, std::move(blocks), add_conv(b, p + ".proj_out", inner, C, 1, 1, 0, lora));
 }
 
 // What every ResBlock and Transformer2D of one forward is conditioned on.
@@ -574,15 +573,19 @@ UNetActivations::~UNetActivations() = default;
 
 UNet::~UNet() = default;
 
+// The modules of a down, mid or up block that LoRA can adapt (the stem's and the head's, conv_in,
+// conv_out and the time embedding, train no adapters).
 static std::vector<std::string> unet_lora_modules() {
   return {"attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_k",
-          "attn2.to_v", "attn2.to_out.0", "ff.net.0.proj", "ff.net.2", "proj_in", "proj_out"};
+          "attn2.to_v", "attn2.to_out.0", "ff.net.0.proj", "ff.net.2", "proj_in", "proj_out",
+          "resnets.0.conv1", "resnets.0.conv2", "resnets.0.conv_shortcut", "downsamplers.0.conv",
+          "upsamplers.0.conv"};
 }
 
 UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t pad_multiple, bool allocate,
            const LoraSpec& lora, UNetSpan span)
     : cfg_(cfg), lora_(lora), span_(span) {
-  if (lora_.r > 0) check_lora_targets(lora_, unet_lora_modules(), "UNet transformer");
+  if (lora_.r > 0) check_lora_targets(lora_, unet_lora_modules(), "UNet block");
   auto place = [&](ParamBlock& b) {
     if (allocate)
       b.allocate(dev, dt, s, pad_multiple);
@@ -601,7 +604,9 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
     st.adapters = std::make_unique<ParamBlock>(st.block->name() + ".lora");
     return LoraAttacher(lora_, *st.adapters);
   };
+  std::set<std::string> targets_used;
   auto place_adapters = [&](Stage& st, const std::optional<LoraAttacher>& attacher) {
+    if (attacher) targets_used.insert(attacher->targets_used().begin(), attacher->targets_used().end());
     if (attacher && attacher->attached() > 0)
       place(*st.adapters);
     else
@@ -636,14 +641,15 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
     for (int64_t l = 0; l < cfg.layers[size_t(i)]; ++l) {
       const std::string ls = std::to_string(l);
       st->resnets.push_back(add_res_block(*st->block, p + ".resnets." + ls, l == 0 ? cin : cout, cout, cfg,
-                                          cfg.resnet_scale));
+                                          cfg.resnet_scale, lora_here ? &*lora_here : nullptr));
       if (cfg.down_attn[size_t(i)])
         st->attentions.push_back(add_transformer2d(*st->block, p + ".attentions." + ls, cout, cfg.heads[size_t(i)],
                                                    cfg.transformer_layers[size_t(i)], cfg.cross_dim[size_t(i)], cfg,
                                                    lora_here ? &*lora_here : nullptr));
     }
     if (i + 1 < n)
-      st->downsampler = Downsample2D(add_conv(*st->block, p + ".downsamplers.0.conv", cout, cout, 3, 2, 1));
+      st->downsampler = Downsample2D(
+          add_conv(*st->block, p + ".downsamplers.0.conv", cout, cout, 3, 2, 1, lora_here ? &*lora_here : nullptr));
     place(*st->block);
     place_adapters(*st, lora_here);
     units_[size_t(i)] = std::move(st);
@@ -653,11 +659,13 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
     const int64_t C = cfg.block_out.back();
     auto mid = std::make_unique<Stage>(Stage::Kind::Mid, "mid_block");
     std::optional<LoraAttacher> lora_here = adapters_of(*mid);
-    mid->resnets.push_back(add_res_block(*mid->block, "mid_block.resnets.0", C, C, cfg, cfg.mid_scale));
+    mid->resnets.push_back(add_res_block(*mid->block, "mid_block.resnets.0", C, C, cfg, cfg.mid_scale,
+                                         lora_here ? &*lora_here : nullptr));
     mid->attentions.push_back(add_transformer2d(*mid->block, "mid_block.attentions.0", C, cfg.heads.back(),
                                                 cfg.transformer_layers.back(), cfg.cross_dim.back(), cfg,
                                                 lora_here ? &*lora_here : nullptr));
-    mid->resnets.push_back(add_res_block(*mid->block, "mid_block.resnets.1", C, C, cfg, cfg.mid_scale));
+    mid->resnets.push_back(add_res_block(*mid->block, "mid_block.resnets.1", C, C, cfg, cfg.mid_scale,
+                                         lora_here ? &*lora_here : nullptr));
     place(*mid->block);
     place_adapters(*mid, lora_here);
     units_[size_t(n)] = std::move(mid);
@@ -677,13 +685,16 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
       const int64_t skip = l == num - 1 ? in : out, res_in = l == 0 ? prev : out;
       st->skip_channels.push_back(skip);
       st->resnets.push_back(
-          add_res_block(*st->block, p + ".resnets." + ls, res_in + skip, out, cfg, cfg.resnet_scale));
+          add_res_block(*st->block, p + ".resnets." + ls, res_in + skip, out, cfg, cfg.resnet_scale,
+                        lora_here ? &*lora_here : nullptr));
       if (cfg.up_attn[size_t(i)])
         st->attentions.push_back(add_transformer2d(*st->block, p + ".attentions." + ls, out, cfg.heads[r],
                                                    cfg.transformer_layers[r], cfg.cross_dim[r], cfg,
                                                    lora_here ? &*lora_here : nullptr));
     }
-    if (i + 1 < n) st->upsampler = Upsample2D(add_conv(*st->block, p + ".upsamplers.0.conv", out, out, 3, 1, 1));
+    if (i + 1 < n)
+      st->upsampler = Upsample2D(
+          add_conv(*st->block, p + ".upsamplers.0.conv", out, out, 3, 1, 1, lora_here ? &*lora_here : nullptr));
     place(*st->block);
     place_adapters(*st, lora_here);
     units_[size_t(n + 1 + i)] = std::move(st);
@@ -697,6 +708,14 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
         add_conv(*head_, "conv_out", C0, cfg.out_channels, cfg.conv_out_kernel, 1, (cfg.conv_out_kernel - 1) / 2);
     place(*head_);
   }
+  // A target that the static list offers but this model lacks (conv_shortcut where no width changes,
+  // a sampler of a one-block UNet): a chunk sees only its own stages, so only the whole model tells.
+  if (lora_.r > 0 && span_.begin == 0 && span_.end == cfg.num_units())
+    for (const std::string& t : lora_.target_modules)
+      ZP_REQUIRE(targets_used.contains(t), "lora.target_modules: '", t, "' names no module of this UNet (",
+                 cfg.num_blocks(), " blocks, use_linear_projection ", cfg.linear_projection ? "true" : "false", ")");
+  else if (lora_.r > 0)
+    UNet(cfg, dev, dt, s, 1, /*allocate=*/false, lora_);  // laid out only: the check above, for a chunk
 }
 
 std::vector<ParamBlock*> UNet::blocks() {

@@ -160,11 +160,11 @@ class UNet {
   // alignment, so each rank owns an equal slice).
   // allocate = false only lays the blocks out; the ZeRO engine then allocates and fills them one at a
   // time (load_block, or the diffusion loop's per-block random init).
-  // lora (issue 14): adapters on the named linear modules of every transformer block (diffusers'
-  // names: to_q, to_k, to_v, to_out.0 of attn1 and attn2, ff.net.0.proj, ff.net.2, and proj_in /
-  // proj_out where they are linear (SDXL); a 1x1-convolution projection (SD 1.x) is refused), one
-  // adapter block per down, mid and up block with attention ("<block>.lora"); every other block is
-  // frozen. Throws zp::Error for a target that names no module.
+  // lora (issue 14): adapters on the named modules of the down, mid and up blocks (diffusers' names:
+  // to_q, to_k, to_v, to_out.0 of attn1 and attn2, ff.net.0.proj, ff.net.2, proj_in / proj_out (linear
+  // in SDXL, 1x1 convolutions in SD 1.x), the ResBlocks' conv1, conv2, conv_shortcut, and the
+  // samplers' conv), one adapter block per block with a target ("<block>.lora"); every other block is
+  // frozen. Throws zp::Error for a target that names no module of this model.
   // span (pipeline chunks): the model holds only those units' blocks, and the stem and the head where
   // the span has them; blocks(), parameters(), loading and initialisation see only those.
   UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s = nullptr, int64_t pad_multiple = 1,

@@ -1,6 +1,9 @@
 #include "nn/conv2d.h"
 
+#include "kernels/dropout.h"
 #include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "nn/init.h"
 
 namespace zp::nn {
 using namespace zp::kernels;
@@ -26,8 +29,84 @@ Conv2dShape Conv2d::shape(int64_t N, int64_t H, int64_t W) const {
   return s;
 }
 
+void Conv2d::set_adapter(Parameter* a, Parameter* b, float scale, float dropout) {
+  ZP_CHECK(dropout >= 0.f && dropout < 1.f, "Conv2d ", w_->name, ": LoRA dropout ", dropout, " is not in [0, 1)");
+  ZP_CHECK(a && b && a->shape.size() == 4 && b->shape.size() == 4, "Conv2d ", w_->name, ": LoRA A and B must be 4-d");
+  const int64_t r = a->shape[0];
+  ZP_CHECK(a->shape == (Shape{r, in(), w_->shape[2], w_->shape[3]}) && b->shape == (Shape{out(), r, 1, 1}), "Conv2d ",
+           w_->name, ": adapter ", shape_str(a->shape), " / ", shape_str(b->shape), " does not fit a ",
+           shape_str(w_->shape), " weight");
+  lora_a_ = a;
+  lora_b_ = b;
+  scale_ = scale;
+  dropout_ = dropout;
+  adapter_id_ = fnv1a(a->name);
+}
+
+Conv2dShape Conv2d::down_shape(int64_t N, int64_t H, int64_t W) const {
+  Conv2dShape s = shape(N, H, W);
+  s.Cout = lora_a_->shape[0];
+  return s;
+}
+
+const void* Conv2d::adapter_input(const Ctx& c, const void* x, int64_t N, int64_t H, int64_t W, Tensor& keep) const {
+  if (dropout_ == 0.f || c.dropout.key == 0) return x;
+  const int64_t cols = in() * H * W;
+  keep = c.act({N, in(), H, W});
+  ZP_KERNEL_CALL(c.dev, dropout_apply, c.s, c.dt, keep.data(), cols, x, cols, N, cols, c.dropout.first_row,
+                 c.dropout.key ^ adapter_id_, dropout_, false);
+  return keep.data();
+}
+
+void Conv2d::adapter_forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t H, int64_t W) const {
+  const Conv2dShape sa = down_shape(N, H, W);
+  const int64_t r = sa.Cout, P = sa.oh() * sa.ow();
+  Tensor dropped;
+  Tensor u = c.act({N, r, sa.oh(), sa.ow()});
+  ZP_KERNEL_CALL(c.dev, conv2d_forward, c.s, c.dt, u.data(), adapter_input(c, x, N, H, W, dropped), lora_a_->v(),
+                 nullptr, sa);
+  // y_n[Cout, P] += scale * B[Cout, r] u_n[r, P]: the 1x1 convolution B, onto the base's output
+  ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, c.dt, false, false, out(), P, r, scale_, lora_b_->v(), r, u.data(), P, 1.f, y,
+                 P, GemmEpilogue::None, nullptr, nullptr, N, 0, r * P, out() * P);
+}
+
+void Conv2d::adapter_backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, int64_t H,
+                              int64_t W) const {
+  const Conv2dShape sa = down_shape(N, H, W);
+  const int64_t r = sa.Cout, P = sa.oh() * sa.ow();
+  const size_t esz = dtype_size(c.dt);
+  Tensor dropped;
+  const void* xin = adapter_input(c, x, N, H, W, dropped);
+  {
+    Tensor u = c.act({N, r, sa.oh(), sa.ow()});
+    ZP_KERNEL_CALL(c.dev, conv2d_forward, c.s, c.dt, u.data(), xin, lora_a_->v(), nullptr, sa);
+    // dB[Cout, r] += scale * sum_n dy_n[Cout, P] u_n[r, P]^T, accumulated in fp32 sample by sample
+    for (int64_t n = 0; n < N; ++n)
+      ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, DType::F32, false, true, out(), r, P, scale_,
+                     static_cast<const char*>(dy) + size_t(n * out() * P) * esz, P,
+                     static_cast<const char*>(u.data()) + size_t(n * r * P) * esz, P, 1.f, lora_b_->g(), r);
+  }
+  // du_n[r, P] = scale * B^T dy_n
+  Tensor du = c.act({N, r, sa.oh(), sa.ow()});
+  ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, c.dt, true, false, r, P, out(), scale_, lora_b_->v(), r, dy, P, 0.f,
+                 du.data(), P, GemmEpilogue::None, nullptr, nullptr, N, 0, out() * P, r * P);
+  ZP_KERNEL_CALL(c.dev, conv2d_backward_filter, c.s, c.dt, lora_a_->g(), nullptr, du.data(), xin, sa);
+  if (!dx) return;
+  // dx += A^T du, through the forward's dropout mask when it drew one
+  Tensor dxa = c.act({sa.x_numel()});
+  ZP_KERNEL_CALL(c.dev, conv2d_backward_data, c.s, c.dt, dxa.data(), du.data(), lora_a_->v(), sa);
+  if (dropout_ == 0.f || c.dropout.key == 0) {
+    ZP_KERNEL_CALL(c.dev, add, c.s, c.dt, dx, dx, dxa.data(), sa.x_numel());
+    return;
+  }
+  const int64_t cols = in() * H * W;
+  ZP_KERNEL_CALL(c.dev, dropout_apply, c.s, c.dt, dx, cols, dxa.data(), cols, N, cols, c.dropout.first_row,
+                 c.dropout.key ^ adapter_id_, dropout_, true);
+}
+
 void Conv2d::forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t H, int64_t W) const {
   ZP_KERNEL_CALL(c.dev, conv2d_forward, c.s, c.dt, y, x, w_->v(), b_ ? b_->v() : nullptr, shape(N, H, W));
+  if (lora_a_) adapter_forward(c, y, x, N, H, W);
 }
 
 void Conv2d::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, int64_t H, int64_t W,
@@ -35,15 +114,15 @@ void Conv2d::backward(const Ctx& c, void* dx, const void* dy, const void* x, int
   const Conv2dShape s = shape(N, H, W);
   if (!w_->frozen)  // a frozen weight (LoRA's base) takes no gradient
     ZP_KERNEL_CALL(c.dev, conv2d_backward_filter, c.s, c.dt, w_->g(), b_ ? b_->g() : nullptr, dy, x, s);
-  if (!dx) return;
-  if (!accumulate_dx) {
+  if (dx && !accumulate_dx) {
     ZP_KERNEL_CALL(c.dev, conv2d_backward_data, c.s, c.dt, dx, dy, w_->v(), s);
-    return;
+  } else if (dx) {
+    // The kernel writes its result, so a residual sum goes through a temporary.
+    Tensor tmp = c.act({s.x_numel()});
+    ZP_KERNEL_CALL(c.dev, conv2d_backward_data, c.s, c.dt, tmp.data(), dy, w_->v(), s);
+    ZP_KERNEL_CALL(c.dev, add, c.s, c.dt, dx, dx, tmp.data(), s.x_numel());
   }
-  // The kernel writes its result, so a residual sum goes through a temporary.
-  Tensor tmp = c.act({s.x_numel()});
-  ZP_KERNEL_CALL(c.dev, conv2d_backward_data, c.s, c.dt, tmp.data(), dy, w_->v(), s);
-  ZP_KERNEL_CALL(c.dev, add, c.s, c.dt, dx, dx, tmp.data(), s.x_numel());
+  if (lora_a_) adapter_backward(c, dx, dy, x, N, H, W);
 }
 
 }  // namespace zp::nn

@@ -8,12 +8,6 @@
 namespace zp::nn {
 namespace {
 
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
-
 void upload(Parameter& p, const std::vector<float>& host, StreamHandle s) {
   Tensor f32 = Tensor::from_blob(const_cast<float*>(host.data()), p.shape, DType::F32, Device::cpu());
   if (p.value.dtype() == DType::F32) {

@@ -19,6 +19,14 @@ inline uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// FNV-1a of a name: keys what belongs to a named tensor or module (its initial values, a LoRA
+// adapter's dropout masks) apart from every other's, the same on every run and rank.
+inline uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001B3ull;
+  return h;
+}
+
 // Normal(0, std) for elements [begin, begin + count) of `name`'s flat index space, into host floats.
 void counter_normal(uint64_t seed, const std::string& name, int64_t begin, int64_t count, double std, float* out);
 // Fills a parameter (any device, any dtype) with counter_normal values or a constant.

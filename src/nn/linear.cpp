@@ -3,6 +3,7 @@
 #include "kernels/activation.h"
 #include "kernels/dropout.h"
 #include "kernels/gemm.h"
+#include "nn/init.h"
 
 namespace zp::nn {
 using namespace zp::kernels;
@@ -47,9 +48,8 @@ void Linear::set_adapters(std::vector<LowRankAdapter> adapters, float scale, flo
   adapters_ = std::move(adapters);
   scale_ = scale;
   dropout_ = dropout;
-  adapter_id_ = 0xCBF29CE484222325ull;  // FNV-1a of the first A's name: stable across runs and ranks
-  if (!adapters_.empty())
-    for (unsigned char ch : adapters_[0].a->name) adapter_id_ = (adapter_id_ ^ ch) * 0x100000001B3ull;
+  // the first A's name: stable across runs and ranks
+  adapter_id_ = fnv1a(adapters_.empty() ? std::string() : adapters_[0].a->name);
 }
 
 uint64_t Linear::dropout_key(const Ctx& c) const { return c.dropout.key ^ adapter_id_; }

@@ -149,7 +149,7 @@ class DiffusionTask final : public TrainingTask, public PipelineStageModel {
     time_ids_.resize(size_t(E_ > 0 ? B_ * models::kTimeIdsPerSample : 0));
     weights_.resize(size_t(B_));
 
-    lora_ = {cfg_.lora_r, cfg_.lora_alpha, cfg_.lora_dropout, cfg_.lora_targets, cfg_.lora_rslora};
+    lora_ = lora_spec_of(cfg_);
     // The whole model laid out (no memory): the partition's costs and the progress line's FLOPs.
     models::UNet whole(mcfg_, at.dev, cfg_.dtype, at.s(), 1, /*allocate=*/false, lora_);
     flops_per_sample_ = models::unet_train_flops_per_sample(whole, H_, W_, L_);

@@ -207,7 +207,7 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
     train_ds_->check_vocab(mcfg_.vocab);
     if (!cfg.val_files.empty()) val_ds_->check_vocab(mcfg_.vocab);
     layout_ = chunk_layout(cfg, mcfg_, at.stage(), at.stages());
-    lora_ = {cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets, cfg.lora_rslora};
+    lora_ = lora_spec_of(cfg);
   }
 
   std::vector<nn::ParamBlock*> lay_out_model(int64_t pad_multiple) override {

@@ -4,11 +4,24 @@
 
 namespace zp::runtime {
 
+models::LoraSpec lora_spec_of(const TrainConfig& cfg) {
+  return {cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets, cfg.lora_rslora};
+}
+
+int64_t trained_parameters(const std::vector<nn::ParamBlock*>& blocks) {
+  int64_t n = 0;
+  for (const nn::ParamBlock* b : blocks)
+    if (!b->frozen())
+      for (const auto& p : b->params()) n += p->numel();
+  return n;
+}
+
 std::string lora_summary(const models::LoraSpec& lora, const std::vector<nn::ParamBlock*>& blocks) {
   if (lora.r == 0) return "";
-  int64_t trained = 0, frozen = 0;
+  int64_t all = 0;
   for (const nn::ParamBlock* b : blocks)
-    for (const auto& p : b->params()) (b->frozen() ? frozen : trained) += p->numel();
+    for (const auto& p : b->params()) all += p->numel();
+  const int64_t trained = trained_parameters(blocks), frozen = all - trained;
   return detail::cat(" | LoRA r=", lora.r, " alpha=", lora.alpha, lora.rslora ? " (rslora)" : "", " dropout=",
                      lora.dropout, " on ", nlohmann::json(lora.target_modules).dump(), ": ", trained / 1e6,
                      "M trainable, ", frozen / 1e6, "M frozen");

@@ -11,6 +11,11 @@
 
 namespace zp::runtime {
 
+// The config's lora section (r 0: no LoRA), as every model family and `zeropipe plan` build it.
+models::LoraSpec lora_spec_of(const TrainConfig& cfg);
+// The parameters that train: every one of a block that is not frozen (with LoRA, the adapters).
+int64_t trained_parameters(const std::vector<nn::ParamBlock*>& blocks);
+
 // " | LoRA r=16 alpha=32 dropout=0.05 on [...]: 41.9M trainable, 8030.3M frozen" for the start-up
 // line; "" without LoRA.
 std::string lora_summary(const models::LoraSpec& lora, const std::vector<nn::ParamBlock*>& blocks);

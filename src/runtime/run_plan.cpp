@@ -11,6 +11,7 @@
 #include "models/transformer.h"
 #include "models/unet.h"
 #include "parallel/zero_engine.h"
+#include "runtime/lora_run.h"
 #include "runtime/optimizer_step.h"
 
 namespace zp::runtime {
@@ -41,6 +42,7 @@ RunPlan plan_run(std::span<nn::ParamBlock* const> blocks, const parallel::Shardi
   RunPlan p;
   p.model = std::move(model);
   p.states = parallel::plan_memory(blocks, policy, world, cfg.step_in_backward, gpu);
+  p.trained_params = trained_parameters({blocks.begin(), blocks.end()});
   p.activation_bytes = activation_bytes;
   p.ranks_per_node = ranks_per_node;
   p.gpu = gpu;
@@ -52,10 +54,11 @@ RunPlan plan_config(const TrainConfig& cfg, bool unet, int world, int ranks_per_
   std::string source;
   const io::json hub = cfg.hub_config_json(source);
   const int64_t pad = parallel::shard_pad_multiple(world);
+  const models::LoraSpec lora = lora_spec_of(cfg);
   char params[64];
   if (unet) {
     const models::UNetConfig mc = models::UNetConfig::from_hub_json(hub, source);
-    models::UNet m(mc, Device::cpu(), cfg.dtype, nullptr, pad, /*allocate=*/false);
+    models::UNet m(mc, Device::cpu(), cfg.dtype, nullptr, pad, /*allocate=*/false, lora);
     // The latent size: the data's when the file is there, else the config's sample_size.
     int64_t H = hub.value("sample_size", int64_t(64)), W = H, L = 77;
     std::error_code ec;
@@ -69,14 +72,14 @@ RunPlan plan_config(const TrainConfig& cfg, bool unet, int world, int ranks_per_
                   (long long)H, (long long)W);
     const double act =
         models::unet_activation_bytes(m, cfg.micro_batch, H, W, L, cfg.dtype, cfg.activation_checkpointing);
-    return plan_run(m.blocks(), policy, cfg, world, ranks_per_node, act, true, params);
+    return plan_run(m.blocks(), policy, cfg, world, ranks_per_node, act, true, params + lora_summary(lora, m.blocks()));
   }
   const models::TransformerConfig mc = models::TransformerConfig::from_hub_json(hub, source);
-  models::Transformer m(mc, Device::cpu(), cfg.dtype, nullptr, pad, /*allocate=*/false);
+  models::Transformer m(mc, Device::cpu(), cfg.dtype, nullptr, pad, /*allocate=*/false, {}, lora);
   std::snprintf(params, sizeof params, "%s, %.2fB parameters", mc.model_type.c_str(), double(mc.num_parameters()) / 1e9);
   const double act = models::transformer_activation_bytes(mc, cfg.micro_batch, cfg.seq_len, cfg.dtype,
                                                           cfg.activation_checkpointing);
-  return plan_run(m.blocks(), policy, cfg, world, ranks_per_node, act, true, params);
+  return plan_run(m.blocks(), policy, cfg, world, ranks_per_node, act, true, params + lora_summary(lora, m.blocks()));
 }
 
 std::vector<Misfit> misfits(const RunPlan& p, const NodeResources& have, bool states_only) {

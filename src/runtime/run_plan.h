@@ -23,6 +23,9 @@ inline constexpr double kRuntimeAllowanceBytes = double(int64_t(1) << 30);
 
 struct RunPlan {
   std::string model;             // "llama, 1.24B parameters"
+  // Those that train, counted over the model's blocks as the engine finds them: all of them, or with
+  // a lora section the adapters the model builds (the base frozen: its weights only in `states`).
+  int64_t trained_params = 0;
   parallel::MemoryPlan states;   // per rank, exact
   double activation_bytes = 0;   // per rank, one micro-batch, an estimate
   int ranks_per_node = 1;
@@ -52,7 +55,8 @@ RunPlan plan_run(std::span<nn::ParamBlock* const> blocks, const parallel::Shardi
                  const TrainConfig& cfg, int world, int ranks_per_node, double activation_bytes, bool gpu,
                  std::string model);
 
-// The plan of a configuration alone (`zeropipe plan`): the model is laid out from its config, the
+// The plan of a configuration alone (`zeropipe plan`): the model is laid out from its config (with
+// its LoRA adapters and frozen base when the config has a lora section, as the run builds it), the
 // activations estimated from the batch; UNets take their latent size from the training data when
 // the file is there, else from the config's sample_size. `unet` selects the diffusion reading.
 RunPlan plan_config(const TrainConfig& cfg, bool unet, int world, int ranks_per_node);

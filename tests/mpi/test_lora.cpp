@@ -8,7 +8,9 @@
 //  - a checkpoint holds the adapters and their moments only, resumes bit for bit, and refuses a run on
 //    another base (naming both), a run with other LoRA settings and a full-training run;
 //  - lora.init_from starts a run's adapters from a LoRA checkpoint or a PEFT folder, exactly, and
-//    refuses an adapter whose rank, scale or modules differ from the run's.
+//    refuses an adapter whose rank, scale or modules differ from the run's;
+//  - the UNet's convolution adapters follow one rank at ZeRO 2 and 3, and their PEFT and diffusers
+//    exports start a run exactly where the saved one ended.
 // Every rank takes the same branches: no rank is ever left alone in a collective.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -210,6 +212,58 @@ TEST(Lora, InitFromAnAdapterStartsThere) {
   TrainingRun more = from(peft);
   more.lora["target_modules"] = {"q_proj", "v_proj", "down_proj", "up_proj"};
   refused(more, "has no tensor 'model.layers.0.mlp.up_proj.lora_A.weight'");
+}
+
+// Convolution adapters (PEFT's LoRA Conv2d on the ResBlocks' 3x3 conv1 / conv2, the 1x1 shortcuts
+// and projections, the strided downsampler) at ZeRO 2 and 3 follow one rank at stage 0, and the
+// adapter a run saves, exported in PEFT's and diffusers' layouts (4-d tensors), starts another run
+// exactly where it ended.
+TEST(Lora, ConvolutionAdaptersFollowOneRankAndTheirExportsLoadBack) {
+  comm::Runtime rt;
+  const int world = world_size();
+  SharedDir dir("lora_conv");
+  const std::string data = data_file(dir, "unet");
+  const io::json lora = {{"r", 4}, {"alpha", 8}, {"dropout", 0.0},
+                         {"target_modules", {"conv1", "conv2", "conv_shortcut", "proj_in", "proj_out",
+                                             "downsamplers.0.conv", "to_q"}}};
+  TrainingRun one{"unet", 0, 1};
+  one.lora = lora;
+  const runtime::TrainResult ref = single_rank_reference(data, one, rt);
+  for (int stage : {2, 3}) {
+    TrainingRun r{"unet", stage, world};
+    r.lora = lora;
+    r.activation_checkpointing = stage == 3;
+    expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), ref,
+                           "UNet conv LoRA stage " + std::to_string(stage) + " world " + std::to_string(world));
+  }
+
+  TrainingRun trained{"unet", 3, world, kSaveAt, kSaveAt, dir / "ckpt", ""};
+  trained.lora = lora;
+  const runtime::TrainResult first = run(data, trained, rt, MPI_COMM_WORLD, true);
+  ASSERT_EQ(first.saved.size(), 1u);
+  const std::string peft = dir / "peft", diffusers = dir / "diffusers";
+  if (world_rank() == 0) {
+    const io::LoraAdapter a = io::read_lora_checkpoint(first.saved[0]);
+    EXPECT_EQ(a.a("down_blocks.0.resnets.0.conv1").shape(), (Shape{4, 16, 3, 3}));
+    EXPECT_EQ(a.b("down_blocks.0.resnets.0.conv1").shape(), (Shape{16, 4, 1, 1}));
+    EXPECT_EQ(a.a("down_blocks.0.downsamplers.0.conv").shape(), (Shape{4, 16, 3, 3}));
+    EXPECT_EQ(a.a("down_blocks.0.attentions.0.proj_in").shape(), (Shape{4, 16, 1, 1}));
+    EXPECT_EQ(a.b("down_blocks.1.resnets.0.conv_shortcut").shape(), (Shape{32, 4, 1, 1}));
+    io::write_peft_adapter(peft, a);
+    io::write_diffusers_lora(diffusers, a);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // One step at lr 1e-30 keeps the initial adapters (as in InitFromAnAdapterStartsThere).
+  for (const std::string& adapter : {peft, diffusers}) {
+    TrainingRun r{"unet", 2, world, 1, 0, "", ""};
+    r.lora = lora;
+    r.lora["init_from"] = adapter;
+    r.lr = 1e-30;
+    const runtime::TrainResult started = run(data, r, rt, MPI_COMM_WORLD, true);
+    ASSERT_EQ(started.final_params.size(), first.final_params.size()) << adapter;
+    EXPECT_EQ(std::memcmp(started.final_params.data(), first.final_params.data(),
+                          first.final_params.size() * sizeof(float)), 0) << adapter << ": initial adapters";
+  }
 }
 
 }  // namespace zp::test
