@@ -24,10 +24,12 @@
 //                the last stage lets P - 1 pile up and runs them after its last B, where 1F1B idles
 //                waiting for the backwards to travel down; stage 0 runs each W right after its B.
 //                In flight on stage s: at most P - s micro-batches between F and B (as 1F1B) plus s
-//                between B and W (each holding only what W needs), so no stage holds more than
-//                stage 0 of 1F1B does. The paper's bubble is (P - 1)(T_F + T_B - T_W) per stage; with
-//                F = B = W it is (P - 1) / (3 M + P - 1) of the step, against 1F1B's (P - 1) / (M + P - 1)
-//                (a third, as M grows). Needs M >= P and one chunk per stage.
+//                between B and W (each holding only what W needs): every stage P, as the paper asks,
+//                so none holds more than stage 0 of 1F1B does. The paper's bubble is
+//                (P - 1)(T_F + T_B - T_W) per stage, its "bubble rate" (over the compute) (P - 1) / 3M
+//                with T_F = T_B = T_W, against 1F1B's (P - 1) / M; as a fraction of the step, as here,
+//                (P - 1) / (3 M + P - 1) against (P - 1) / (M + P - 1). Needs M >= P and one chunk
+//                per stage.
 #pragma once
 #include <cstdint>
 #include <string>
