@@ -261,6 +261,26 @@ TEST(Pipeline, ZeroBubbleRunsSaveAndResume) {
                         "checkpointed activations", rt);
 }
 
+// LoRA under zb-h1: the adapters' gradients stay in B (W has nothing to do), and the run still
+// follows one rank: Llama's q, v and down projections adapted, P = the world.
+TEST(Pipeline, ZeroBubbleWithLoraFollowsOneRank) {
+  comm::Runtime rt;
+  const int P = world_size();
+  SharedDir dir("pipeline_zb_lora");
+  const std::string data = data_file(dir, "llama");
+  const io::json lora = {{"r", 4}, {"alpha", 8}, {"dropout", 0.1}, {"target_modules", {"q_proj", "v_proj", "down_proj"}}};
+  TrainingRun one{"llama", 0, 1};
+  one.grad_accum = P;
+  one.layers = kLayers;
+  one.lora = lora;
+  const runtime::TrainResult want = single_rank_reference(data, one, rt);
+  TrainingRun r = stages_of_world("llama", 2);
+  r.schedule = "zb-h1";
+  r.lora = lora;
+  expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), want,
+                         "LoRA in " + std::to_string(P) + " zb-h1 stages, ZeRO 2");
+}
+
 // A damaged dataset that only the last stage reads (the final norm's moment): every rank of every
 // stage skips the newest checkpoint together and resumes the one before.
 TEST(Pipeline, EveryStageSkipsADamagedCheckpointTogether) {
