@@ -131,6 +131,10 @@ BENCHMARK(BM_Pipeline)
     ->Args({0, 5, 10, 1, 1, 0, 1})
     ->Args({0, 2, 4, 1, 1, 0, 0})
     ->Args({0, 2, 4, 1, 1, 0, 1})
+    // P2 at M = 8: a core per rank on a two-core machine, the three schedules against theory.
+    ->Args({0, 2, 8, 1, 1, 0, 0})
+    ->Args({0, 2, 8, 2, 1, 0, 0})
+    ->Args({0, 2, 8, 1, 1, 0, 1})
     ->Args({0, 1, 4, 1, 3, 0, 0})
     // 2 GPUs: P2 against ZeRO-3 D2 at M = 4, 8, 16; ZB-H1 below 1F1B's bubble.
     ->Args({1, 2, 4, 1, 1, 0, 0})
