@@ -4,12 +4,16 @@
 // the stages beside the schedule's theoretical one, and the bytes one step moves between ranks
 // (pipeline activations and their gradients; for ZeRO, its all-gathers and reduce-scatters), counted
 // from the shapes. P = 1 is plain ZeRO data parallelism over the world, the comparison.
-//   BM_Pipeline/<model>/<P>/<M>/<V>/<zero stage>/<keep>   model 0 = a tiny GPT (10 layers, d=64: the CPU and
-//   the five-rank consumer shape), 1 = the 1.42B GPT of zp_bench_zero (bf16, B=8, T=1024 per micro-batch;
-//   GPUs). V > 1 runs the interleaved schedule; keep 1 sets pipeline.keep_gathered. Steps 1-2 are
-//   warm-up; steps 3-8 are measured.
-// Run: mpirun -np 5 zp_bench_pipeline --benchmark_filter='BM_Pipeline/0/5/'   (CPU, P5)
-//      mpirun -np 2 zp_bench_pipeline --benchmark_filter='BM_Pipeline/1/'     (2 GPUs)
+//   BM_Pipeline/<model>/<P>/<M>/<V>/<zero stage>/<keep>/<zb>   model 0 = a tiny GPT (10 layers, d=64: the
+//   CPU and the five-rank consumer shape), 1 = the 1.42B GPT of zp_bench_zero (bf16, B=8, T=1024 per
+//   micro-batch; GPUs). V > 1 runs the interleaved schedule, zb 1 the zero-bubble ZB-H1 one (V = 1);
+//   keep 1 sets pipeline.keep_gathered. Steps 1-2 are warm-up; steps 3-8 are measured.
+// On a CPU with fewer cores than ranks (mpirun --oversubscribe) the ranks share cores: a stage that
+// waits gives its core to another (OMPI_MCA_mpi_yield_when_idle=1), so the measured bubble (idle time
+// of each stage, 1 - busy / span) mixes the schedule's idle time with time-slicing; compare the
+// schedules with each other there, and with theory on a core per rank.
+// Run: mpirun -np 5 zp_bench_pipeline --benchmark_filter='BM_Pipeline/model:0/P:5/'   (CPU, P5)
+//      mpirun -np 2 zp_bench_pipeline --benchmark_filter='BM_Pipeline/model:1/'     (2 GPUs)
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
@@ -34,7 +38,7 @@ constexpr int kSteps = 8, kWarmup = 2;
 void BM_Pipeline(benchmark::State& st) {
   const bool big = st.range(0) != 0;
   const int P = int(st.range(1)), M = int(st.range(2)), V = int(st.range(3)), zero = int(st.range(4));
-  const bool keep = st.range(5) != 0;
+  const bool keep = st.range(5) != 0, zb = st.range(6) != 0;
   comm::Runtime& rt = *g_rt;
   const int world = rt.world_size(), D = world / P;
   if (world % P != 0 || (big && !rt.device().is_cuda())) {
@@ -68,7 +72,7 @@ void BM_Pipeline(benchmark::State& st) {
       {"bf16", {{"enabled", big}}},
       {"zero_optimization", {{"stage", zero}}},
       {"pipeline",
-       {{"stages", P}, {"schedule", V > 1 ? "interleaved" : "1f1b"}, {"virtual_stages", V}, {"keep_gathered", keep}}},
+       {{"stages", P}, {"schedule", zb ? "zb-h1" : V > 1 ? "interleaved" : "1f1b"}, {"virtual_stages", V}, {"keep_gathered", keep}}},
       {"model", {{"config", model}}},
       {"data", {{"train_files", {tokens}}, {"seq_len", T}}},
       {"training", {{"max_steps", kSteps}, {"metrics_file", metrics}, {"device", big ? "cuda" : "cpu"}}}};
@@ -81,6 +85,7 @@ void BM_Pipeline(benchmark::State& st) {
       int n = 0;
       for (std::string line; std::getline(in, line);) {
         const io::json j = io::json::parse(line);
+        if (!j.contains("step")) continue;  // the run's banner and summary records
         mem = std::max(mem, j["peak_mem_gib"].get<double>());
         if (j["step"].get<int>() <= kWarmup) continue;
         ++n;
@@ -117,24 +122,32 @@ void BM_Pipeline(benchmark::State& st) {
   if (rt.rank() == 0) fs::remove_all(dir);
 }
 BENCHMARK(BM_Pipeline)
-    ->ArgNames({"model", "P", "M", "V", "zero", "keep"})
-    // CPU: the five-rank consumer shape, 1F1B and interleaved bubbles against theory.
-    ->Args({0, 5, 5, 1, 1, 0})
-    ->Args({0, 5, 10, 1, 1, 0})
-    ->Args({0, 5, 10, 2, 1, 0})
-    ->Args({0, 2, 4, 1, 1, 0})
-    ->Args({0, 1, 4, 1, 3, 0})
-    // 2 GPUs: P2 against ZeRO-3 D2 at M = 4, 8, 16.
-    ->Args({1, 2, 4, 1, 1, 0})
-    ->Args({1, 2, 8, 1, 1, 0})
-    ->Args({1, 2, 16, 1, 1, 0})
-    ->Args({1, 1, 4, 1, 3, 0})
-    ->Args({1, 1, 8, 1, 3, 0})
-    ->Args({1, 1, 16, 1, 3, 0})
+    ->ArgNames({"model", "P", "M", "V", "zero", "keep", "zb"})
+    // CPU: the five-rank consumer shape, 1F1B, interleaved and ZB-H1 bubbles against theory.
+    ->Args({0, 5, 5, 1, 1, 0, 0})
+    ->Args({0, 5, 5, 1, 1, 0, 1})
+    ->Args({0, 5, 10, 1, 1, 0, 0})
+    ->Args({0, 5, 10, 2, 1, 0, 0})
+    ->Args({0, 5, 10, 1, 1, 0, 1})
+    ->Args({0, 2, 4, 1, 1, 0, 0})
+    ->Args({0, 2, 4, 1, 1, 0, 1})
+    // P2 at M = 8: a core per rank on a two-core machine, the three schedules against theory.
+    ->Args({0, 2, 8, 1, 1, 0, 0})
+    ->Args({0, 2, 8, 2, 1, 0, 0})
+    ->Args({0, 2, 8, 1, 1, 0, 1})
+    ->Args({0, 1, 4, 1, 3, 0, 0})
+    // 2 GPUs: P2 against ZeRO-3 D2 at M = 4, 8, 16; ZB-H1 below 1F1B's bubble.
+    ->Args({1, 2, 4, 1, 1, 0, 0})
+    ->Args({1, 2, 8, 1, 1, 0, 0})
+    ->Args({1, 2, 8, 1, 1, 0, 1})
+    ->Args({1, 2, 16, 1, 1, 0, 0})
+    ->Args({1, 1, 4, 1, 3, 0, 0})
+    ->Args({1, 1, 8, 1, 3, 0, 0})
+    ->Args({1, 1, 16, 1, 3, 0, 0})
     // ZeRO-3 keeping each block gathered for the step's micro-batches (pipeline.keep_gathered).
-    ->Args({1, 1, 8, 1, 3, 1})
-    ->Args({1, 2, 8, 1, 3, 0})
-    ->Args({1, 2, 8, 1, 3, 1})
+    ->Args({1, 1, 8, 1, 3, 1, 0})
+    ->Args({1, 2, 8, 1, 3, 0, 0})
+    ->Args({1, 2, 8, 1, 3, 1, 0})
     ->UseManualTime()
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);

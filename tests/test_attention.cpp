@@ -347,7 +347,8 @@ TEST(Attention, SelfAttentionPackedRowEqualsSeparateSequences) {
     nn::SelfAttention::Saved sv;
     const nn::TokenLayout tokens{seg.data(), pos.data()};
     attn.forward(c, y.data(), x.data(), B, T, sv, nullptr, tokens);
-    attn.backward(c, dx.data(), dy.data(), x.data(), B, T, sv, false, tokens);
+    attn.backward(c, dx.data(), Tensor::from_blob(dy.data(), {B * T, C}, DType::F64, Device::cpu()),
+                  Tensor::from_blob(x.data(), {B * T, C}, DType::F64, Device::cpu()), B, T, sv, false, tokens);
   }
   std::vector<float> g_packed(wqkv->g(), wqkv->g() + wqkv->numel());
   g_packed.insert(g_packed.end(), wo->g(), wo->g() + wo->numel());
@@ -364,7 +365,8 @@ TEST(Attention, SelfAttentionPackedRowEqualsSeparateSequences) {
       }
       nn::SelfAttention::Saved sv;
       attn.forward(c, ys.data(), xs.data(), 1, n, sv);
-      attn.backward(c, dxs.data(), dys.data(), xs.data(), 1, n, sv, false);
+      attn.backward(c, dxs.data(), Tensor::from_blob(dys.data(), {n, C}, DType::F64, Device::cpu()),
+                    Tensor::from_blob(xs.data(), {n, C}, DType::F64, Device::cpu()), 1, n, sv, false);
       for (int64_t i = 0; i < n; ++i)
         for (int64_t j = 0; j < C; ++j) {
           y_sep[size_t((b * T + tok[size_t(i)]) * C + j)] = ys[size_t(i * C + j)];

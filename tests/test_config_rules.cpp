@@ -150,6 +150,12 @@ TEST(ConfigRules, DiffusionKeysHaveRanges) {
                {"diffusion.num_train_timesteps", "in [1, 1000000]"});
   expect_error([&] { with("diffusion.beta_start=0"); }, {"diffusion.beta_start", "in (0, 1)"});
   expect_error([&] { with("diffusion.snr_gamma=0"); }, {"diffusion.snr_gamma", "> 0"});
+  // The UNet's backward does not split (yet): ZB-H1 is the LMs'.
+  {
+    io::Config z = keep_config(user);
+    for (const char* set : {"pipeline.stages=2", "gradient_accumulation_steps=2", "pipeline.schedule=zb-h1"}) z.set(set);
+    expect_error([&] { UNetTrainConfig::from(z); }, {"pipeline.schedule = \"zb-h1\"", "model.type \"unet\""});
+  }
   // Shared and diffusion problems come back together.
   io::Config c = keep_config(user);
   c.set("diffusion.beta_schedule=cosine");
@@ -436,8 +442,15 @@ TEST(ConfigRules, PipelineKeys) {
     for (const std::string& s : sets) c.set(s);
     return TrainConfig::from(c);
   };
-  expect_error([&] { with({"pipeline.schedule=zb-h1"}); }, {"pipeline.schedule", "zb-h1", "not implemented yet"});
-  expect_error([&] { with({"pipeline.schedule=gpipe"}); }, {"pipeline.schedule", "\"1f1b\""});
+  EXPECT_EQ(with({"pipeline.stages=2", "gradient_accumulation_steps=2", "pipeline.schedule=zb-h1"}).pipeline_schedule,
+            "zb-h1");
+  expect_error([&] { with({"pipeline.stages=3", "gradient_accumulation_steps=2", "pipeline.schedule=zb-h1"}); },
+               {"pipeline.schedule = \"zb-h1\" needs gradient_accumulation_steps", "(the micro-batches per step, 2) "
+                ">= pipeline.stages (3)"});
+  expect_error([&] { with({"pipeline.stages=2", "gradient_accumulation_steps=4", "pipeline.schedule=zb-h1",
+                           "pipeline.virtual_stages=2"}); },
+               {"pipeline.virtual_stages = 2 needs pipeline.schedule = \"interleaved\" (zb-h1 runs one model chunk"});
+  expect_error([&] { with({"pipeline.schedule=gpipe"}); }, {"pipeline.schedule", "\"1f1b\"", "\"zb-h1\""});
   expect_error([&] { with({"pipeline.partition=balanced"}); }, {"pipeline.partition", "\"uniform\""});
   expect_error([&] { with({"pipeline.stages=4", "gradient_accumulation_steps=4", "pipeline.partition=[3,2,5]"}); },
                {"pipeline.partition", "strictly increasing"});

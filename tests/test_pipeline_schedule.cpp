@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <tuple>
 
@@ -111,7 +112,85 @@ TEST(PipelineSchedule, ErrorsNameTheKeys) {
   EXPECT_NE(message(PipelineScheduleKind::OneFOneB, {4, 3, 1}).find("gradient_accumulation_steps (the micro-batches "
                                                                      "per step, 3) >= pipeline.stages (4)"),
             std::string::npos);
+  EXPECT_NE(message(PipelineScheduleKind::ZeroBubbleH1, {4, 8, 2}).find("pipeline.virtual_stages = 2 needs "
+                                                                         "pipeline.schedule = \"interleaved\" (zb-h1"),
+            std::string::npos);
+  EXPECT_NE(message(PipelineScheduleKind::ZeroBubbleH1, {4, 3, 1}).find("pipeline.schedule = \"zb-h1\" needs "
+                                                                         "gradient_accumulation_steps (the micro-batches "
+                                                                         "per step, 3) >= pipeline.stages (4)"),
+            std::string::npos);
   EXPECT_THROW(schedule_kind_from("gpipe", "pipeline.schedule"), Error);
+}
+
+TEST(PipelineSchedule, ZeroBubbleH1PassesOrderAndMemory) {
+  const auto kind = PipelineScheduleKind::ZeroBubbleH1;
+  for (int P : {1, 2, 3, 4, 5, 8})
+    for (int M : {1, 2, 3, 4, 5, 6, 8, 9, 16, 20}) {
+      const PipelineShape sh{P, M, 1};
+      if (M < P) {
+        EXPECT_THROW(check_schedule(kind, sh), Error);
+        continue;
+      }
+      const auto lists = all_stages(kind, sh);
+      for (int s = 0; s < P; ++s) {
+        std::set<std::tuple<int, int, int>> seen;
+        int forwards = 0, backwards = 0, weights = 0;
+        for (const PipeAction& a : lists[size_t(s)]) {
+          EXPECT_EQ(a.chunk, 0);
+          EXPECT_TRUE(seen.insert({int(a.op), a.micro, a.chunk}).second) << "a pass twice";
+          if (a.op == PipeOp::Backward) EXPECT_TRUE(seen.count({int(PipeOp::Forward), a.micro, 0})) << "B before F";
+          if (a.op == PipeOp::BackwardWeight)
+            EXPECT_TRUE(seen.count({int(PipeOp::Backward), a.micro, 0})) << "W before B";
+          forwards += a.op == PipeOp::Forward;
+          backwards += a.op == PipeOp::Backward;
+          weights += a.op == PipeOp::BackwardWeight;
+          // When a forward adds a micro-batch's activations: at most s W pending (never more than
+          // P - 1), at most 1F1B's P - s between F and B, and in all no more micro-batches alive
+          // than stage 0 of 1F1B holds (P). (A W runs right after the B that makes s + 1 pending.)
+          if (a.op == PipeOp::Forward) {
+            EXPECT_LE(backwards - weights, s);
+            EXPECT_LE(backwards - weights, P - 1);
+            EXPECT_LE(forwards - backwards, P - s);
+            EXPECT_LE(forwards - weights, P);
+          }
+          EXPECT_LE(backwards - weights, s + 1) << "a pending W beyond the lag";
+        }
+        EXPECT_EQ(seen.size(), size_t(3 * M)) << "P" << P << " M" << M << " stage " << s;
+      }
+      const ScheduleSimulation sim = simulate(lists, sh, PassCosts{});
+      ASSERT_FALSE(sim.deadlocked) << "P" << P << " M" << M << ": " << sim.why;
+      // With F = B = W the simulated bubble is the paper's, and below 1F1B's (P > 1).
+      EXPECT_NEAR(sim.bubble, theoretical_bubble(kind, sh), 1e-9) << "P" << P << " M" << M;
+      EXPECT_NEAR(sim.makespan, 3.0 * M + P - 1, 1e-9) << "P" << P << " M" << M;
+      const ScheduleSimulation one = simulate(all_stages(PipelineScheduleKind::OneFOneB, sh), sh, PassCosts{});
+      if (P > 1) {
+        EXPECT_LT(sim.bubble, one.bubble) << "P" << P << " M" << M;
+        EXPECT_LT(theoretical_bubble(kind, sh), theoretical_bubble(PipelineScheduleKind::OneFOneB, sh));
+      }
+      // The ZB cost model's 1F1B (B + W = 2 F) is the usual one.
+      EXPECT_NEAR(one.bubble, theoretical_bubble(PipelineScheduleKind::OneFOneB, sh), 1e-9);
+    }
+}
+
+TEST(PipelineSchedule, ZeroBubbleH1FirstAndLastStage) {
+  const PipelineShape sh{3, 4, 1};
+  using A = PipeAction;
+  const PipeOp F = PipeOp::Forward, B = PipeOp::Backward, W = PipeOp::BackwardWeight;
+  // Stage 0: 1F1B's warm-up, each W right after its B.
+  EXPECT_EQ(stage_schedule(PipelineScheduleKind::ZeroBubbleH1, sh, 0),
+            (std::vector<A>{{F, 0, 0}, {F, 1, 0}, {F, 2, 0}, {B, 0, 0}, {W, 0, 0}, {F, 3, 0}, {B, 1, 0}, {W, 1, 0},
+                            {B, 2, 0}, {W, 2, 0}, {B, 3, 0}, {W, 3, 0}}));
+  // The last stage: F B alternate, two W pending, the rest after the last B.
+  EXPECT_EQ(stage_schedule(PipelineScheduleKind::ZeroBubbleH1, sh, 2),
+            (std::vector<A>{{F, 0, 0}, {B, 0, 0}, {F, 1, 0}, {B, 1, 0}, {F, 2, 0}, {B, 2, 0}, {W, 0, 0}, {F, 3, 0},
+                            {B, 3, 0}, {W, 1, 0}, {W, 2, 0}, {W, 3, 0}}));
+  // Other costs: a weight pass cheaper than B still leaves less bubble than 1F1B.
+  const PipelineShape p5{5, 10, 1};
+  const PassCosts costs{1.0, 1.2, 0.8};
+  EXPECT_LT(simulate(all_stages(PipelineScheduleKind::ZeroBubbleH1, p5), p5, costs).bubble,
+            simulate(all_stages(PipelineScheduleKind::OneFOneB, p5), p5, costs).bubble);
+  EXPECT_EQ(schedule_kind_from("zb-h1", "pipeline.schedule"), PipelineScheduleKind::ZeroBubbleH1);
+  EXPECT_STREQ(schedule_name(PipelineScheduleKind::ZeroBubbleH1), "zb-h1");
 }
 
 TEST(PipelinePartition, UniformBalancedAndExplicit) {

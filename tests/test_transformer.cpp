@@ -72,11 +72,13 @@ struct Grads {
   std::vector<double> losses;
 };
 
-// steps: "f0" forwards micro-batch 0 in modes[0], "b0" runs its objective's and the model's backward.
+// steps: "f0" forwards micro-batch 0 in modes[0], "b0" runs its objective's and the model's backward;
+// split (ZB-H1), "i0" runs the backward leaving the layers' weight gradients, "w0" computes them.
 Grads run_schedule(Transformer& m, const std::vector<Batch>& batches, const std::vector<ForwardMode>& modes,
                    const std::vector<std::string>& steps) {
   for (nn::ParamBlock* b : m.blocks()) b->zero_grad(m.ctx().s);
   std::vector<TransformerActivations> acts(batches.size());
+  std::vector<models::TransformerWeightGrads> later(batches.size());
   std::vector<std::optional<runtime::CausalLmLoss>> losses(batches.size());
   for (const std::string& step : steps) {
     const size_t i = size_t(step[1] - '0');
@@ -85,12 +87,17 @@ Grads run_schedule(Transformer& m, const std::vector<Batch>& batches, const std:
       EXPECT_TRUE(acts[i].awaiting_backward());
       losses[i].emplace(acts[i].logits, m.config().vocab, batches[i].targets.data<int32_t>(), batches[i].valid,
                         m.ctx().s);
+    } else if (step[0] == 'w') {
+      EXPECT_TRUE(later[i].pending());
+      m.backward_weights(later[i]);
+      EXPECT_FALSE(later[i].pending());
     } else {
-      m.backward(acts[i], losses[i]->backward(acts[i].logits, 2.f));
+      m.backward(acts[i], losses[i]->backward(acts[i].logits, 2.f), step[0] == 'i' ? &later[i] : nullptr);
       EXPECT_FALSE(acts[i].awaiting_backward());
       EXPECT_FALSE(acts[i].logits.defined()) << "the backward consumes the activations";
     }
   }
+  for (const auto& l : later) EXPECT_FALSE(l.pending()) << "a split backward's weight gradients were left";
   Grads r;
   for (auto& l : losses) r.losses.push_back(l->mean());
   for (nn::ParamBlock* b : m.blocks()) {
@@ -139,6 +146,58 @@ void expect_interleaving_changes_nothing(Device dev, DType dt, double tol) {
       expect_same_grads(inter, a_then_b, std::max(tol, dt == DType::F32 ? 1e-6 : 1e-5),
                         what + " interleaved vs A then B");
     }
+  }
+}
+
+// ZB-H1's split backward: B ("i") computes the input gradient, the head's and the embedding's
+// gradients and leaves every layer block's untouched; W ("w") adds the layers' weight gradients.
+// Split, in any order of the W passes and mixed with whole backwards, the gradients are the whole
+// backward's (to the rounding of adding the norms' weight gradients from scratch), and so are the
+// losses; bit for bit where a micro-batch's gradients reach zeroed buffers (the CPU; on the GPU the
+// embedding's backward adds with atomics, in an order that varies).
+void expect_split_backward_is_the_backward(Device dev, DType dt) {
+  const double tol = dt == DType::F32 ? 1e-6 : 1e-5, exact = dev.is_cuda() ? tol : 0;
+  for (const std::string type : {"gpt2", "llama"}) {
+    auto m = make_model(type, dev, dt);
+    const std::vector<Batch> batches = {make_batch(1, m->config().vocab, dev), make_batch(2, m->config().vocab, dev)};
+    const std::vector<ForwardMode> plain = {ForwardMode::Train, ForwardMode::Train};
+    const std::string where = type + " " + std::string(dtype_name(dt));
+    // Only B: the layers' blocks hold no gradient yet.
+    {
+      for (nn::ParamBlock* b : m->blocks()) b->zero_grad(m->ctx().s);
+      TransformerActivations acts;
+      models::TransformerWeightGrads later;
+      m->forward(batches[0].ids.data<int32_t>(), kB, kT, acts);
+      runtime::CausalLmLoss loss(acts.logits, m->config().vocab, batches[0].targets.data<int32_t>(), batches[0].valid,
+                                 m->ctx().s);
+      m->backward(acts, loss.backward(acts.logits, 2.f), &later);
+      ASSERT_TRUE(later.pending());
+      for (nn::ParamBlock* b : m->blocks()) {
+        double norm = 0;
+        for (float g : download(b->grads())) norm += double(g) * g;
+        if (b->name().rfind("layer", 0) == 0)
+          EXPECT_EQ(norm, 0.0) << where << ": B wrote block " << b->name() << "'s gradients";
+        else
+          EXPECT_GT(norm, 0.0) << where << ": B left block " << b->name() << "'s gradients (the head and embedding's stay in B)";
+      }
+      m->backward_weights(later);
+    }
+    const Grads one = run_schedule(*m, {batches[0]}, plain, {"f0", "b0"});
+    expect_same_grads(run_schedule(*m, {batches[0]}, plain, {"f0", "i0", "w0"}), one, exact, where + " one micro-batch");
+    const Grads whole = run_schedule(*m, batches, plain, {"f0", "f1", "b1", "b0"});
+    const std::vector<std::pair<std::string, std::vector<std::string>>> orders = {
+        {"B B W W", {"f0", "f1", "i1", "i0", "w1", "w0"}},
+        {"W in 1F1B order", {"f0", "f1", "i1", "w1", "i0", "w0"}},
+        {"W of the first micro-batch last", {"f0", "i0", "f1", "i1", "w1", "w0"}},
+        {"a whole backward between B and W", {"f0", "i0", "f1", "b1", "w0"}}};
+    for (const auto& [name, steps] : orders) {
+      const Grads got = run_schedule(*m, batches, plain, steps);
+      EXPECT_EQ(got.losses, whole.losses) << where << " " << name;
+      expect_same_grads(got, whole, tol, where + " " + name);
+    }
+    const std::vector<ForwardMode> checkpointed = {ForwardMode::TrainCheckpointed, ForwardMode::Train};
+    expect_same_grads(run_schedule(*m, batches, checkpointed, {"f0", "f1", "i1", "i0", "w1", "w0"}), whole, tol,
+                      where + " checkpointed, split");
   }
 }
 
@@ -254,6 +313,17 @@ TEST(TransformerActivationsGpu, InterleavedMicroBatchesMatchSequential) {
   ZP_SKIP_WITHOUT_GPU();
   expect_interleaving_changes_nothing(Device::cuda(0), DType::F32, 1e-6);
   expect_interleaving_changes_nothing(Device::cuda(0), DType::BF16, 1e-5);
+}
+
+TEST(TransformerActivations, SplitBackwardIsTheBackwardCpu) {
+  expect_split_backward_is_the_backward(Device::cpu(), DType::F32);
+  expect_split_backward_is_the_backward(Device::cpu(), DType::BF16);
+}
+
+TEST(TransformerActivationsGpu, SplitBackwardIsTheBackward) {
+  ZP_SKIP_WITHOUT_GPU();
+  expect_split_backward_is_the_backward(Device::cuda(0), DType::F32);
+  expect_split_backward_is_the_backward(Device::cuda(0), DType::BF16);
 }
 
 TEST(TransformerActivations, InferenceSavesNothingCpu) {

@@ -335,14 +335,24 @@ void Transformer::layer_forward(const Ctx& c, const Layer& l, const Tensor& x_in
 }
 
 void Transformer::layer_backward(const Ctx& c, const Layer& l, const Tensor& x_in, Tensor& dres, LayerSaved& sv,
-                                 int64_t B, int64_t T, const nn::TokenLayout& tokens) {
+                                 int64_t B, int64_t T, const nn::TokenLayout& tokens, nn::DeferredWeightGrads* later) {
   const int64_t N = B * T, C = cfg_.hidden;
   Tensor da = c.act({N, C});
+  // A split backward's W still reads each branch's output gradient: the residual gradient goes on
+  // accumulating into a copy.
+  auto keep_for_later = [&] {
+    if (!later) return;
+    Tensor next = c.act({N, C});
+    next.copy_from(dres, c.s);
+    dres = std::move(next);
+  };
   // dres holds d(x_out); each branch's input gradient is added into it on the way down.
-  l.mlp.backward(c, da.data(), dres.data(), sv.a2.data(), N, sv.mlp, false);
-  l.ln2.backward(c, dres.data(), da.data(), sv.x_mid.data(), N, sv.n2, true);
-  l.attn.backward(c, da.data(), dres.data(), sv.a1.data(), B, T, sv.attn, false, tokens);
-  l.ln1.backward(c, dres.data(), da.data(), x_in.data(), N, sv.n1, true);
+  l.mlp.backward(c, da.data(), dres, sv.a2, N, sv.mlp, false, later);
+  keep_for_later();
+  l.ln2.backward(c, dres.data(), da.data(), sv.x_mid.data(), N, sv.n2, true, later);
+  l.attn.backward(c, da.data(), dres, sv.a1, B, T, sv.attn, false, tokens, later);
+  keep_for_later();
+  l.ln1.backward(c, dres.data(), da.data(), x_in.data(), N, sv.n1, true, later);
 }
 
 void Transformer::forward(const int32_t* ids, int64_t B, int64_t T, TransformerActivations& a, ForwardMode mode,
@@ -478,7 +488,7 @@ Tensor Transformer::forward_cached(const int32_t* ids, const nn::CachedBatch& b,
   return logits;
 }
 
-Tensor Transformer::backward(TransformerActivations& a, Tensor dout) {
+Tensor Transformer::backward(TransformerActivations& a, Tensor dout, TransformerWeightGrads* later) {
   ZP_CHECK(a.awaiting_backward_, a.mode_ == ForwardMode::Inference && (a.logits.defined() || a.hidden.defined())
                                      ? "backward after an inference forward (it keeps nothing for one)"
                                      : "backward without a training forward (or a second one of the same forward)");
@@ -514,9 +524,12 @@ Tensor Transformer::backward(TransformerActivations& a, Tensor dout) {
     a.hidden = Tensor();
     dres = std::move(dout);  // the next stage's input gradient becomes this stage's residual gradient
   }
+  // LoRA: the adapters' gradients need their values, so they stay in this pass.
+  const bool split = later && lora_.r == 0;
+  if (split) later->layers.assign(layers_.size(), {});
   for (size_t i = layers_.size(); i-- > 0;) {
     const Layer& l = layers_[i];
-    nn::AdaptedBlockInUse use(access_, *l.block, l.adapters.get(), /*grads=*/true);
+    nn::AdaptedBlockInUse use(access_, *l.block, l.adapters.get(), /*grads=*/!split);
     LayerSaved rerun;
     LayerSaved& sv = a.mode_ == ForwardMode::Train ? a.layers_[i] : rerun;
     if (a.mode_ == ForwardMode::TrainCheckpointed) {
@@ -525,7 +538,7 @@ Tensor Transformer::backward(TransformerActivations& a, Tensor dout) {
       Tensor out = c.act({N, C});
       layer_forward(working, layers_[i], a.residual_[i], out, sv, B, T, a.tokens_);
     }
-    layer_backward(c, layers_[i], a.residual_[i], dres, sv, B, T, a.tokens_);
+    layer_backward(c, layers_[i], a.residual_[i], dres, sv, B, T, a.tokens_, split ? &later->layers[i] : nullptr);
     sv = LayerSaved();
     a.residual_[i + 1] = Tensor();
   }
@@ -541,6 +554,17 @@ Tensor Transformer::backward(TransformerActivations& a, Tensor dout) {
   if (tied_here_ && embed_grads) access_->release_grads(*embed_);
   a = TransformerActivations();
   return Tensor();
+}
+
+void Transformer::backward_weights(TransformerWeightGrads& later) {
+  ZP_CHECK(later.layers.empty() || later.layers.size() == layers_.size(), "backward_weights: ", later.layers.size(),
+           " layers of weight gradients for a stage of ", layers_.size());
+  for (size_t i = later.layers.size(); i-- > 0;) {
+    if (later.layers[i].empty()) continue;
+    GradsInUse grads(access_, *layers_[i].block);
+    later.layers[i].run(ctx_);
+  }
+  later.layers.clear();
 }
 
 }  // namespace zp::models

@@ -31,6 +31,7 @@
 #include "models/lora_modules.h"
 #include "nn/attention.h"
 #include "nn/block_access.h"
+#include "nn/deferred_weight_grads.h"
 #include "nn/mlp.h"
 #include "nn/norm.h"
 #include "nn/parameter.h"
@@ -131,6 +132,18 @@ class TransformerActivations {
   nn::Norm::Saved nf_;
 };
 
+// A split backward's weight-gradient work (ZB-H1, issue 12; nn/deferred_weight_grads.h), one entry
+// per layer of the stage: filled by Transformer::backward, run by backward_weights. The caller's,
+// like the activations: one per micro-batch between its B and W.
+struct TransformerWeightGrads {
+  std::vector<nn::DeferredWeightGrads> layers;
+  bool pending() const {
+    for (const auto& l : layers)
+      if (!l.empty()) return true;
+    return false;
+  }
+};
+
 class Transformer {
  public:
   // pad_multiple: every block's flat size is padded to a multiple of it (the ZeRO engine's world x
@@ -203,7 +216,17 @@ class Transformer {
   // A stage without the head takes d(acts.hidden) [B*T, C] (overwritten) instead of dlogits; a stage
   // without the embedding returns the gradient of its input (for the previous stage), others an
   // empty tensor.
-  Tensor backward(TransformerActivations& acts, Tensor dlogits);
+  // With `later` (ZB-H1's B pass) the layers' weight gradients are not computed but left in it, for
+  // backward_weights (W): their projections' backward_params, and the norms' weight gradients
+  // (computed here with the input gradients, into scratch that W adds in). The layers' blocks then
+  // take no gradient until W. The head's and the embedding's gradients are computed here either way:
+  // deferring the head's would hold the [N, vocab] logits gradient until W. With LoRA everything
+  // is computed here (adapters' gradients need their values) and `later` stays empty.
+  Tensor backward(TransformerActivations& acts, Tensor dlogits, TransformerWeightGrads* later = nullptr);
+  // W: every layer's weight gradients that backward left in `later`, into the blocks' gradients
+  // (each block's gradients acquired, ZeRO-2/3 reduce-scattering them when released), from the last
+  // layer down as the backward runs; leaves `later` empty.
+  void backward_weights(TransformerWeightGrads& later);
 
  private:
   struct Layer {
@@ -223,7 +246,7 @@ class Transformer {
   void layer_forward(const nn::Ctx& c, const Layer& l, const Tensor& x_in, Tensor& x_out, LayerSaved& sv, int64_t B,
                      int64_t T, const nn::TokenLayout& tokens);
   void layer_backward(const nn::Ctx& c, const Layer& l, const Tensor& x_in, Tensor& dres, LayerSaved& sv, int64_t B,
-                      int64_t T, const nn::TokenLayout& tokens);
+                      int64_t T, const nn::TokenLayout& tokens, nn::DeferredWeightGrads* later);
 
   TransformerConfig cfg_;
   LayerSpan span_;

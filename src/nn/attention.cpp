@@ -3,6 +3,7 @@
 #include "kernels/attention.h"
 #include "kernels/paged_attention.h"
 #include "kernels/rope.h"
+#include "nn/deferred_weight_grads.h"
 
 namespace zp::nn {
 using namespace zp::kernels;
@@ -57,11 +58,17 @@ void SelfAttention::forward_cached(const Ctx& c, void* y, const void* x, const C
   out_.forward(c, y, att.data(), N, 0, residual);
 }
 
-void SelfAttention::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t B, int64_t T,
-                             const Saved& saved, bool accumulate_dx, const TokenLayout& tokens) const {
+void SelfAttention::backward(const Ctx& c, void* dx, const Tensor& dy, const Tensor& x, int64_t B, int64_t T,
+                             const Saved& saved, bool accumulate_dx, const TokenLayout& tokens,
+                             DeferredWeightGrads* later) const {
   const int64_t N = B * T, W = sh_.qkv_width(), Hq = sh_.Hq, Hkv = sh_.Hkv, D = sh_.D;
   Tensor datt = c.act({N, Hq * D});
-  out_.backward(c, datt.data(), dy, saved.att.data(), N);
+  if (later) {
+    out_.backward_input(c, datt.data(), dy.data(), N);
+    later->linear(out_, dy, saved.att, N);
+  } else {
+    out_.backward(c, datt.data(), dy.data(), saved.att.data(), N);
+  }
   Tensor dqkv = c.act({N, W});
   const char* base = static_cast<const char*>(saved.qkv.data());
   char* dbase = static_cast<char*>(dqkv.data());
@@ -72,7 +79,12 @@ void SelfAttention::backward(const Ctx& c, void* dx, const void* dy, const void*
   if (sh_.rope)
     ZP_KERNEL_CALL(c.dev, rope_backward, c.s, c.dt, dbase, dbase, B, T, Hq + Hkv, D, sh_.rope_theta, 0, W,
                    tokens.positions);
-  qkv_.backward(c, dx, dqkv.data(), x, N, accumulate_dx);
+  if (!later) {
+    qkv_.backward(c, dx, dqkv.data(), x.data(), N, accumulate_dx);
+    return;
+  }
+  if (dx) qkv_.backward_input(c, dx, dqkv.data(), N, accumulate_dx);
+  later->linear(qkv_, std::move(dqkv), x, N);
 }
 
 }  // namespace zp::nn

@@ -11,6 +11,8 @@
 
 namespace zp::nn {
 
+class DeferredWeightGrads;
+
 // Several sequences packed into each row of T tokens (instruction fine-tuning): device int32 [B, T]
 // arrays, on the device the activations live on. segments: a token attends only to tokens of its own
 // segment id (kernels/attention.h). positions: RoPE positions, restarting at 0 in each segment
@@ -41,9 +43,11 @@ class SelfAttention {
   // N = B * T tokens. `tokens` must be the same in the backward.
   void forward(const Ctx& c, void* y, const void* x, int64_t B, int64_t T, Saved& saved,
                const void* residual = nullptr, const TokenLayout& tokens = {}) const;
-  // dx = (or += with accumulate_dx) the input gradient; parameter gradients accumulate.
-  void backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t B, int64_t T, const Saved& saved,
-                bool accumulate_dx, const TokenLayout& tokens = {}) const;
+  // dx = (or += with accumulate_dx) the input gradient; parameter gradients accumulate, or with
+  // `later` (a split backward, nn/deferred_weight_grads.h) are left in it, which then holds dy, x
+  // and the saved attention output until its W (dy and x must not change before).
+  void backward(const Ctx& c, void* dx, const Tensor& dy, const Tensor& x, int64_t B, int64_t T, const Saved& saved,
+                bool accumulate_dx, const TokenLayout& tokens = {}, DeferredWeightGrads* later = nullptr) const;
   // Inference against a paged KV cache (nn/paged_kv_cache.h): y[N, C] = attention(x[N, C])
   // (+ residual) for the step's N new tokens, whose keys and values (after RoPE) are written into
   // layer `layer` of `cache` first. Keeps nothing; causal models only.

@@ -69,7 +69,7 @@ void BasicTransformerBlock::backward(const Ctx& c, Tensor& dres, int64_t B, int6
   norm3_.backward(c, dres.data(), da.data(), sv.t2.data(), N, sv.n3, true);
   attn2_.backward(c, da.data(), nullptr, dres.data(), sv.a2.data(), context.data(), B, T, L, sv.s2, false, false);
   norm2_.backward(c, dres.data(), da.data(), sv.t1.data(), N, sv.n2, true);
-  attn1_.backward(c, da.data(), dres.data(), sv.a1.data(), B, T, sv.s1, false);
+  attn1_.backward(c, da.data(), dres, sv.a1, B, T, sv.s1, false);
   norm1_.backward(c, dres.data(), da.data(), sv.x.data(), N, sv.n1, true);
   sv = {};
 }

@@ -1,6 +1,7 @@
 #include "nn/mlp.h"
 
 #include "kernels/activation.h"
+#include "nn/deferred_weight_grads.h"
 
 namespace zp::nn {
 using namespace zp::kernels;
@@ -25,23 +26,31 @@ void Mlp::forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved,
   down_.forward(c, y, h.data(), N, 0, residual);
 }
 
-void Mlp::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, const Saved& saved,
-                   bool accumulate_dx) const {
+void Mlp::backward(const Ctx& c, void* dx, const Tensor& dy, const Tensor& x, int64_t N, const Saved& saved,
+                   bool accumulate_dx, DeferredWeightGrads* later) const {
   const int64_t F = hidden();
   {
     Tensor h = c.act({N, F});
     activate(c, h.data(), saved.pre.data(), N);
-    down_.backward_params(c, dy, h.data(), N);
+    if (later)
+      later->linear(down_, dy, std::move(h), N);
+    else
+      down_.backward_params(c, dy.data(), h.data(), N);
   }
   Tensor dpre = c.act({N, up_.out()});
   if (kind_ == MlpKind::GeluTanh) {
-    down_.backward_input_gelu(c, dpre.data(), dy, saved.pre.data(), N);
+    down_.backward_input_gelu(c, dpre.data(), dy.data(), saved.pre.data(), N);
   } else {
     Tensor dh = c.act({N, F});
-    down_.backward_input(c, dh.data(), dy, N);
+    down_.backward_input(c, dh.data(), dy.data(), N);
     ZP_KERNEL_CALL(c.dev, swiglu_backward_packed, c.s, c.dt, dpre.data(), dh.data(), saved.pre.data(), N, F);
   }
-  up_.backward(c, dx, dpre.data(), x, N, accumulate_dx);
+  if (!later) {
+    up_.backward(c, dx, dpre.data(), x.data(), N, accumulate_dx);
+    return;
+  }
+  if (dx) up_.backward_input(c, dx, dpre.data(), N, accumulate_dx);
+  later->linear(up_, std::move(dpre), x, N);
 }
 
 }  // namespace zp::nn

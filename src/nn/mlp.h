@@ -6,6 +6,8 @@
 
 namespace zp::nn {
 
+class DeferredWeightGrads;
+
 enum class MlpKind { GeluTanh, SwiGLU };
 
 class Mlp {
@@ -22,8 +24,11 @@ class Mlp {
   Mlp(MlpKind kind, Linear up, Linear down) : kind_(kind), up_(up), down_(down) {}
   // y = mlp(x) (+ residual, added by the down projection's GEMM).
   void forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved, const void* residual = nullptr) const;
-  void backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, const Saved& saved,
-                bool accumulate_dx) const;
+  // With `later` (a split backward, nn/deferred_weight_grads.h) only dx is computed here; the
+  // projections' weight gradients are left in `later`, which holds dy, x and the recomputed
+  // activation until then (dy and x must not change before its W).
+  void backward(const Ctx& c, void* dx, const Tensor& dy, const Tensor& x, int64_t N, const Saved& saved,
+                bool accumulate_dx, DeferredWeightGrads* later = nullptr) const;
 
  private:
   int64_t hidden() const { return down_.in(); }

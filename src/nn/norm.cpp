@@ -2,6 +2,7 @@
 
 #include "kernels/layernorm.h"
 #include "kernels/rmsnorm.h"
+#include "nn/deferred_weight_grads.h"
 
 namespace zp::nn {
 using namespace zp::kernels;
@@ -19,7 +20,7 @@ void Norm::forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved
 }
 
 void Norm::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, const Saved& saved,
-                    bool accumulate_dx) const {
+                    bool accumulate_dx, DeferredWeightGrads* later) const {
   int64_t C = width();
   // Frozen weights (a LoRA run's base) have no gradient buffer: the kernels' weight sums go to scratch.
   Tensor scratch;
@@ -27,6 +28,9 @@ void Norm::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64
   if (w_->frozen) {
     scratch = Tensor::zeros({2 * C}, DType::F32, c.dev, "activations", c.s);
     dw = scratch.data<float>();
+    db = b_ ? dw + C : nullptr;
+  } else if (later) {
+    dw = later->norm(w_, b_, C, c);
     db = b_ ? dw + C : nullptr;
   } else {
     dw = w_->g();

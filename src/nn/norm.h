@@ -5,6 +5,8 @@
 
 namespace zp::nn {
 
+class DeferredWeightGrads;
+
 enum class NormKind { LayerNorm, RMSNorm };
 
 class Norm {
@@ -15,9 +17,10 @@ class Norm {
   Norm() = default;
   Norm(NormKind kind, Parameter* weight, Parameter* bias, float eps) : kind_(kind), w_(weight), b_(bias), eps_(eps) {}
   void forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved) const;
-  // dx = (or += with accumulate_dx) the input gradient; dweight, dbias accumulate.
+  // dx = (or += with accumulate_dx) the input gradient; dweight, dbias accumulate, or with `later`
+  // (a split backward, nn/deferred_weight_grads.h) go to its scratch, added in at its W.
   void backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, const Saved& saved,
-                bool accumulate_dx) const;
+                bool accumulate_dx, DeferredWeightGrads* later = nullptr) const;
   int64_t width() const { return w_->shape[0]; }
 
  private:

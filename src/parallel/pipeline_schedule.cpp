@@ -10,21 +10,30 @@ namespace zp::parallel {
 PipelineScheduleKind schedule_kind_from(const std::string& name, const std::string& key) {
   if (name == "1f1b") return PipelineScheduleKind::OneFOneB;
   if (name == "interleaved") return PipelineScheduleKind::Interleaved;
-  throw Error(detail::cat(key, " = \"", name, "\": the schedules are \"1f1b\" and \"interleaved\""));
+  if (name == "zb-h1") return PipelineScheduleKind::ZeroBubbleH1;
+  throw Error(detail::cat(key, " = \"", name, "\": the schedules are \"1f1b\", \"interleaved\" and \"zb-h1\""));
 }
 
 const char* schedule_name(PipelineScheduleKind k) {
-  return k == PipelineScheduleKind::OneFOneB ? "1f1b" : "interleaved";
+  switch (k) {
+    case PipelineScheduleKind::OneFOneB: return "1f1b";
+    case PipelineScheduleKind::Interleaved: return "interleaved";
+    case PipelineScheduleKind::ZeroBubbleH1: return "zb-h1";
+  }
+  return "?";
 }
+
+bool splits_backward(PipelineScheduleKind k) { return k == PipelineScheduleKind::ZeroBubbleH1; }
 
 void check_schedule(PipelineScheduleKind kind, const PipelineShape& sh) {
   ZP_REQUIRE(sh.stages >= 1, "pipeline.stages must be >= 1, got ", sh.stages);
   ZP_REQUIRE(sh.micro_batches >= 1, "gradient_accumulation_steps must be >= 1, got ", sh.micro_batches);
-  if (kind == PipelineScheduleKind::OneFOneB) {
+  if (kind != PipelineScheduleKind::Interleaved) {
+    const char* name = schedule_name(kind);
     ZP_REQUIRE(sh.virtual_stages == 1, "pipeline.virtual_stages = ", sh.virtual_stages,
-               " needs pipeline.schedule = \"interleaved\" (1f1b runs one model chunk per stage)");
+               " needs pipeline.schedule = \"interleaved\" (", name, " runs one model chunk per stage)");
     // Fewer micro-batches than stages leaves a stage idle for most of the step: almost surely a mistake.
-    ZP_REQUIRE(sh.micro_batches >= sh.stages, "pipeline.schedule = \"1f1b\" needs gradient_accumulation_steps (the "
+    ZP_REQUIRE(sh.micro_batches >= sh.stages, "pipeline.schedule = \"", name, "\" needs gradient_accumulation_steps (the "
                "micro-batches per step, ", sh.micro_batches, ") >= pipeline.stages (", sh.stages, ")");
     return;
   }
@@ -48,11 +57,33 @@ PipeAction interleaved_nth(const PipelineShape& sh, int k, PipeOp op) {
   return {op, group * P + within % P, chunk};
 }
 
+// ZB-H1 (see the header): 1F1B's order of F and B; each B may leave its W pending, and a W runs as
+// soon as more than `stage` are pending; the rest after the last B.
+std::vector<PipeAction> zero_bubble_h1(const PipelineShape& sh, int stage) {
+  const int P = sh.stages, M = sh.micro_batches, lag = stage;
+  std::vector<PipeAction> out;
+  out.reserve(size_t(3 * M));
+  int f = 0, b = 0, w = 0;
+  auto backward = [&] {
+    out.push_back({PipeOp::Backward, b++, 0});
+    if (b - w > lag) out.push_back({PipeOp::BackwardWeight, w++, 0});
+  };
+  for (; f < std::min(P - stage - 1, M); ++f) out.push_back({PipeOp::Forward, f, 0});
+  while (f < M) {
+    out.push_back({PipeOp::Forward, f++, 0});
+    backward();
+  }
+  while (b < M) backward();
+  while (w < M) out.push_back({PipeOp::BackwardWeight, w++, 0});
+  return out;
+}
+
 }  // namespace
 
 std::vector<PipeAction> stage_schedule(PipelineScheduleKind kind, const PipelineShape& sh, int stage) {
   check_schedule(kind, sh);
   ZP_CHECK(stage >= 0 && stage < sh.stages, "stage ", stage, " of ", sh.stages);
+  if (kind == PipelineScheduleKind::ZeroBubbleH1) return zero_bubble_h1(sh, stage);
   const int P = sh.stages, M = sh.micro_batches, V = sh.virtual_stages, total = M * V;
   auto fwd = [&](int k) {
     return kind == PipelineScheduleKind::OneFOneB ? PipeAction{PipeOp::Forward, k, 0}
@@ -83,15 +114,26 @@ std::vector<PipeAction> forward_schedule(const PipelineShape& sh) {
   return out;
 }
 
-double theoretical_bubble(PipelineScheduleKind, const PipelineShape& sh) {
+double theoretical_bubble(PipelineScheduleKind kind, const PipelineShape& sh) {
   const double P = sh.stages, M = sh.micro_batches, V = sh.virtual_stages;
+  // ZB-H1: each stage idles (P - 1)(F + B - W) = P - 1 of its 3 M + P - 1 pass times.
+  if (kind == PipelineScheduleKind::ZeroBubbleH1) return (P - 1) / (3 * M + P - 1);
   return (P - 1) / (V * M + P - 1);
 }
 
 ScheduleSimulation simulate(const std::vector<std::vector<PipeAction>>& per_stage, const PipelineShape& sh,
                             double forward, double backward) {
+  return simulate(per_stage, sh, PassCosts{forward, backward / 2, backward / 2});
+}
+
+ScheduleSimulation simulate(const std::vector<std::vector<PipeAction>>& per_stage, const PipelineShape& sh,
+                            const PassCosts& costs) {
   const int P = sh.stages, C = sh.chunks();
   ZP_CHECK(int(per_stage.size()) == P, "simulate: ", per_stage.size(), " lists for ", P, " stages");
+  bool split = false;
+  for (const auto& list : per_stage)
+    for (const PipeAction& a : list) split = split || a.op == PipeOp::BackwardWeight;
+  const double backward = split ? costs.backward_input : costs.backward_input + costs.backward_weight;
   // Finish time of each pass, keyed (op, micro, global chunk).
   std::map<std::tuple<int, int, int>, double> done;
   std::vector<size_t> next(size_t(P), 0);
@@ -112,6 +154,8 @@ ScheduleSimulation simulate(const std::vector<std::vector<PipeAction>>& per_stag
         bool ok = true;
         if (a.op == PipeOp::Forward) {
           if (c > 0) ok = finished(PipeOp::Forward, a.micro, c - 1, ready);
+        } else if (a.op == PipeOp::BackwardWeight) {
+          ok = finished(PipeOp::Backward, a.micro, c, ready);  // its own B computed the output gradients
         } else {
           double own = 0;
           ok = finished(PipeOp::Forward, a.micro, c, own);  // this chunk's forward of the micro-batch
@@ -119,7 +163,9 @@ ScheduleSimulation simulate(const std::vector<std::vector<PipeAction>>& per_stag
           ready = std::max(ready, own);
         }
         if (!ok) break;
-        const double cost = a.op == PipeOp::Forward ? forward : backward;
+        const double cost = a.op == PipeOp::Forward          ? costs.forward
+                            : a.op == PipeOp::BackwardWeight ? costs.backward_weight
+                                                             : backward;
         const double start = std::max(ready, free_at[size_t(s)]);
         free_at[size_t(s)] = start + cost;
         busy[size_t(s)] += cost;
@@ -135,7 +181,8 @@ ScheduleSimulation simulate(const std::vector<std::vector<PipeAction>>& per_stag
     if (next[size_t(s)] < per_stage[size_t(s)].size()) {
       const PipeAction a = per_stage[size_t(s)][next[size_t(s)]];
       r.deadlocked = true;
-      r.why += detail::cat("stage ", s, " waits at its ", a.op == PipeOp::Forward ? "forward" : "backward",
+      const char* pass = a.op == PipeOp::Forward ? "forward" : a.op == PipeOp::Backward ? "backward" : "weight backward";
+      r.why += detail::cat("stage ", s, " waits at its ", pass,
                            " of micro-batch ", a.micro, " chunk ", a.chunk, "; ");
     }
   }

@@ -16,6 +16,20 @@
 //   Interleaved  (Megatron's virtual pipeline) micro-batches go in groups of P through each local
 //                chunk in turn; warm-up (P - s - 1) * 2 + (V - 1) * P forwards; bubble shrinks V-fold:
 //                (P - 1) / (V * M + P - 1). Needs M a multiple of P.
+//   ZB-H1        (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, the schedule with 1F1B's
+//                peak activation memory) splits each backward into B, the input gradient (on the
+//                critical path: the stage before waits for it), and W, the weight gradients (which
+//                nothing waits for). Stage s runs 1F1B's warm-up forwards and then alternates F and
+//                B, but keeps up to s W passes pending and runs each W once more than s are pending:
+//                the last stage lets P - 1 pile up and runs them after its last B, where 1F1B idles
+//                waiting for the backwards to travel down; stage 0 runs each W right after its B.
+//                In flight on stage s: at most P - s micro-batches between F and B (as 1F1B) plus s
+//                between B and W (each holding only what W needs): every stage P, as the paper asks,
+//                so none holds more than stage 0 of 1F1B does. The paper's bubble is
+//                (P - 1)(T_F + T_B - T_W) per stage, its "bubble rate" (over the compute) (P - 1) / 3M
+//                with T_F = T_B = T_W, against 1F1B's (P - 1) / M; as a fraction of the step, as here,
+//                (P - 1) / (3 M + P - 1) against (P - 1) / (M + P - 1). Needs M >= P and one chunk
+//                per stage.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -23,13 +37,18 @@
 
 namespace zp::parallel {
 
-enum class PipelineScheduleKind { OneFOneB, Interleaved };
+enum class PipelineScheduleKind { OneFOneB, Interleaved, ZeroBubbleH1 };
 
-// "1f1b" | "interleaved"; throws zp::Error naming the key for another name.
+// "1f1b" | "interleaved" | "zb-h1"; throws zp::Error naming the key for another name.
 PipelineScheduleKind schedule_kind_from(const std::string& name, const std::string& key);
 const char* schedule_name(PipelineScheduleKind k);
 
-enum class PipeOp : uint8_t { Forward, Backward };
+// Backward is the whole backward of a (micro, chunk) in 1F1B and interleaved, and only its input
+// gradient (B) in ZB-H1, whose BackwardWeight pass (W) then computes the deferred weight gradients.
+enum class PipeOp : uint8_t { Forward, Backward, BackwardWeight };
+
+// Whether a schedule's lists carry BackwardWeight passes (the model splits its backward).
+bool splits_backward(PipelineScheduleKind k);
 
 struct PipeAction {
   PipeOp op = PipeOp::Forward;
@@ -52,24 +71,33 @@ struct PipelineShape {
 void check_schedule(PipelineScheduleKind kind, const PipelineShape& shape);
 
 // Stage `stage`'s passes for one step, in order: every (micro, chunk) once forward and once
-// backward, the backward after the forward.
+// backward, the backward after the forward; ZB-H1 also once BackwardWeight, after the backward.
 std::vector<PipeAction> stage_schedule(PipelineScheduleKind kind, const PipelineShape& shape, int stage);
 
 // The forward-only order (evaluation): micro-batches in order through every local chunk.
 std::vector<PipeAction> forward_schedule(const PipelineShape& shape);
 
 // The fraction of a step's time a stage idles, in theory, with a backward costing twice a forward
-// and every chunk equal: (P - 1) / (V * M + P - 1).
+// (ZB-H1: B and W each as much as F) and every chunk equal: (P - 1) / (V * M + P - 1), ZB-H1
+// (P - 1) / (3 M + P - 1).
 double theoretical_bubble(PipelineScheduleKind kind, const PipelineShape& shape);
 
-// Runs the stages' lists against each other with per-pass costs (a forward of one chunk costs
-// `forward`, a backward `backward`; transfers are free) and returns the makespan and the bubble
-// (1 - busy / makespan, averaged over the stages); `deadlocked` when the lists cannot all finish.
+// Runs the stages' lists against each other with per-pass costs (transfers are free) and returns
+// the makespan and the bubble (1 - busy / makespan, averaged over the stages); `deadlocked` when
+// the lists cannot all finish. A forward of one chunk costs `forward`; in lists without
+// BackwardWeight passes a Backward is the whole backward (backward_input + backward_weight), in
+// lists with them it is B alone and each BackwardWeight costs backward_weight.
+struct PassCosts {
+  double forward = 1, backward_input = 1, backward_weight = 1;  // the ZB paper's F = B = W
+};
 struct ScheduleSimulation {
   bool deadlocked = false;
   double makespan = 0, bubble = 0;
   std::string why;  // for a deadlock: each stage's next pass and what it waits for
 };
+ScheduleSimulation simulate(const std::vector<std::vector<PipeAction>>& per_stage, const PipelineShape& shape,
+                            const PassCosts& costs);
+// The whole backward costing `backward`, split evenly between B and W where the lists split it.
 ScheduleSimulation simulate(const std::vector<std::vector<PipeAction>>& per_stage, const PipelineShape& shape,
                             double forward = 1.0, double backward = 2.0);
 

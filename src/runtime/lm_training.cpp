@@ -302,6 +302,20 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
     if (!m.span().head) in_flight_.erase({micro, chunk});  // the last chunk's loss is read later
     return din;
   }
+  // ZB-H1: B leaves the layers' weight gradients in the micro-batch's state (the head's and the
+  // embedding's are computed in B: models::Transformer::backward), W computes them.
+  Tensor backward_input(int chunk, int micro, Tensor output_grad) override {
+    models::Transformer& m = *chunks_[size_t(chunk)];
+    InFlight& f = in_flight_.at({micro, chunk});
+    if (m.span().head) output_grad = f.loss->backward(f.acts.logits, f.loss_scale);
+    return m.backward(f.acts, std::move(output_grad), &f.later);
+  }
+  void backward_weight(int chunk, int micro) override {
+    models::Transformer& m = *chunks_[size_t(chunk)];
+    InFlight& f = in_flight_.at({micro, chunk});
+    m.backward_weights(f.later);
+    if (!m.span().head) in_flight_.erase({micro, chunk});  // the last chunk's loss is read later
+  }
   double loss(int micro) override {
     const std::pair<int, int> key{micro, int(chunks_.size()) - 1};
     const double mean = in_flight_.at(key).loss->mean();
@@ -424,6 +438,7 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
     float loss_scale = 1.f;
     models::TransformerActivations acts;
     std::optional<CausalLmLoss> loss;
+    models::TransformerWeightGrads later;  // ZB-H1: from the micro-batch's B to its W
   };
   std::map<std::pair<int, int>, InFlight> in_flight_;
 };

@@ -21,6 +21,14 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+Tensor PipelineStageModel::backward_input(int, int, Tensor) {
+  throw Error("pipeline.schedule = \"zb-h1\": this model cannot split its backward into input and weight gradients");
+}
+
+void PipelineStageModel::backward_weight(int, int) {
+  throw Error("pipeline.schedule = \"zb-h1\": this model cannot split its backward into input and weight gradients");
+}
+
 PipelineStep::PipelineStep(parallel::PipelineScheduleKind kind, parallel::PipelineShape shape, int stage,
                            comm::StageLink& link, parallel::ZeroEngine& engine, PipelineStageModel& model,
                            StreamHandle s)
@@ -72,6 +80,7 @@ double PipelineStep::run(const std::vector<PipeAction>& passes, int64_t step, co
                          bool train, float loss_scale) {
   const int P = shape_.stages, C = shape_.chunks(), M = int(firsts.size());
   const int prev = (stage_ + P - 1) % P, next = (stage_ + 1) % P;
+  const bool split = parallel::splits_backward(kind_);
   auto global = [&](const PipeAction& a) { return shape_.global_chunk(stage_, a.chunk); };
   // Posts the receive pass k needs, if any: a forward's input from the previous chunk (the cut before
   // chunk g), a backward's output gradient from the next (the cut before chunk g + 1).
@@ -99,13 +108,23 @@ double PipelineStep::run(const std::vector<PipeAction>& passes, int64_t step, co
     if (a.op == PipeOp::Forward && g > 0) in = link_.wait_recv(PipeChannel::Activations, a.micro * C + g);
     if (a.op == PipeOp::Backward && g + 1 < C) in = link_.wait_recv(PipeChannel::Gradients, a.micro * C + g);
     // A chunk's last backward of the step completes its blocks' gradients (stages 0/1 reduce them
-    // as each block finishes; the other chunks' blocks go on accumulating).
-    if (a.op == PipeOp::Backward) engine_.begin_micro_step(a.micro == M - 1);
+    // as each block finishes; the other chunks' blocks go on accumulating). Split (ZB-H1), it is the
+    // chunk's last weight pass: the micro-batches' weight passes run in order, and a B leaves most
+    // gradients to its W (what B computes into blocks W never touches, the head's and embedding's,
+    // is reduced by the engine's finish()).
+    if (a.op == PipeOp::Backward) engine_.begin_micro_step(!split && a.micro == M - 1);
+    if (a.op == PipeOp::BackwardWeight) engine_.begin_micro_step(a.micro == M - 1);
     if (events) pass_events_[2 * k]->record(s_);
     const auto t0 = std::chrono::steady_clock::now();
-    Tensor out = a.op == PipeOp::Forward
-                     ? model_.forward(a.chunk, a.micro, step, firsts[size_t(a.micro)], std::move(in), train, loss_scale)
-                     : model_.backward(a.chunk, a.micro, std::move(in));
+    Tensor out;
+    if (a.op == PipeOp::Forward)
+      out = model_.forward(a.chunk, a.micro, step, firsts[size_t(a.micro)], std::move(in), train, loss_scale);
+    else if (a.op == PipeOp::BackwardWeight)
+      model_.backward_weight(a.chunk, a.micro);
+    else if (split)
+      out = model_.backward_input(a.chunk, a.micro, std::move(in));
+    else
+      out = model_.backward(a.chunk, a.micro, std::move(in));
     busy += seconds_since(t0);
     if (events) pass_events_[2 * k + 1]->record(s_);
     if (a.op == PipeOp::Forward && g + 1 < C)

@@ -1,7 +1,8 @@
 // A pipelined training step (issue 12): this rank is one stage of P; it runs its schedule's passes
 // (parallel/pipeline_schedule.h) over the step's M micro-batches, receiving each chunk's input from
 // the stage before and its output gradient from the stage after through the StageLink, and tells the
-// ZeRO engine which backward completes each chunk's gradients (stages 0/1 reduce them then). The
+// ZeRO engine which backward completes each chunk's gradients (stages 0/1 reduce them then; with
+// ZB-H1's split backward, which weight pass, the chunk's last W of the step). The
 // update itself is the driver's (runtime/optimizer_step.h finish_step with PipelineGradients).
 //
 // Receives are posted one pass ahead, so a message's transfer overlaps the pass before the one that
@@ -41,6 +42,13 @@ class PipelineStageModel {
   // model's last chunk: the objective's). Returns this chunk's input gradient (empty for the model's
   // first chunk).
   virtual Tensor backward(int chunk, int micro, Tensor output_grad) = 0;
+  // ZB-H1 (parallel/pipeline_schedule.h): the backward split in two. backward_input is backward()
+  // computing only what the stage before waits for (and whatever the family keeps there: see its
+  // comments), leaving the weight gradients in (micro, chunk)'s state; backward_weight computes them
+  // later. A family that cannot split says so (the defaults throw zp::Error naming
+  // pipeline.schedule).
+  virtual Tensor backward_input(int chunk, int micro, Tensor output_grad);
+  virtual void backward_weight(int chunk, int micro);
   // The model's last chunk: micro-batch `micro`'s mean loss (read after its backward is queued).
   virtual double loss(int micro) = 0;
 
@@ -73,7 +81,8 @@ class PipelineStep {
   // `s`: the compute stream (GPUs; null on the CPU), for timing the passes.
   PipelineStep(parallel::PipelineScheduleKind kind, parallel::PipelineShape shape, int stage, comm::StageLink& link,
                parallel::ZeroEngine& engine, PipelineStageModel& model, StreamHandle s = nullptr);
-  // (P - 1) / (V M + P - 1): the bubble of this schedule in theory (parallel/pipeline_schedule.h).
+  // The bubble of this schedule in theory (parallel/pipeline_schedule.h): (P - 1) / (V M + P - 1), ZB-H1
+  // (P - 1) / (3 M + P - 1).
   double theoretical_bubble() const { return parallel::theoretical_bubble(kind_, shape_); }
 
   const parallel::PipelineShape& shape() const { return shape_; }

@@ -230,8 +230,7 @@ void read_offload(io::ConfigReader& r, TrainConfig& t) {
 void read_pipeline(io::ConfigReader& r, TrainConfig& t) {
   t.pipeline_stages = r.integer("pipeline.stages", 1, 4096);
   t.virtual_stages = r.integer("pipeline.virtual_stages", 1, 64);
-  t.pipeline_schedule = r.one_of("pipeline.schedule", {"1f1b", "interleaved"},
-                                 "(zero-bubble \"zb-h1\" is not implemented yet)");
+  t.pipeline_schedule = r.one_of("pipeline.schedule", {"1f1b", "interleaved", "zb-h1"});
   const io::json& part = r.value("pipeline.partition");
   if (part.is_array()) {
     t.pipeline_partition = "layers";
@@ -436,6 +435,9 @@ TrainConfig TrainConfig::read(io::ConfigReader& r, const std::string& model_type
 
   t.model_type = r.one_of("model.type", {model_type},
                           model_type == "unet" ? "diffusion training" : "or \"unet\" for diffusion training");
+  r.require(model_type != "unet" || t.pipeline_schedule != "zb-h1" || t.pipeline_stages == 1,
+            "pipeline.schedule = \"zb-h1\" is not implemented for model.type \"unet\" (its backward does not split "
+            "into input and weight gradients yet): use \"1f1b\" or \"interleaved\"");
   t.hub_config = r.value("model.config");
   t.hub_dir = r.string("model.hub_dir");
   if (r.require(t.hub_config.is_object() || t.hub_config.is_null(),

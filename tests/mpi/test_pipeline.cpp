@@ -1,6 +1,6 @@
 // Pipeline parallelism (issue 12) on the CPU backend: a pipelined run follows the single-rank
-// trajectory within 1e-5 (fp32) for Llama and tied GPT-2, with ZeRO 0-3 inside each stage, 1F1B and
-// interleaved schedules, uneven partitions, several data-parallel pipelines (P2 x D2) and the
+// trajectory within 1e-5 (fp32) for Llama and tied GPT-2, with ZeRO 0-3 inside each stage, 1F1B,
+// interleaved and zero-bubble (ZB-H1, split backward) schedules, uneven partitions, several data-parallel pipelines (P2 x D2) and the
 // optimizer offloaded inside a stage, ZeRO-3 stages that keep their weights gathered for the step;
 // bad layouts are errors naming their keys. Pipelined
 // checkpoints resume bit for bit in their own layout and to rounding in any other, and a damaged
@@ -32,7 +32,9 @@ runtime::TrainResult reference(const std::string& data, const std::string& model
 }  // namespace
 
 // All the ranks as P stages of one pipeline (P = the world: 2, 3 or 5), every ZeRO stage inside,
-// 1F1B (M = P) and, where the layers allow, interleaved with two chunks per stage.
+// 1F1B and ZB-H1 (M = P) and, where the layers allow, interleaved with two chunks per stage. ZB-H1's
+// gradients come from other passes in another order (the layers' weight gradients in W passes,
+// reduced after the chunk's last W): the same trajectory.
 TEST(Pipeline, StagesFollowTheSingleRankTrajectory) {
   comm::Runtime rt;
   const int P = world_size();
@@ -41,7 +43,7 @@ TEST(Pipeline, StagesFollowTheSingleRankTrajectory) {
     const std::string data = data_file(dir, model);
     const runtime::TrainResult want = reference(data, model, P, rt);
     for (int zero = 0; zero <= 3; ++zero)
-      for (const std::string schedule : {"1f1b", "interleaved"}) {
+      for (const std::string schedule : {"1f1b", "interleaved", "zb-h1"}) {
         if (schedule == "interleaved" && 2 * P > kLayers) continue;
         TrainingRun r{model, zero, P};
         r.stages = P;
@@ -87,7 +89,14 @@ TEST(Pipeline, DataParallelPipelinesAndOffloadInsideAStage) {
       if (zero == 3) {
         r.keep_gathered = true;
         expect_same_trajectory(run(data, r, rt, group, true), want, what + ", keep_gathered");
+        r.keep_gathered = false;
       }
+      // ZB-H1 with more micro-batches than stages (W passes pending across the steady state) and an
+      // uneven cut.
+      r.schedule = "zb-h1";
+      r.offload = "none";
+      r.partition = io::json::array({2});
+      expect_same_trajectory(run(data, r, rt, group, true), want, what + ", zb-h1, layers 2 | 4");
     }
   }
   if (group != MPI_COMM_NULL) MPI_Comm_free(&group);
@@ -225,6 +234,53 @@ TEST(Pipeline, CheckpointsReshardBetweenLayouts) {
   }
 }
 
+// ZB-H1 checkpoints are the same file: saved by P zb-h1 stages (ZeRO 2), resumed by one rank; saved
+// data-parallel, resumed by P zb-h1 stages (ZeRO 3, activation checkpointing inside); both follow the
+// single-rank run to 1e-5.
+TEST(Pipeline, ZeroBubbleRunsSaveAndResume) {
+  comm::Runtime rt;
+  const int P = world_size();
+  const std::string model = "llama";
+  SharedDir dir("pipeline_zb_resume");
+  const std::string data = data_file(dir, model);
+  runtime::TrainResult want = reference(data, model, P, rt);
+  want.losses = tail(want.losses, kSaveAt);
+  TrainingRun staged = stages_of_world(model, 2);
+  staged.schedule = "zb-h1";
+  TrainingRun one{model, 0, 1};
+  one.grad_accum = P;
+  one.layers = kLayers;
+  expect_resume_follows(data, one, save_at_half(data, staged, dir / "ckpt_staged", rt), want,
+                        "saved by " + std::to_string(P) + " zb-h1 stages, resumed by one rank", rt);
+  TrainingRun flat{model, 1, P};
+  flat.layers = kLayers;
+  staged.stage = 3;
+  staged.activation_checkpointing = true;
+  expect_resume_follows(data, staged, save_at_half(data, flat, dir / "ckpt_flat", rt), want,
+                        "saved data-parallel, resumed by " + std::to_string(P) + " zb-h1 stages at ZeRO 3, "
+                        "checkpointed activations", rt);
+}
+
+// LoRA under zb-h1: the adapters' gradients stay in B (W has nothing to do), and the run still
+// follows one rank: Llama's q, v and down projections adapted, P = the world.
+TEST(Pipeline, ZeroBubbleWithLoraFollowsOneRank) {
+  comm::Runtime rt;
+  const int P = world_size();
+  SharedDir dir("pipeline_zb_lora");
+  const std::string data = data_file(dir, "llama");
+  const io::json lora = {{"r", 4}, {"alpha", 8}, {"dropout", 0.1}, {"target_modules", {"q_proj", "v_proj", "down_proj"}}};
+  TrainingRun one{"llama", 0, 1};
+  one.grad_accum = P;
+  one.layers = kLayers;
+  one.lora = lora;
+  const runtime::TrainResult want = single_rank_reference(data, one, rt);
+  TrainingRun r = stages_of_world("llama", 2);
+  r.schedule = "zb-h1";
+  r.lora = lora;
+  expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), want,
+                         "LoRA in " + std::to_string(P) + " zb-h1 stages, ZeRO 2");
+}
+
 // A damaged dataset that only the last stage reads (the final norm's moment): every rank of every
 // stage skips the newest checkpoint together and resumes the one before.
 TEST(Pipeline, EveryStageSkipsADamagedCheckpointTogether) {
@@ -262,7 +318,7 @@ TEST(Pipeline, EveryStageSkipsADamagedCheckpointTogether) {
 namespace zp::test {
 
 // On GPUs, one per rank, with NCCL between the stages: all the ranks as P stages, ZeRO 1 and 3
-// inside, 1F1B and interleaved, follow one GPU within 1e-5 (fp32); a pipelined checkpoint resumes
+// inside, 1F1B, interleaved and ZB-H1, follow one GPU within 1e-5 (fp32); a pipelined checkpoint resumes
 // data-parallel on the same GPUs and follows it too.
 TEST(PipelineGpu, StagesOnGpusFollowOneGpu) {
   if (!every_rank_has_a_gpu() || world_size() < 2) GTEST_SKIP() << "needs two GPUs or more, one per rank";
@@ -273,7 +329,7 @@ TEST(PipelineGpu, StagesOnGpusFollowOneGpu) {
     const std::string data = data_file(dir, model);
     runtime::TrainResult want = reference(data, model, P, rt, "cuda");
     for (int zero : {1, 3})
-      for (const std::string schedule : {"1f1b", "interleaved"}) {
+      for (const std::string schedule : {"1f1b", "interleaved", "zb-h1"}) {
         if (schedule == "interleaved" && 2 * P > kLayers) continue;
         TrainingRun r = stages_of_world(model, zero);
         r.device = "cuda";
