@@ -2,12 +2,19 @@
 // both AdamW moments, as a training checkpoint holds them) with parallel HDF5, each rank writing and
 // reading only its contiguous 1/N slice of every tensor, exactly as the trainer's checkpoints do.
 // Reports save and load GB/s over the whole file and each phase's peak host RSS per rank next to the
-// rank's shard. Runs on CPUs: `mpirun -np 1|2|5 build/bin/zp_bench_io [--dir D] [--params N]`.
+// rank's shard, beside what the disk itself does in the same run: a raw O_DIRECT write and read of the
+// same bytes in the same folder (each rank its share, 64 MiB blocks from aligned buffers), and the
+// ratios save/raw write and load/raw read. The page cache is kept out of every read: raw reads are
+// O_DIRECT, and the checkpoint's cached pages are dropped (fsync + POSIX_FADV_DONTNEED) before the
+// load. Runs on CPUs: `mpirun -np 1|2|5 build/bin/zp_bench_io [--dir D] [--params N]`.
+#include <fcntl.h>
 #include <mpi.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -27,6 +34,54 @@ struct Tensor1 {
   zp::Shape shape;
   int64_t numel() const { return zp::shape_numel(shape); }
 };
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "zp_bench_io: %s: %s\n", what.c_str(), std::strerror(errno));
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
+}
+
+// The disk's own speed for `bytes` split over the ranks: each rank writes (then reads) its share of
+// one file with O_DIRECT in `block`-byte requests from an aligned buffer; wall seconds, all ranks.
+struct Raw {
+  double write_s = 0, read_s = 0;
+};
+Raw raw_odirect(const std::string& path, int64_t bytes, int rank, int world) {
+  constexpr int64_t kAlign = 4096, kBlock = 64 << 20;
+  const int64_t share = (bytes / world + kAlign - 1) / kAlign * kAlign, begin = share * rank;
+  void* mem = nullptr;
+  if (posix_memalign(&mem, kAlign, kBlock) != 0) die("posix_memalign");
+  std::memset(mem, 0x5a, kBlock);
+  Raw raw;
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool write = pass == 0;
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto t0 = std::chrono::steady_clock::now();
+    const int fd = ::open(path.c_str(), (write ? O_WRONLY | O_CREAT : O_RDONLY) | O_DIRECT | O_CLOEXEC, 0644);
+    if (fd < 0) die(path + ": open with O_DIRECT");
+    for (int64_t at = 0; at < share; at += kBlock) {
+      const size_t n = size_t(std::min(kBlock, share - at));
+      const ssize_t got = write ? ::pwrite(fd, mem, n, begin + at) : ::pread(fd, mem, n, begin + at);
+      if (got != ssize_t(n)) die(path + (write ? ": pwrite" : ": pread"));
+    }
+    if (write && ::fsync(fd) != 0) die(path + ": fsync");
+    ::close(fd);
+    MPI_Barrier(MPI_COMM_WORLD);
+    (write ? raw.write_s : raw.read_s) = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  std::free(mem);
+  if (rank == 0) std::filesystem::remove(path);
+  return raw;
+}
+
+// Writes the file's dirty pages and drops its cached ones, so that a read of it comes from the disk.
+void drop_cached(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) die(path + ": open");
+  ::fsync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
 
 }  // namespace
 
@@ -70,6 +125,8 @@ int main(int argc, char** argv) {
   std::vector<float> state(size_t(3 * shard));
   for (size_t i = 0; i < state.size(); ++i) state[i] = float(i % 1000) * 1e-3f + float(rank);
   std::filesystem::create_directories(dir);
+  // The disk first, on the same bytes, while the state above is already resident.
+  const Raw raw = raw_odirect(dir + "/raw-odirect.bin", int64_t(3 * 4 * total), rank, world);
   const std::string path = dir + "/step-00000001.h5";
   const char* parts[3] = {"/model/", "/optimizer/", "/optimizer/"};
   const char* suffix[3] = {"", "/exp_avg", "/exp_avg_sq"};
@@ -97,6 +154,8 @@ int main(int argc, char** argv) {
   // Load into fresh memory: drop the state first so the load's peak is its own.
   std::vector<float>().swap(state);
   std::vector<float> loaded(size_t(3 * shard));
+  if (rank == 0) drop_cached(path);
+  MPI_Barrier(MPI_COMM_WORLD);
   reset_rss_peak();
   t0 = std::chrono::steady_clock::now();
   {
@@ -121,8 +180,10 @@ int main(int argc, char** argv) {
   MPI_Gather(mine.data(), 4, MPI_DOUBLE, all.data(), 4, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   if (rank == 0) {
     std::printf("{\"benchmark\": \"checkpoint_io\", \"ranks\": %d, \"parameters\": %lld, \"file_GB\": %.2f, "
-                "\"save_s\": %.2f, \"save_GBps\": %.2f, \"load_s\": %.2f, \"load_GBps\": %.2f, \"per_rank\": [",
-                world, (long long)total, file_gb, save_s, file_gb / save_s, load_s, file_gb / load_s);
+                "\"save_s\": %.2f, \"save_GBps\": %.2f, \"raw_write_GBps\": %.2f, \"save_over_raw\": %.2f, "
+                "\"load_s\": %.2f, \"load_GBps\": %.2f, \"raw_read_GBps\": %.2f, \"load_over_raw\": %.2f, \"per_rank\": [",
+                world, (long long)total, file_gb, save_s, file_gb / save_s, file_gb / raw.write_s,
+                raw.write_s / save_s, load_s, file_gb / load_s, file_gb / raw.read_s, raw.read_s / load_s);
     for (int r = 0; r < world; ++r)
       std::printf("%s{\"rank\": %d, \"shard_GiB\": %.2f, \"save_peak_rss_GiB\": %.2f, \"load_peak_rss_GiB\": %.2f, "
                   "\"load_rss_over_shard_MiB\": %.0f, \"data_ok\": %s}",
