@@ -163,6 +163,15 @@ CheckpointWriter::CheckpointWriter(const std::string& path, MPI_Comm comm) : pat
   RankInfo ri = rank_info(comm);
   rank_ = ri.rank;
   size_ = ri.size;
+  // This node's cores shared by its ranks, at most 4 each: copy and CRC then keep up with a fast disk.
+  int on_node = 1;
+  if (size_ > 1) {
+    MPI_Comm node = MPI_COMM_NULL;
+    ZP_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+    ZP_MPI_CHECK(MPI_Comm_size(node, &on_node));
+    ZP_MPI_CHECK(MPI_Comm_free(&node));
+  }
+  copy_threads_ = std::clamp(int(std::thread::hardware_concurrency()) / on_node, 1, 4);
   try {
     agreed([&] {
       fs::path parent = fs::path(path_).parent_path();
@@ -215,7 +224,8 @@ void CheckpointWriter::start_writing() {
         if (fault::hit(fault::Site::Write))
           throw Error(file_.path() + ": dataset '" + w.name + "': write failed: No space left on device" +
                       fault::kInjected);
-        if (!data_) data_ = std::make_unique<DirectFile>(tmp_path(), true);
+        // Half the threads of a save that stops training: the steps going on need the cores.
+        if (!data_) data_ = std::make_unique<DirectFile>(tmp_path(), true, std::max(1, copy_threads_ / 2));
         slices_[w.name].push_back({w.offset, w.count, data_->write(w.file_offset, w.data, w.bytes)});
       }
       if (data_) data_->sync();
@@ -282,7 +292,7 @@ void CheckpointWriter::write(const std::string& name, DType file_dtype, const Sh
         if (count == 0) return;
         if (fault::hit(fault::Site::Write))
           throw Error(file_.path() + ": dataset '" + n + "': write failed: No space left on device" + fault::kInjected);
-        if (!data_) data_ = std::make_unique<DirectFile>(tmp_path(), true);
+        if (!data_) data_ = std::make_unique<DirectFile>(tmp_path(), true, copy_threads_);
         const size_t esize = dtype_size(file_dtype);
         crc = data_->write(info.file_offset + offset * int64_t(esize), data, count * int64_t(esize));
       });

@@ -117,6 +117,7 @@ class CheckpointWriter {
   bool committed_ = false, discarded_ = false;
   int64_t expected_bytes_ = 0;  // reserve()'d, for the message of a full disk
   std::unique_ptr<DirectFile> data_;  // the data path (io/direct_file.h), opened at the first write
+  int copy_threads_ = 1;              // its threads for copy and CRC
   struct Later {  // a write_later() for the thread
     std::string name;
     const void* data;

@@ -28,8 +28,9 @@ class DirectFile {
   static constexpr int64_t kPieceBytes = 32 << 20;  // one request to the disk
   static constexpr int64_t kCacheBytes = 256 << 10;  // copied and checksummed while in the CPU's cache
 
-  // Opens an existing file for reading, or also writing.
-  DirectFile(const std::string& path, bool writable);
+  // Opens an existing file for reading, or also writing. write() copies and checksums with
+  // `threads` threads (the caller's included): one core's CRC is slower than a fast disk.
+  DirectFile(const std::string& path, bool writable, int threads = 1);
   ~DirectFile();
   DirectFile(const DirectFile&) = delete;
   DirectFile& operator=(const DirectFile&) = delete;
@@ -47,6 +48,7 @@ class DirectFile {
   void pwrite_all(int fd, const char* p, int64_t bytes, int64_t offset);
   std::string path_;
   int fd_ = -1, direct_fd_ = -1;
+  int threads_ = 1;
   struct Free {
     void operator()(char* p) const { std::free(p); }
   };
