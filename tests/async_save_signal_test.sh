@@ -47,4 +47,25 @@ train "$np" "$dir" "${big[@]}" --set training.max_steps=$end --resume latest > "
   fail "the resumed run failed"
 grep -q "resumed from $saved" "$tmp/resume.log" || fail "did not resume from $saved"
 [ -f "$dir/$(printf 'step-%08d.h5' $end)" ] || fail "the resumed run did not save at its end"
+echo "resumed from $saved"
+
+# A background save that fails (the fault injector's full disk, on the last rank, about the second
+# save): every rank stops with the error naming it, status 1; no temporary file is left and the
+# checkpoints committed before stay and verify.
+fdir=$tmp/fault
+fault="write:200"  # one rank writes all of a save's ~150 slices
+[ "$np" = 0 ] || fault="write:100@$((np - 1))"
+ZP_FAULT="$fault" train "$np" "$fdir" "${big[@]}" --set training.max_steps=1000000 > "$tmp/fault.log" 2>&1
+status=$?
+[ $status -eq 1 ] || fail "exit status $status after a failed background save, expected 1"
+grep -q "in the background failed: .*No space left on device (injected by ZP_FAULT)" "$tmp/fault.log" ||
+  fail "the rank that failed did not say so at once"
+grep -q "asynchronous checkpoint save failed (the checkpoints committed before are kept)" "$tmp/fault.log" ||
+  fail "the run's error does not say that the asynchronous save failed"
+ls "$fdir"/*.tmp > /dev/null 2>&1 && fail "a temporary file is left after the failed save: $(ls "$fdir")"
+ls "$fdir"/step-*.h5 > /dev/null 2>&1 || fail "no checkpoint from before the failed save is left"
+for f in "$fdir"/step-*.h5; do
+  "$bin" inspect --verify "$f" > "$tmp/inspect.log" 2>&1 || fail "inspect --verify $f after the failed save"
+done
+echo "failed background save: status 1, kept $(ls "$fdir" | tr '\n' ' ')"
 echo PASS

@@ -200,19 +200,25 @@ CheckpointWriter::~CheckpointWriter() {
 void CheckpointWriter::write_later(const std::string& name, DType file_dtype, const Shape& shape, DType mem_dtype,
                                    const void* data, int64_t offset, int64_t count) {
   const std::string n = norm_name(name);
-  // Creates the dataset (or writes at once where the data would not go through the data path).
-  const bool direct = mem_dtype == file_dtype;
-  write(n, file_dtype, shape, mem_dtype, direct ? nullptr : data, offset, direct ? 0 : count);
-  if (!direct || count == 0) return;
+  write(n, file_dtype, shape, mem_dtype, nullptr, offset, 0);  // creates the dataset
+  // Written at once where the data path does not apply: the same choice on every rank, as it
+  // depends on the dataset and the dtypes only.
   const DatasetInfo info = file_.dataset_info(n);
-  if (!info.chunk.empty() || info.file_offset < 0) {  // the same on every rank
+  if (mem_dtype != file_dtype || !info.chunk.empty() || info.file_offset < 0) {
     write(n, file_dtype, shape, mem_dtype, data, offset, count);
     return;
   }
-  ZP_REQUIRE(offset >= 0 && count >= 0 && offset <= info.numel() - count, path_, ": dataset '", n,
-             "': write of elements [", offset, ", ", offset + count, ") outside its ", info.numel(), " elements");
+  try {
+    agreed([&] {
+      ZP_REQUIRE(offset >= 0 && count >= 0 && offset <= info.numel() - count, path_, ": dataset '", n,
+                 "': write of elements [", offset, ", ", offset + count, ") outside its ", info.numel(), " elements");
+    });
+  } catch (...) {
+    discard();
+    throw;
+  }
   const int64_t esize = int64_t(dtype_size(file_dtype));
-  later_.push_back({n, data, info.file_offset + offset * esize, offset, count, count * esize});
+  if (count > 0) later_.push_back({n, data, info.file_offset + offset * esize, offset, count, count * esize});
 }
 
 void CheckpointWriter::start_writing() {

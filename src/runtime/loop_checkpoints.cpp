@@ -200,13 +200,18 @@ void LoopCheckpoints::finish_pending(bool wait, TrainResult& result) {
   }
   const std::string path = w->path();
   w.reset();
+  committed(path, in_flight_since_, " (asynchronously)", result);
+}
+
+void LoopCheckpoints::committed(const std::string& path, std::chrono::steady_clock::time_point since,
+                                const char* how, TrainResult& result) {
   std::vector<std::string> deleted;
   if (cfg_.keep_last > 0) deleted = io::keep_last_checkpoints(cfg_.checkpoint_dir, "step-", int(cfg_.keep_last), group_);
   result.saved.push_back(path);
   std::error_code ec;
-  last_save_ = {seconds_since(in_flight_since_), int64_t(fs::file_size(path, ec))};
+  last_save_ = {seconds_since(since), int64_t(fs::file_size(path, ec))};
   if (ec) last_save_.bytes = 0;
-  ZP_LOG_INFO("saved ", path, " (asynchronously) in ", last_save_.seconds, " s",
+  ZP_LOG_INFO("saved ", path, how, " in ", last_save_.seconds, " s",
               deleted.empty() ? "" : " (deleted " + std::to_string(deleted.size()) + " older)");
 }
 
@@ -225,14 +230,7 @@ void LoopCheckpoints::save(int64_t steps_done, const LossScaler& scaler, TrainRe
     return;
   }
   save_checkpoint(path, group_, engine_, model_, st, s_, stage_blocks());
-  std::vector<std::string> deleted;
-  if (cfg_.keep_last > 0) deleted = io::keep_last_checkpoints(cfg_.checkpoint_dir, "step-", int(cfg_.keep_last), group_);
-  result.saved.push_back(path);
-  std::error_code ec;
-  last_save_ = {seconds_since(t0), int64_t(fs::file_size(path, ec))};
-  if (ec) last_save_.bytes = 0;
-  ZP_LOG_INFO("saved ", path, " in ", last_save_.seconds, " s",
-              deleted.empty() ? "" : " (deleted " + std::to_string(deleted.size()) + " older)");
+  committed(path, t0, "", result);
 }
 
 }  // namespace zp::runtime

@@ -85,6 +85,9 @@ class LoopCheckpoints {
   // The asynchronous save in flight, committed when every rank's thread is done (or at once with
   // `wait`), then rotated. Collective.
   void finish_pending(bool wait, TrainResult& result);
+  // After `path` is in place: rotation, result.saved, last_save() (from `since`) and the log line.
+  void committed(const std::string& path, std::chrono::steady_clock::time_point since, const char* how,
+                 TrainResult& result);
 
   const TrainConfig& cfg_;
   MPI_Comm group_;
