@@ -2,9 +2,13 @@
 # Failure test: SIGKILL every rank of a 2-rank CPU training job while it is writing a checkpoint
 # (a *.h5.tmp exists before the kill and is still there after it). `--resume latest` must then pick the newest COMPLETE checkpoint (never the
 # temporary file), train on and save again, and `zeropipe inspect --verify` must pass on both.
-# Usage: kill_during_save_test.sh ZEROPIPE_BINARY SOURCE_DIR
+# With a third argument "async" the saves are asynchronous (checkpoint.async = true): the kill lands
+# while a thread writes the checkpoint.
+# Usage: kill_during_save_test.sh ZEROPIPE_BINARY SOURCE_DIR [async]
 set -u
 bin=$1 src=$2
+extra=()
+[ "${3:-}" = async ] && extra=(--set checkpoint.async=true)
 tmp=$(mktemp -d /tmp/zp_killsave.XXXXXX)
 ckpt=$tmp/ckpt
 trap 'pkill -9 -f "$ckpt" 2>/dev/null; rm -rf "$tmp"' EXIT
@@ -17,7 +21,7 @@ train() {
     --set training.device=cpu --set training.eval_every=0 --set steps_per_print=1 \
     --set train_micro_batch_size_per_gpu=1 --set data.seq_len=32 \
     --set 'model.config={"model_type": "gpt2", "vocab_size": 256, "n_positions": 128, "n_embd": 256, "n_layer": 4, "n_head": 4}' \
-    --set "checkpoint.dir=\"$ckpt\"" --set checkpoint.save_every=1 --set checkpoint.keep_last=3 "$@"
+    --set "checkpoint.dir=\"$ckpt\"" --set checkpoint.save_every=1 --set checkpoint.keep_last=3 "${extra[@]}" "$@"
 }
 
 train --set training.max_steps=1000000 > "$tmp/first.log" 2>&1 &

@@ -352,6 +352,51 @@ TEST(VerifiedReads, ADatasetWithoutChecksumsInAChecksummedFileIsDamaged) {
                {path, "/model/w", "no slice_checksums"});
 }
 
+// A file as the writer made it before the data path (io/direct_file.h): its data written through
+// HDF5's own transfers, at whatever offset HDF5 chose (here a dataset of 3 bytes first, so the next
+// one starts on no 4-byte boundary) and a chunked dataset beside it. The reader's data path reads it,
+// verified, over ranges that start and end anywhere; a damaged byte is still found.
+TEST(VerifiedReads, FilesWrittenThroughHdf5ReadThroughTheDataPath) {
+  Dir d("hdf5_written");
+  const std::string path = d / "old.h5";
+  std::vector<float> v(16000);  // 64000 bytes: under the 64 KiB that new files align, over many pages
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(i) * 0.25f - 7.f;
+  {
+    io::H5File f = io::H5File::create(path);
+    f.set_attr_int("/", "zeropipe_format", 1);
+    f.set_attr_string("/", "checksum", "crc32");
+    const uint8_t odd[3] = {1, 2, 3};
+    f.create_dataset("/pad", DType::U8, {3});
+    f.write_slice("/pad", DType::U8, odd, 0, 3);
+    for (const char* name : {"/model/w", "/model/chunked"}) {
+      f.create_dataset(name, DType::F32, {160, 100}, std::string(name) == "/model/chunked" ? Shape{64, 100} : Shape{});
+      std::vector<int64_t> rows;
+      for (int64_t at = 0; at < 16000; at += 5333) {  // three writers' slices
+        const int64_t n = std::min<int64_t>(5333, 16000 - at);
+        f.write_slice(name, DType::F32, v.data() + at, at, n);
+        rows.insert(rows.end(), {at, n, int64_t(io::crc32(v.data() + at, size_t(n) * 4))});
+      }
+      f.set_attr_ints(name, "slice_checksums", rows, {int64_t(rows.size() / 3), 3});
+    }
+    f.close();
+  }
+  io::CheckpointReader r(path);
+  ASSERT_GE(r.info("/model/w").file_offset, 0);
+  EXPECT_NE(r.info("/model/w").file_offset % 4096, 0) << "the test wants a dataset off the page grid";
+  for (const char* name : {"/model/w", "/model/chunked"})
+    for (auto [at, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 16000}, {1, 5}, {5332, 2}, {9000, 6999}}) {
+      std::vector<float> out(size_t(n), -1.f);
+      r.read(name, {160, 100}, DType::F32, out.data(), at, n);
+      EXPECT_TRUE(std::equal(out.begin(), out.end(), v.begin() + at)) << name << " [" << at << ", " << at + n << ")";
+    }
+  damage_dataset(path, "/model/w", 4 * 12000, 1);
+  std::vector<float> out(10);
+  EXPECT_THROW(io::CheckpointReader(path).read("/model/w", {160, 100}, DType::F32, out.data(), 11995, 10),
+               io::DamagedFileError);
+  io::CheckpointReader(path).read("/model/w", {160, 100}, DType::F32, out.data(), 0, 10);  // another slice
+  EXPECT_EQ(out[1], v[1]);
+}
+
 // --resume refuses a checkpoint with a damaged slice (naming file, dataset and elements); `latest`
 // skips a damaged or truncated newest checkpoint (renamed out of the rotation) for the newest intact
 // one, and says so; when none is intact it is an error.

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <csignal>
@@ -18,43 +19,18 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/fault_injection.h"
 #include "core/log.h"
+#include "io/direct_file.h"
 #include "kernels/elementwise.h"
 
 namespace zp::io {
 namespace fs = std::filesystem;
 
-// --- crc32 (slicing by 8: eight table lookups per 8 input bytes) -------------------------------
-
-namespace {
-constexpr std::array<std::array<uint32_t, 256>, 8> make_crc_tables() {
-  std::array<std::array<uint32_t, 256>, 8> t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    t[0][i] = c;
-  }
-  for (uint32_t i = 0; i < 256; ++i)
-    for (int k = 1; k < 8; ++k) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xff];
-  return t;
-}
-constexpr auto kCrcTables = make_crc_tables();
-}  // namespace
+// --- crc32 -----------------------------------------------------------------------------------
 
 uint32_t crc32(const void* data, size_t bytes, uint32_t crc) {
-  const auto& T = kCrcTables;
-  const auto* p = static_cast<const uint8_t*>(data);
-  crc = ~crc;
-  for (; bytes >= 8; bytes -= 8, p += 8) {
-    uint32_t lo, hi;
-    std::memcpy(&lo, p, 4);
-    std::memcpy(&hi, p + 4, 4);
-    lo ^= crc;
-    crc = T[7][lo & 0xff] ^ T[6][(lo >> 8) & 0xff] ^ T[5][(lo >> 16) & 0xff] ^ T[4][lo >> 24] ^
-          T[3][hi & 0xff] ^ T[2][(hi >> 8) & 0xff] ^ T[1][(hi >> 16) & 0xff] ^ T[0][hi >> 24];
-  }
-  for (; bytes > 0; --bytes, ++p) crc = T[0][(crc ^ *p) & 0xff] ^ (crc >> 8);
-  return ~crc;
+  return uint32_t(::crc32_z(crc, static_cast<const Bytef*>(data), bytes));
 }
 
 // --- helpers -----------------------------------------------------------------------------------
@@ -187,6 +163,15 @@ CheckpointWriter::CheckpointWriter(const std::string& path, MPI_Comm comm) : pat
   RankInfo ri = rank_info(comm);
   rank_ = ri.rank;
   size_ = ri.size;
+  // This node's cores shared by its ranks, at most 4 each: copy and CRC then keep up with a fast disk.
+  int on_node = 1;
+  if (size_ > 1) {
+    MPI_Comm node = MPI_COMM_NULL;
+    ZP_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+    ZP_MPI_CHECK(MPI_Comm_size(node, &on_node));
+    ZP_MPI_CHECK(MPI_Comm_free(&node));
+  }
+  copy_threads_ = std::clamp(int(std::thread::hardware_concurrency()) / on_node, 1, 4);
   try {
     agreed([&] {
       fs::path parent = fs::path(path_).parent_path();
@@ -208,7 +193,61 @@ CheckpointWriter::CheckpointWriter(const std::string& path, MPI_Comm comm) : pat
 }
 
 CheckpointWriter::~CheckpointWriter() {
+  join_writing();
   if (!committed_) discard();
+}
+
+void CheckpointWriter::write_later(const std::string& name, DType file_dtype, const Shape& shape, DType mem_dtype,
+                                   const void* data, int64_t offset, int64_t count) {
+  const std::string n = norm_name(name);
+  write(n, file_dtype, shape, mem_dtype, nullptr, offset, 0);  // creates the dataset
+  // Written at once where the data path does not apply: the same choice on every rank, as it
+  // depends on the dataset and the dtypes only.
+  const DatasetInfo info = file_.dataset_info(n);
+  if (mem_dtype != file_dtype || !info.chunk.empty() || info.file_offset < 0) {
+    write(n, file_dtype, shape, mem_dtype, data, offset, count);
+    return;
+  }
+  try {
+    agreed([&] {
+      ZP_REQUIRE(offset >= 0 && count >= 0 && offset <= info.numel() - count, path_, ": dataset '", n,
+                 "': write of elements [", offset, ", ", offset + count, ") outside its ", info.numel(), " elements");
+    });
+  } catch (...) {
+    discard();
+    throw;
+  }
+  const int64_t esize = int64_t(dtype_size(file_dtype));
+  if (count > 0) later_.push_back({n, data, info.file_offset + offset * esize, offset, count, count * esize});
+}
+
+void CheckpointWriter::start_writing() {
+  ZP_REQUIRE(!writing_.joinable() && !committed_ && !discarded_, path_, ": start_writing() twice or too late");
+  written_ = false;
+  writing_ = std::thread([this] {
+    try {
+      for (const Later& w : later_) {
+        if (fault::hit(fault::Site::Write))
+          throw Error(file_.path() + ": dataset '" + w.name + "': write failed: No space left on device" +
+                      fault::kInjected);
+        // Half the threads of a save that stops training: the steps going on need the cores.
+        if (!data_) data_ = std::make_unique<DirectFile>(tmp_path(), true, std::max(1, copy_threads_ / 2));
+        slices_[w.name].push_back({w.offset, w.count, data_->write(w.file_offset, w.data, w.bytes)});
+      }
+      if (data_) data_->sync();
+    } catch (const std::exception& e) {
+      writing_error_ = explain(e.what());
+      // Said at once by the rank that saw it; every rank stops with it at commit().
+      ZP_LOG_WARN("writing ", path_, " in the background failed: ", writing_error_);
+    }
+    written_ = true;
+  });
+}
+
+bool CheckpointWriter::written() const { return written_; }
+
+void CheckpointWriter::join_writing() {
+  if (writing_.joinable()) writing_.join();
 }
 
 void CheckpointWriter::discard() {
@@ -217,6 +256,7 @@ void CheckpointWriter::discard() {
   // Closing flushes HDF5's metadata. On a full disk that flush fails too, and HDF5 1.10 then frees
   // the file but keeps its id, and crashes on it at exit (HDFGroup/hdf5#2291, fixed in 1.14). Emptying
   // the partial file first gives the few KiB of metadata room (and frees the space at once).
+  data_.reset();
   if (rank_ == 0 && file_.is_open()) ::truncate(tmp_path().c_str(), 0);
   try {
     file_.close();
@@ -236,21 +276,37 @@ void CheckpointWriter::write(const std::string& name, DType file_dtype, const Sh
   std::string n = norm_name(name);
   ZP_REQUIRE(!committed_ && !discarded_, path_, ": write of '", n, "' after the checkpoint was ",
              committed_ ? "committed" : "abandoned after an error");
+  ZP_REQUIRE(!writing_.joinable(), path_, ": write of '", n, "' after start_writing()");
   try {
+    DatasetInfo info;
     agreed([&] {
       if (!slices_.count(n)) {
         file_.create_dataset(n, file_dtype, shape, chunk);
         order_.push_back(n);
         slices_[n];
-      } else {
-        DatasetInfo info = file_.dataset_info(n);
-        ZP_REQUIRE(info.dtype == file_dtype && info.shape == shape, file_.path(), ": dataset '", n,
-                   "': written as ", dtype_name(info.dtype), shape_str(info.shape), ", now as ",
-                   dtype_name(file_dtype), shape_str(shape));
       }
+      info = file_.dataset_info(n);
+      ZP_REQUIRE(info.dtype == file_dtype && info.shape == shape, file_.path(), ": dataset '", n, "': written as ",
+                 dtype_name(info.dtype), shape_str(info.shape), ", now as ", dtype_name(file_dtype), shape_str(shape));
     });
-    file_.write_slice(n, mem_dtype, data, offset, count);  // agrees on failure itself
-    if (count > 0) slices_[n].push_back({offset, count, stored_crc(file_dtype, mem_dtype, data, count)});
+    // The same choice on every rank: it depends on the dataset only.
+    if (info.chunk.empty() && info.file_offset >= 0 && mem_dtype == file_dtype) {
+      uint32_t crc = 0;
+      agreed([&] {
+        ZP_REQUIRE(offset >= 0 && count >= 0 && offset <= info.numel() - count, file_.path(), ": dataset '", n,
+                   "': write of elements [", offset, ", ", offset + count, ") outside its ", info.numel(), " elements");
+        if (count == 0) return;
+        if (fault::hit(fault::Site::Write))
+          throw Error(file_.path() + ": dataset '" + n + "': write failed: No space left on device" + fault::kInjected);
+        if (!data_) data_ = std::make_unique<DirectFile>(tmp_path(), true, copy_threads_);
+        const size_t esize = dtype_size(file_dtype);
+        crc = data_->write(info.file_offset + offset * int64_t(esize), data, count * int64_t(esize));
+      });
+      if (count > 0) slices_[n].push_back({offset, count, crc});
+    } else {
+      file_.write_slice(n, mem_dtype, data, offset, count);  // agrees on failure itself
+      if (count > 0) slices_[n].push_back({offset, count, stored_crc(file_dtype, mem_dtype, data, count)});
+    }
   } catch (const Error& e) {
     discard();
     throw Error(explain(e.what()));
@@ -264,6 +320,10 @@ void CheckpointWriter::commit() {
   ZP_REQUIRE(!committed_ && !discarded_, path_, ": commit of a checkpoint that was ",
              committed_ ? "already committed" : "abandoned after an error");
   try {
+    join_writing();
+    agreed([&] {
+      if (!writing_error_.empty()) throw Error(writing_error_);
+    });
     // Every rank's (dataset index, offset, count, crc) records, to every rank.
     std::vector<int64_t> mine;
     for (size_t i = 0; i < order_.size(); ++i)
@@ -290,6 +350,8 @@ void CheckpointWriter::commit() {
       }
     });
     agreed([&] {
+      if (data_) data_->sync();  // each rank its own bytes: what a distributed file system needs
+      data_.reset();
       file_.flush();
       file_.close();
     });
@@ -339,6 +401,8 @@ CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm) {
                  file_.attr_string("/", "checksum") == "crc32";
 }
 
+CheckpointReader::~CheckpointReader() = default;
+
 const std::vector<CheckpointReader::Slice>& CheckpointReader::slices(const std::string& n,
                                                                    const DatasetInfo& info) const {
   auto it = slices_.find(n);
@@ -370,21 +434,14 @@ std::string CheckpointReader::scan(const std::string& n, const DatasetInfo& info
   static const std::vector<Slice> none;
   const std::vector<Slice>& rows = lo < hi ? slices(n, info) : none;
   const size_t esize = dtype_size(info.dtype);
-  // Collective reads: every rank makes as many as the rank with the most pieces.
-  int64_t pieces = (hi - lo + piece - 1) / piece;
-  if (file_.parallel()) ZP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &pieces, 1, MPI_INT64_T, MPI_MAX, file_.comm()));
-  std::vector<char> buf;
   std::string problem;
   auto slice = std::lower_bound(rows.begin(), rows.end(), lo,
                                 [](const Slice& s, int64_t v) { return s.offset + s.count <= v; });
   uint32_t crc = 0;
-  for (int64_t p = 0; p < pieces; ++p) {
-    const int64_t begin = lo + p * piece, count = std::clamp<int64_t>(hi - begin, 0, piece);
-    buf.resize(size_t(std::max<int64_t>(count, 1)) * esize);
-    file_.read_slice(n, info.dtype, buf.data(), begin, count);
-    if (count == 0) continue;
-    consume(buf.data(), begin, count);
-    // The piece against the slices it overlaps; a slice's CRC is complete at its last element.
+  // Hands out a piece, then checks it against the slices it overlaps; a slice's CRC is complete at
+  // its last element.
+  auto take = [&](const char* buf, int64_t begin, int64_t count) {
+    consume(buf, begin, count);
     for (int64_t at = begin; at < begin + count && problem.empty();) {
       if (slice == rows.end() || slice->offset > at) {
         const int64_t gap_end = slice == rows.end() ? hi : slice->offset;
@@ -393,7 +450,7 @@ std::string CheckpointReader::scan(const std::string& n, const DatasetInfo& info
         break;
       }
       const int64_t upto = std::min(begin + count, slice->offset + slice->count);
-      crc = crc32(buf.data() + size_t(at - begin) * esize, size_t(upto - at) * esize, crc);
+      crc = crc32(buf + size_t(at - begin) * esize, size_t(upto - at) * esize, crc);
       at = upto;
       if (upto == slice->offset + slice->count) {
         if (crc != slice->crc) {
@@ -407,6 +464,38 @@ std::string CheckpointReader::scan(const std::string& n, const DatasetInfo& info
         ++slice;
       }
     }
+  };
+  // A contiguous dataset's bytes are read by each rank itself (the same choice on every rank: it
+  // depends on the dataset only), in pieces of at most `piece` elements.
+  if (info.chunk.empty() && info.file_offset >= 0) {
+    if (lo >= hi) return problem;
+    if (!data_) data_ = std::make_unique<DirectFile>(path(), false);
+    // Sub-pieces that stay in the cache between the copy out (consume) and the CRC.
+    const int64_t step = std::max<int64_t>(1, std::min(piece, DirectFile::kCacheBytes / int64_t(esize)));
+    int64_t at = lo;
+    try {
+      data_->read(info.file_offset + lo * int64_t(esize), (hi - lo) * int64_t(esize), [&](const char* p, int64_t bytes) {
+        for (int64_t done = 0; done < bytes;) {  // the caller's piece size, for stream()
+          const int64_t c = std::min(step, (bytes - done) / int64_t(esize));
+          take(p + done, at, c);
+          at += c;
+          done += c * int64_t(esize);
+        }
+      });
+    } catch (const Error& e) {
+      if (problem.empty()) problem = e.what();
+    }
+    return problem;
+  }
+  // Collective reads: every rank makes as many as the rank with the most pieces.
+  int64_t pieces = (hi - lo + piece - 1) / piece;
+  if (file_.parallel()) ZP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &pieces, 1, MPI_INT64_T, MPI_MAX, file_.comm()));
+  std::vector<char> buf;
+  for (int64_t p = 0; p < pieces; ++p) {
+    const int64_t begin = lo + p * piece, count = std::clamp<int64_t>(hi - begin, 0, piece);
+    buf.resize(size_t(std::max<int64_t>(count, 1)) * esize);
+    file_.read_slice(n, info.dtype, buf.data(), begin, count);
+    if (count > 0) take(buf.data(), begin, count);
   }
   return problem;
 }

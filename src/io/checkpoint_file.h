@@ -18,6 +18,13 @@
 // room is found before HDF5 writes anything; a write that still fails with ENOSPC is reported as
 // "no space left on device" with the folder's free bytes and the bytes the file needs.
 //
+// Data path. HDF5 writes and reads the metadata (groups, datasets, attributes); the bytes of a
+// contiguous dataset (all of ZeRO-Pipe's) are moved by each rank itself at the dataset's address in
+// the file (io/direct_file.h: O_DIRECT, large requests, CRC overlapped with the disk), so the file is
+// an ordinary HDF5 file to any reader. New files align datasets of 64 KiB and more to 4 KiB pages.
+// Chunked datasets and writes that convert the dtype go through HDF5 (H5File::write_slice), and so
+// do reads of datasets another tool wrote chunked.
+//
 // Atomic save. CheckpointWriter writes <path>.tmp; commit() records the checksums, flushes and
 // closes the file, then rank 0 fsyncs it, renames it to <path> and fsyncs the directory, between
 // barriers. Any failure on any rank (out of space, a bad shape) is agreed on by all ranks, so they
@@ -30,8 +37,11 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <thread>
+#include <atomic>
 #include <vector>
 
 #include "core/error.h"
@@ -40,9 +50,10 @@
 
 namespace zp::io {
 
+class DirectFile;
 constexpr int64_t kCheckpointFormat = 1;
 
-// CRC-32 as zlib computes it (IEEE polynomial, reflected): crc32(b, n, crc32(a, m)) continues a run.
+// CRC-32, zlib's (IEEE polynomial, reflected): crc32(b, n, crc32(a, m)) continues a run.
 uint32_t crc32(const void* data, size_t bytes, uint32_t crc = 0);
 
 // One row of a dataset's slice_checksums: elements [offset, offset + count) as written by one rank.
@@ -70,7 +81,19 @@ class CheckpointWriter {
   // over several calls, but every rank must make every call.
   void write(const std::string& name, DType file_dtype, const Shape& shape, DType mem_dtype, const void* data,
              int64_t offset, int64_t count, const Shape& chunk = {});
-  // Collective: checksums, flush, close, fsync, rename. Throws zp::Error (on every rank) on failure.
+  // Asynchronous saves (runtime/checkpoint.h). Collective like write(), which it is for a chunked
+  // dataset or another dtype in memory; for a contiguous one it creates the dataset now and leaves
+  // the data to start_writing(): `data` must stay valid and unchanged until commit() returns or the
+  // writer is destroyed.
+  void write_later(const std::string& name, DType file_dtype, const Shape& shape, DType mem_dtype, const void* data,
+                   int64_t offset, int64_t count);
+  // Local. Starts a thread that writes what write_later() left, in order, with its checksums; it
+  // calls neither MPI nor HDF5, so the caller may go on with both. No write() after this.
+  void start_writing();
+  // Local: the thread started by start_writing() is done (or none was started).
+  bool written() const;
+  // Collective: waits for the thread, then checksums, flush, close, fsync, rename. Throws zp::Error
+  // (on every rank) on failure, a failure of the thread included.
   void commit();
   // Collective. Reserves `bytes` (the file's approximate final size) on disk for the temporary file
   // now, so that a disk too full for the checkpoint fails here, with a clear error, before any data
@@ -93,6 +116,18 @@ class CheckpointWriter {
   std::map<std::string, std::vector<Slice>> slices_;
   bool committed_ = false, discarded_ = false;
   int64_t expected_bytes_ = 0;  // reserve()'d, for the message of a full disk
+  std::unique_ptr<DirectFile> data_;  // the data path (io/direct_file.h), opened at the first write
+  int copy_threads_ = 1;              // its threads for copy and CRC
+  struct Later {  // a write_later() for the thread
+    std::string name;
+    const void* data;
+    int64_t file_offset, offset, count, bytes;
+  };
+  std::vector<Later> later_;
+  std::thread writing_;
+  std::atomic<bool> written_{true};
+  std::string writing_error_;  // the thread's failure, read after joining it
+  void join_writing();
 };
 
 // A file that is not what it claims to be: not HDF5, truncated, without its ZeRO-Pipe attributes, or
@@ -115,6 +150,7 @@ class CheckpointReader {
   // Collective in parallel mode. Throws DamagedFileError naming the file when it is not HDF5, damaged
   // or not a ZeRO-Pipe file of a format this build reads, and zp::Error when it does not exist.
   explicit CheckpointReader(const std::string& path, MPI_Comm comm = MPI_COMM_NULL);
+  ~CheckpointReader();
   const H5File& file() const { return file_; }
   const std::string& path() const { return file_.path(); }
   int64_t format() const { return format_; }
@@ -144,6 +180,7 @@ class CheckpointReader {
   int64_t format_ = 0;
   bool checksummed_ = false;
   mutable std::map<std::string, std::vector<Slice>> slices_;
+  mutable std::unique_ptr<DirectFile> data_;  // the data path (io/direct_file.h), opened at the first read
 };
 
 struct ChecksumReport {

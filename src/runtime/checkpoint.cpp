@@ -152,8 +152,15 @@ int64_t checkpoint_bytes(parallel::ZeroEngine& engine, const StageBlocks* stages
   return file_bytes(whole_model(engine, stages), engine.delays_update());
 }
 
-void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngine& engine, const CheckpointModel& model,
-                     TrainState state, StreamHandle s, const StageBlocks* stages) {
+namespace {
+
+// save_checkpoint, and with `snapshot` save_checkpoint_async: the states go to host tensors kept in
+// `snapshot` (reused from the last save where the sizes match) and the writer is returned with its
+// data still to write; without, each block's states are written as the visit reaches them.
+std::unique_ptr<io::CheckpointWriter> write_checkpoint(const std::string& path, MPI_Comm comm,
+                                                       parallel::ZeroEngine& engine, const CheckpointModel& model,
+                                                       TrainState state, StreamHandle s, const StageBlocks* stages,
+                                                       std::vector<Tensor>* snapshot) {
   state.world_size = stages ? comm_size(comm) : engine.world();
   state.zero_stage = engine.stage();
   state.optimizer_steps = engine.optimizer_steps();
@@ -161,7 +168,8 @@ void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngin
   const std::vector<FileBlock> blocks = whole_model(engine, stages);
   const bool lagging = engine.delays_update();  // the same on every stage
 
-  io::CheckpointWriter w(path, comm);
+  auto writer = std::make_unique<io::CheckpointWriter>(path, comm);
+  io::CheckpointWriter& w = *writer;
   w.reserve(file_bytes(blocks, lagging));
   io::H5File& f = w.file();
   f.set_attr_string("/", "kind", kKind);
@@ -192,9 +200,11 @@ void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngin
   // count) of its states from `data` (nothing for another stage's parameters).
   auto write_param = [&](const FileParam& p, const float* const data[4], int64_t offset, int64_t count) {
     ZP_CHECK(p.name.find('/') == std::string::npos, "parameter name '", p.name, "' holds a '/'");
-    for (int k = 0; k < (lagging ? 4 : 3); ++k)
-      w.write(k < 3 ? dataset_of(k, p.name) : lagging_ds(p.name), DType::F32, p.shape, DType::F32,
-              data ? data[k] : nullptr, offset, count);
+    for (int k = 0; k < (lagging ? 4 : 3); ++k) {
+      const std::string ds = k < 3 ? dataset_of(k, p.name) : lagging_ds(p.name);
+      if (snapshot) w.write_later(ds, DType::F32, p.shape, DType::F32, data ? data[k] : nullptr, offset, count);
+      else w.write(ds, DType::F32, p.shape, DType::F32, data ? data[k] : nullptr, offset, count);
+    }
     if (p.transposed) f.set_attr_int(model_ds(p.name), "hub_transposed", 1);
   };
   size_t next = 0;  // the whole model's next block to write
@@ -206,9 +216,9 @@ void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngin
   // The visit waits for a delayed update in flight: the file holds the state after every update.
   // Progress on rank 0 for a big model (a line every 10 s; nothing for a save that takes less): the
   // states of the blocks visited so far, of this rank's part of the model.
-  ProgressMeter progress("saving " + path, double(state_bytes(engine, lagging ? 4 : 3)), "GB");
+  ProgressMeter progress((snapshot ? "copying for " : "saving ") + path, double(state_bytes(engine, lagging ? 4 : 3)), "GB");
   double visited_bytes = 0;
-  size_t index = 0;
+  size_t index = 0, kept = 0;  // kept: snapshot tensors used so far
   engine.visit_state([&](parallel::BlockState& st) {
     const nn::ParamBlock& b = st.block();
     visited_bytes += double(b.padded()) * 4 * (lagging ? 4 : 3);
@@ -220,9 +230,16 @@ void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngin
     ++next;
     const int64_t begin = st.shard_begin(), end = st.shard_end(), share = end - begin;
     // One download per state of the block: the part this rank writes.
-    Tensor host[4];
+    Tensor local[4];
+    Tensor* host = local;
+    if (snapshot) {  // pinned: the copy from a GPU goes at full speed
+      if (snapshot->size() < kept + 4) snapshot->resize(kept + 4);
+      host = snapshot->data() + kept;
+      kept += 4;
+    }
     for (int k = 0; k < (lagging ? 4 : 3); ++k) {
-      host[k] = Tensor::empty({share}, DType::F32, Device::cpu(), "checkpoint");
+      if (!host[k].defined() || host[k].numel() != share)
+        host[k] = Tensor::empty({share}, DType::F32, Device::cpu(), "checkpoint", nullptr, snapshot != nullptr);
       if (k < 3) st.read(kStates[k].state, begin, share, host[k].data<float>());
       else st.read_lagging_weights(begin, share, host[k].data<float>());
     }
@@ -235,7 +252,33 @@ void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngin
     }
   }, s);
   write_others_before(std::numeric_limits<int64_t>::max());
-  w.commit();
+  if (!snapshot) {
+    w.commit();
+    return nullptr;
+  }
+  snapshot->resize(kept);  // blocks the engine no longer has
+  w.start_writing();
+  return writer;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngine& engine, const CheckpointModel& model,
+                     TrainState state, StreamHandle s, const StageBlocks* stages) {
+  write_checkpoint(path, comm, engine, model, state, s, stages, nullptr);
+}
+
+std::unique_ptr<io::CheckpointWriter> save_checkpoint_async(const std::string& path, MPI_Comm comm,
+                                                            parallel::ZeroEngine& engine, const CheckpointModel& model,
+                                                            TrainState state, std::vector<Tensor>& snapshot,
+                                                            StreamHandle s, const StageBlocks* stages) {
+  return write_checkpoint(path, comm, engine, model, state, s, stages, &snapshot);
+}
+
+int64_t checkpoint_snapshot_bytes(parallel::ZeroEngine& engine) {
+  int64_t n = 0;
+  engine.visit_state([&](parallel::BlockState& st) { n += (st.shard_end() - st.shard_begin()) * 4 * (engine.delays_update() ? 4 : 3); });
+  return n;
 }
 
 namespace {

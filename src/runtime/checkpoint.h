@@ -54,10 +54,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/device.h"
+#include "io/checkpoint_file.h"
 #include "io/config.h"
 #include "parallel/zero_engine.h"
 
@@ -112,6 +114,21 @@ int64_t checkpoint_bytes(parallel::ZeroEngine& engine, const StageBlocks* stages
 // left as it was.
 void save_checkpoint(const std::string& path, MPI_Comm comm, parallel::ZeroEngine& engine, const CheckpointModel& model,
                      TrainState state, StreamHandle s = nullptr, const StageBlocks* stages = nullptr);
+
+// An asynchronous save (checkpoint.async): collective as save_checkpoint. At the call, the state this
+// rank writes is copied into `snapshot` (host tensors, pinned, kept by the caller and reused from one
+// save to the next: host memory of checkpoint_snapshot_bytes()) and the file's structure and
+// attributes are written; the returned writer's thread then writes the data, calling neither MPI nor
+// HDF5, while the caller trains on. The caller polls written() and calls commit() (collective: the
+// same on every rank) before it touches `snapshot` again; commit() throws as save_checkpoint does,
+// a failure of the thread included, and the file then never appears at `path`.
+std::unique_ptr<io::CheckpointWriter> save_checkpoint_async(const std::string& path, MPI_Comm comm,
+                                                            parallel::ZeroEngine& engine, const CheckpointModel& model,
+                                                            TrainState state, std::vector<Tensor>& snapshot,
+                                                            StreamHandle s = nullptr,
+                                                            const StageBlocks* stages = nullptr);
+// The host memory an asynchronous save's snapshot takes on this rank: its share of the checkpoint.
+int64_t checkpoint_snapshot_bytes(parallel::ZeroEngine& engine);
 
 // Collective over `comm` (as for save_checkpoint). Checks that `path` is a checkpoint of this model
 // (kind "checkpoint"; the same model_family; every parameter of the whole model present as f32 with

@@ -135,7 +135,7 @@ constexpr DeepSpeedKey kKeys[] = {
     {"weight_quantization", Refused, "weight quantization is not implemented", ""},
     {"elasticity", Refused, "elastic batch sizes are not implemented: the batch keys are fixed"},
     {"compile", Warned, "nothing is compiled at run time: DeepCompile's passes have no meaning", "deepcompile"},
-    // Checkpoints (the checkpoint section also holds zeropipe's dir, save_every, keep_last)
+    // Checkpoints (the checkpoint section also holds zeropipe's dir, save_every, keep_last, async)
     {"checkpoint.tag_validation", Warned, "checkpoints are named by step and verified by checksums"},
     {"checkpoint.load_universal", Warned, "every checkpoint resumes at any world size and stage"},
     {"checkpoint.use_node_local_storage", Refused, "a checkpoint is one file written collectively: it needs a file system all ranks share"},

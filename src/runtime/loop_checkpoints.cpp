@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/host_memory.h"
 #include "core/log.h"
 #include "io/checkpoint_file.h"
 
@@ -29,7 +30,30 @@ LoopCheckpoints::LoopCheckpoints(const TrainConfig& cfg, MPI_Comm group, paralle
                                  CheckpointModel model, int64_t global_batch, StreamHandle s,
                                  std::optional<StageBlocks> stages)
     : cfg_(cfg), group_(group), engine_(engine), model_(std::move(model)), global_batch_(global_batch), s_(s),
-      stages_(std::move(stages)), bytes_per_checkpoint_(checkpoint_bytes(engine, stage_blocks())) {}
+      stages_(std::move(stages)), bytes_per_checkpoint_(checkpoint_bytes(engine, stage_blocks())) {
+  if (cfg_.checkpoint_async && !cfg_.checkpoint_dir.empty()) check_snapshot_memory();
+}
+
+void LoopCheckpoints::check_snapshot_memory() {
+  // The ranks of this node take a snapshot each, at the same save point.
+  MPI_Comm node = MPI_COMM_NULL;
+  ZP_MPI_CHECK(MPI_Comm_split_type(group_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int64_t mine = checkpoint_snapshot_bytes(engine_), on_node = 0;
+  ZP_MPI_CHECK(MPI_Allreduce(&mine, &on_node, 1, MPI_INT64_T, MPI_SUM, node));
+  ZP_MPI_CHECK(MPI_Comm_free(&node));
+  const HostMemory host = available_host_memory();
+  std::string problem;
+  if (host.available >= 0 && on_node > host.available)
+    problem = detail::cat("checkpoint.async = true: the asynchronous save copies each rank's share of the checkpoint "
+                          "into host memory, ", on_node, " bytes for the ranks of this node, but ", host.available,
+                          " bytes are available (", host.source, "): set checkpoint.async = false (saves then stop "
+                          "training while they write) or give the job more memory");
+  problem = io::first_error(group_, problem);
+  if (!problem.empty()) throw Error(problem);
+  if (host.available >= 0 && on_node > host.available / 2)
+    ZP_LOG_WARN("checkpoint.async = true: the snapshots of this node's ranks take ", on_node, " of the ",
+                host.available, " bytes of host memory available");
+}
 
 LossScalerState LoopCheckpoints::scaler_state(const LossScaler& sc) const {
   LossScalerState st;
@@ -147,7 +171,9 @@ void LoopCheckpoints::resume(LossScaler& scaler, TrainResult& result) {
 void LoopCheckpoints::step_done(int64_t steps_done, bool healthy, bool stop, const LossScaler& scaler,
                                 TrainResult& result) {
   if (cfg_.checkpoint_dir.empty()) return;
-  const bool due = (cfg_.save_every > 0 && steps_done % cfg_.save_every == 0) || steps_done == cfg_.max_steps || stop;
+  const bool last = steps_done == cfg_.max_steps || stop;
+  const bool due = (cfg_.save_every > 0 && steps_done % cfg_.save_every == 0) || last;
+  if (in_flight_) finish_pending(due || last, result);
   if (!due && !save_pending_) return;
   if (!healthy) {
     if (!save_pending_ || steps_done == cfg_.max_steps || stop) ZP_LOG_WARN("step ", steps_done, ": no checkpoint from a step whose loss or gradient norm is not finite",
@@ -157,10 +183,39 @@ void LoopCheckpoints::step_done(int64_t steps_done, bool healthy, bool stop, con
     return;
   }
   save_pending_ = false;
-  save(steps_done, scaler, result);
+  save(steps_done, scaler, result, cfg_.checkpoint_async && !last);
 }
 
-void LoopCheckpoints::save(int64_t steps_done, const LossScaler& scaler, TrainResult& result) {
+void LoopCheckpoints::finish_pending(bool wait, TrainResult& result) {
+  // Every rank's thread done? The same answer on every rank, so all commit at the same step.
+  int done = in_flight_->written() ? 1 : 0;
+  if (!wait) ZP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &done, 1, MPI_INT, MPI_MIN, group_));
+  if (!wait && !done) return;
+  std::unique_ptr<io::CheckpointWriter> w = std::move(in_flight_);
+  try {
+    w->commit();
+  } catch (const Error& e) {
+    throw Error(std::string("asynchronous checkpoint save failed (the checkpoints committed before are kept): ") +
+                e.what());
+  }
+  const std::string path = w->path();
+  w.reset();
+  committed(path, in_flight_since_, " (asynchronously)", result);
+}
+
+void LoopCheckpoints::committed(const std::string& path, std::chrono::steady_clock::time_point since,
+                                const char* how, TrainResult& result) {
+  std::vector<std::string> deleted;
+  if (cfg_.keep_last > 0) deleted = io::keep_last_checkpoints(cfg_.checkpoint_dir, "step-", int(cfg_.keep_last), group_);
+  result.saved.push_back(path);
+  std::error_code ec;
+  last_save_ = {seconds_since(since), int64_t(fs::file_size(path, ec))};
+  if (ec) last_save_.bytes = 0;
+  ZP_LOG_INFO("saved ", path, how, " in ", last_save_.seconds, " s",
+              deleted.empty() ? "" : " (deleted " + std::to_string(deleted.size()) + " older)");
+}
+
+void LoopCheckpoints::save(int64_t steps_done, const LossScaler& scaler, TrainResult& result, bool async) {
   const auto t0 = std::chrono::steady_clock::now();
   TrainState st;
   st.step = steps_done;
@@ -169,15 +224,13 @@ void LoopCheckpoints::save(int64_t steps_done, const LossScaler& scaler, TrainRe
   st.seed = cfg_.seed;
   st.scaler = scaler_state(scaler);
   const std::string path = (fs::path(cfg_.checkpoint_dir) / io::checkpoint_filename(steps_done)).string();
+  if (async) {
+    in_flight_since_ = t0;
+    in_flight_ = save_checkpoint_async(path, group_, engine_, model_, st, snapshot_, s_, stage_blocks());
+    return;
+  }
   save_checkpoint(path, group_, engine_, model_, st, s_, stage_blocks());
-  std::vector<std::string> deleted;
-  if (cfg_.keep_last > 0) deleted = io::keep_last_checkpoints(cfg_.checkpoint_dir, "step-", int(cfg_.keep_last), group_);
-  result.saved.push_back(path);
-  std::error_code ec;
-  last_save_ = {seconds_since(t0), int64_t(fs::file_size(path, ec))};
-  if (ec) last_save_.bytes = 0;
-  ZP_LOG_INFO("saved ", path, " in ", last_save_.seconds, " s",
-              deleted.empty() ? "" : " (deleted " + std::to_string(deleted.size()) + " older)");
+  committed(path, t0, "", result);
 }
 
 }  // namespace zp::runtime

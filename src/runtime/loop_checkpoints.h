@@ -13,10 +13,24 @@
 // step (finite loss and gradient norm; a due save waits for the next healthy step), so rotation never
 // replaces good checkpoints with diverged ones; `--resume latest` verifies what it loads and skips a
 // damaged newest checkpoint (renamed <name>.damaged, out of the rotation) for the newest intact one.
+//
+// Asynchronous saves (checkpoint.async = true): a periodic save copies this rank's state into host
+// memory (pinned; kept between saves: host RAM of the rank's share of the checkpoint, which start-up
+// checks against what the node's ranks have available) and writes the file's structure, then a thread
+// writes the data while the steps go on (runtime/checkpoint.h). After each step the ranks agree
+// whether every thread is done (one small all-reduce while a save is in flight); then the file is
+// committed (renamed into place) and only then does rotation delete older ones. The next save, the
+// last step and a stop signal first wait for the save in flight; the last step's and a signal's saves
+// are written at once. A failed background save (a full disk, an I/O error) is logged by the rank that
+// saw it at once and stops the run with that error, on every rank, when the ranks next agree: the
+// temporary file is removed and the checkpoints already committed stay. A run that ends by an error
+// abandons a save in flight (its temporary file is removed).
 #pragma once
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -50,6 +64,8 @@ class LoopCheckpoints {
     double seconds = 0;
     int64_t bytes = 0;
   };
+  // With checkpoint.async: the file appears in result.saved when committed, a few steps after its
+  // step, and the seconds are those from the save point to the commit.
   const SaveTiming& last_save() const { return last_save_; }
   // The resume's load (zero when the run started fresh): its wall seconds, checks included, and the
   // file's bytes.
@@ -61,9 +77,17 @@ class LoopCheckpoints {
   SaveTiming load_;
   LossScalerState scaler_state(const LossScaler& sc) const;
   const StageBlocks* stage_blocks() const { return stages_ ? &*stages_ : nullptr; }
-  void save(int64_t steps_done, const LossScaler& scaler, TrainResult& result);
+  void save(int64_t steps_done, const LossScaler& scaler, TrainResult& result, bool async);
   // checkpoint.dir exists or can be created, is a writable directory and has room; rank 0 decides.
   void check_storage() const;
+  // checkpoint.async: the snapshot fits in host memory beside what the node's other ranks take.
+  void check_snapshot_memory();
+  // The asynchronous save in flight, committed when every rank's thread is done (or at once with
+  // `wait`), then rotated. Collective.
+  void finish_pending(bool wait, TrainResult& result);
+  // After `path` is in place: rotation, result.saved, last_save() (from `since`) and the log line.
+  void committed(const std::string& path, std::chrono::steady_clock::time_point since, const char* how,
+                 TrainResult& result);
 
   const TrainConfig& cfg_;
   MPI_Comm group_;
@@ -77,6 +101,10 @@ class LoopCheckpoints {
   int64_t skipped_before_ = 0;                  // skips before this run
   bool save_pending_ = false;
   SaveTiming last_save_;                   // a due save waits for a healthy step
+  // checkpoint.async: the save in flight, when it started, and the host copy it writes from.
+  std::unique_ptr<io::CheckpointWriter> in_flight_;
+  std::chrono::steady_clock::time_point in_flight_since_;
+  std::vector<Tensor> snapshot_;
 };
 
 }  // namespace zp::runtime

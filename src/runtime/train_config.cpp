@@ -123,7 +123,7 @@ const io::json& train_config_schema() {
     "lora": {"r": 0, "alpha": 8, "dropout": 0.0, "target_modules": [], "rslora": false, "init_from": ""},
     "data": {"train_files": [], "val_files": [], "val_fraction": 0.0, "seq_len": 1024, "shuffle": true,
              "format": "tokens", "tokenizer": "", "chat_template": "auto", "packing": false},
-    "checkpoint": {"dir": "", "save_every": 0, "keep_last": 3, "tag_validation": "Warn", "load_universal": false,
+    "checkpoint": {"dir": "", "save_every": 0, "keep_last": 3, "async": false, "tag_validation": "Warn", "load_universal": false,
                    "use_node_local_storage": false, "parallel_write": {"pipeline_stage": false}},
     "training": {"max_steps": 100, "eval_every": 0, "eval_batches": 4, "device": "auto", "metrics_file": "",
                  "max_bad_steps": 20}
@@ -521,6 +521,7 @@ TrainConfig TrainConfig::read(io::ConfigReader& r, const std::string& model_type
   t.checkpoint_dir = r.string("checkpoint.dir");
   t.save_every = r.integer("checkpoint.save_every", 0);
   t.keep_last = r.integer("checkpoint.keep_last", 0);
+  t.checkpoint_async = r.boolean("checkpoint.async");
   r.require(t.save_every == 0 || !t.checkpoint_dir.empty(),
             "checkpoint.save_every = " + std::to_string(t.save_every) + " needs checkpoint.dir (where to save)");
   t.config_json = r.config().dump();

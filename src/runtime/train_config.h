@@ -89,6 +89,7 @@ struct TrainConfig {
   std::string checkpoint_dir;    // where step-<N>.h5 files go; "" = no checkpoints
   int64_t save_every = 0;        // save after every N steps and after the last one; 0 = never
   int64_t keep_last = 3;         // keep the newest K checkpoints in checkpoint_dir; 0 = keep all
+  bool checkpoint_async = false; // periodic saves written by a thread while training goes on (loop_checkpoints.h)
   std::string resume;            // not a config key (`zeropipe train --resume`): "" | "latest" | a file
   std::string config_json;       // the whole configuration as given, recorded in every checkpoint
   std::vector<std::string> warnings;  // the reader's, each logged once when the configuration was read

@@ -89,6 +89,7 @@ struct TrainingRun {
   double lr = 3e-3;              // optimizer.params.lr
   io::json scheduler;            // the scheduler section instead of the suites' warmup (null: that)
   int param_buffer_count = 0;    // zero_optimization.offload_param.buffer_count with offload_param "nvme" (0: default)
+  bool async_save = false;       // checkpoint.async
   // New fields go last: suites build runs with positional initialisers.
 };
 
@@ -112,6 +113,7 @@ inline io::Config user_config(const std::string& data, const TrainingRun& r) {
                                  {"partition", r.partition}, {"keep_gathered", r.keep_gathered}}},
                    {"training", {{"max_steps", r.max_steps}, {"device", r.device}, {"eval_every", 0}}}};
   if (r.delayed_update) user["zero_optimization"]["offload_optimizer"]["delayed_update"] = true;
+  if (r.async_save) user["checkpoint"]["async"] = true;
   if (r.bf16) user["bf16"] = {{"enabled", true}};
   if (!r.lora.is_null()) user["lora"] = r.lora;
   user["model"]["init_std"] = r.init_std;

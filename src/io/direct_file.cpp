@@ -1,0 +1,130 @@
+// The pipeline in write() and read(): piece k is with the I/O thread (a std::async task) while the
+// caller works on piece k+1 in the other bounce buffer; a buffer is reused only after the task that
+// used it has been waited for, and every task is waited for before the call returns or throws.
+#include "io/direct_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <future>
+#include <vector>
+
+#include "core/error.h"
+#include "io/checkpoint_file.h"
+
+namespace zp::io {
+
+namespace {
+int64_t align_down(int64_t v) { return v / DirectFile::kAlign * DirectFile::kAlign; }
+int64_t align_up(int64_t v) { return align_down(v + DirectFile::kAlign - 1); }
+}  // namespace
+
+DirectFile::DirectFile(const std::string& path, bool writable, int threads)
+    : path_(path), threads_(std::max(1, threads)) {
+  const int mode = writable ? O_RDWR : O_RDONLY;
+  for (auto& b : bounce_) {
+    void* p = nullptr;
+    ZP_REQUIRE(posix_memalign(&p, size_t(kAlign), size_t(kPieceBytes + 2 * kAlign)) == 0, path, ": cannot allocate ",
+               kPieceBytes, " bytes of I/O buffer");
+    b.reset(static_cast<char*>(p));
+  }
+  fd_ = ::open(path.c_str(), mode | O_CLOEXEC);
+  ZP_REQUIRE(fd_ >= 0, path, ": cannot open: ", std::strerror(errno));
+  direct_fd_ = ::open(path.c_str(), mode | O_DIRECT | O_CLOEXEC);  // -1: the file system refuses O_DIRECT
+}
+
+DirectFile::~DirectFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (direct_fd_ >= 0) ::close(direct_fd_);
+}
+
+void DirectFile::pwrite_all(int fd, const char* p, int64_t bytes, int64_t offset) {
+  for (int64_t done = 0; done < bytes;) {
+    const ssize_t n = ::pwrite(fd, p + done, size_t(bytes - done), off_t(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    ZP_REQUIRE(n > 0, path_, ": write of bytes [", offset + done, ", ", offset + bytes, ") failed: ",
+               n < 0 ? std::strerror(errno) : "nothing written");
+    done += n;
+  }
+}
+
+uint32_t DirectFile::write(int64_t offset, const void* data, int64_t bytes, uint32_t crc) {
+  const char* src = static_cast<const char*>(data);
+  const int64_t end = offset + bytes;
+  // Whole pages in the middle go O_DIRECT through the bounce buffers, the partial ones at the ends
+  // through the page cache.
+  int64_t body = direct() ? std::min(end, align_up(offset)) : end, body_end = direct() ? align_down(end) : end;
+  if (body >= body_end) body = body_end = end;
+  crc = crc32(src, size_t(body - offset), crc);
+  pwrite_all(fd_, src, body - offset, offset);
+  std::future<void> pending[2];
+  int k = 0;
+  for (int64_t at = body; at < body_end; at += kPieceBytes, k ^= 1) {
+    const int64_t n = std::min(kPieceBytes, body_end - at);
+    if (pending[k].valid()) pending[k].get();
+    // Bytes [from, to) of the piece copied and checksummed, in pieces the CRC finds in the cache.
+    auto copy = [&, k](int64_t from, int64_t to) {
+      uint32_t c = 0;
+      for (int64_t b = from; b < to; b += kCacheBytes) {
+        const size_t len = size_t(std::min(kCacheBytes, to - b));
+        std::memcpy(bounce_[k].get() + b, src + (at - offset) + b, len);
+        c = crc32(bounce_[k].get() + b, len, c);
+      }
+      return c;
+    };
+    // Split over the threads (the caller takes the first part); zlib combines the parts' CRCs.
+    const int64_t part = (n + threads_ - 1) / threads_;
+    std::vector<std::future<uint32_t>> parts;
+    for (int64_t from = part; from < n; from += part)
+      parts.push_back(std::async(std::launch::async, copy, from, std::min(n, from + part)));
+    crc = uint32_t(::crc32_combine(crc, copy(0, std::min(n, part)), z_off_t(std::min(n, part))));
+    for (size_t t = 0; t < parts.size(); ++t)
+      crc = uint32_t(::crc32_combine(crc, parts[t].get(), z_off_t(std::min(n, part * int64_t(t + 2)) - part * int64_t(t + 1))));
+    pending[k] = std::async(std::launch::async, [this, k, n, at] { pwrite_all(direct_fd_, bounce_[k].get(), n, at); });
+  }
+  for (auto& p : pending)
+    if (p.valid()) p.get();
+  crc = crc32(src + (body_end - offset), size_t(end - body_end), crc);
+  pwrite_all(fd_, src + (body_end - offset), end - body_end, body_end);
+  return crc;
+}
+
+void DirectFile::read(int64_t offset, int64_t bytes, const std::function<void(const char*, int64_t)>& consume) {
+  const int64_t end = offset + bytes;
+  const int64_t pieces = (bytes + kPieceBytes - 1) / kPieceBytes;
+  // Piece p is bytes [offset + p * kPieceBytes, ...) of the range, so pieces never split an element.
+  // O_DIRECT reads whole pages: the window around a piece, past its ends (another rank's bytes, the
+  // neighbouring piece's, nothing past the end of the file), is read but not handed out.
+  auto start = [&](int64_t p) {
+    const int64_t from = offset + p * kPieceBytes, to = std::min(end, from + kPieceBytes);
+    const int64_t lo = direct() ? align_down(from) : from, hi = direct() ? align_up(to) : to;
+    char* buf = bounce_[p & 1].get();
+    return std::async(std::launch::async, [this, buf, lo, hi, to] {
+      const int fd = direct() ? direct_fd_ : fd_;
+      for (int64_t done = 0; done < to - lo;) {  // a short read at the end of the file is fine past `to`
+        const ssize_t got = ::pread(fd, buf + done, size_t(hi - lo - done), off_t(lo + done));
+        if (got < 0 && errno == EINTR) continue;
+        ZP_REQUIRE(got > 0, path_, ": read of bytes [", lo + done, ", ", to, ") failed: ",
+                   got < 0 ? std::strerror(errno) : "the file ends there (truncated?)");
+        done += got;
+      }
+    });
+  };
+  std::future<void> next = pieces > 0 ? start(0) : std::future<void>();
+  for (int64_t p = 0; p < pieces; ++p) {
+    next.get();
+    if (p + 1 < pieces) next = start(p + 1);
+    const int64_t from = offset + p * kPieceBytes, to = std::min(end, from + kPieceBytes);
+    consume(bounce_[p & 1].get() + (from - (direct() ? align_down(from) : from)), to - from);
+  }
+}
+
+void DirectFile::sync() {
+  ZP_REQUIRE(::fsync(fd_) == 0, path_, ": fsync failed: ", std::strerror(errno));
+}
+
+}  // namespace zp::io
