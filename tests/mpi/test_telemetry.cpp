@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -13,6 +14,21 @@
 #include "training_runs.h"
 
 namespace zp::test {
+
+namespace {
+
+// A rank's metrics file, its step records (events, which carry an "event" key, left out).
+std::vector<io::json> step_records(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  std::vector<io::json> steps;
+  for (std::string line; std::getline(in, line);) {
+    io::json j = io::json::parse(line);
+    if (!j.contains("event")) steps.push_back(std::move(j));
+  }
+  return steps;
+}
+
+}  // namespace
 
 TEST(Telemetry, CommBusyPerCollectiveKindOnEveryRank) {
   if (world_size() < 2) GTEST_SKIP() << "needs several ranks";
@@ -26,12 +42,9 @@ TEST(Telemetry, CommBusyPerCollectiveKindOnEveryRank) {
     runtime::TrainConfig t = runtime::TrainConfig::from(user_config(data, r));
     t.metrics_file = metrics;
     runtime::train(t, rt, MPI_COMM_WORLD);
-    std::ifstream in(dir / ("m" + std::to_string(stage) + "." + std::to_string(world_rank()) + ".jsonl"));
-    int steps = 0;
-    for (std::string line; std::getline(in, line);) {
-      const io::json j = io::json::parse(line);
-      if (j.contains("event")) continue;
-      ++steps;
+    const std::vector<io::json> steps =
+        step_records(dir / ("m" + std::to_string(stage) + "." + std::to_string(world_rank()) + ".jsonl"));
+    for (const io::json& j : steps) {
       const io::json& b = j.at("breakdown");
       const io::json& kinds = b.at("comm_busy_by_kind_ms");
       double sum = 0;
@@ -50,7 +63,7 @@ TEST(Telemetry, CommBusyPerCollectiveKindOnEveryRank) {
       EXPECT_NEAR(b.at("forward_ms").get<double>() + b.at("backward_ms").get<double>(),
                   b.at("forward_backward_ms").get<double>(), 1e-9 * b.at("forward_backward_ms").get<double>());
     }
-    EXPECT_EQ(steps, 2) << "stage " << stage;
+    EXPECT_EQ(steps.size(), 2u) << "stage " << stage;
   }
 }
 
@@ -72,12 +85,8 @@ TEST(Telemetry, PipelineSendRecvIsACommunicationKind) {
   t.metrics_file = dir / "m.{rank}.jsonl";
   runtime::train(t, rt, two);
   MPI_Comm_free(&two);
-  std::ifstream in(dir / ("m." + std::to_string(world_rank()) + ".jsonl"));
-  int steps = 0;
-  for (std::string line; std::getline(in, line);) {
-    const io::json j = io::json::parse(line);
-    if (j.contains("event")) continue;
-    ++steps;
+  const std::vector<io::json> steps = step_records(dir / ("m." + std::to_string(world_rank()) + ".jsonl"));
+  for (const io::json& j : steps) {
     const io::json& b = j.at("breakdown");
     const io::json& kinds = b.at("comm_busy_by_kind_ms");
     ASSERT_TRUE(kinds.contains("send_recv")) << j.dump();
@@ -89,7 +98,7 @@ TEST(Telemetry, PipelineSendRecvIsACommunicationKind) {
     // The host's waits for the link are part of its busy time (MPI: the waits and the posting).
     EXPECT_GE(kinds.at("send_recv").get<double>(), j.at("pipeline").at("recv_wait_ms").get<double>()) << j.dump();
   }
-  EXPECT_EQ(steps, 2);
+  EXPECT_EQ(steps.size(), 2u);
 }
 
 }  // namespace zp::test
