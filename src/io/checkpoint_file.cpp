@@ -4,6 +4,7 @@
 #include "io/checkpoint_file.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -232,6 +233,9 @@ void CheckpointWriter::start_writing() {
   ZP_REQUIRE(!writing_.joinable() && !committed_ && !discarded_, path_, ": start_writing() twice or too late");
   written_ = false;
   writing_ = std::thread([this] {
+    // Training goes first: the thread (and the copy threads it starts, which inherit this) takes the
+    // cores the steps leave idle. Linux's nice value is per thread; failing to lower it is harmless.
+    (void)::setpriority(PRIO_PROCESS, ::gettid(), 10);
     try {
       for (const Later& w : later_) {
         if (fault::hit(fault::Site::Write))

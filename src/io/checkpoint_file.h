@@ -88,7 +88,8 @@ class CheckpointWriter {
   void write_later(const std::string& name, DType file_dtype, const Shape& shape, DType mem_dtype, const void* data,
                    int64_t offset, int64_t count);
   // Local. Starts a thread that writes what write_later() left, in order, with its checksums; it
-  // calls neither MPI nor HDF5, so the caller may go on with both. No write() after this.
+  // calls neither MPI nor HDF5, so the caller may go on with both, and runs at a lower priority
+  // (nice 10) than the caller's threads. No write() after this.
   void start_writing();
   // Local: the thread started by start_writing() is done (or none was started).
   bool written() const;
