@@ -397,6 +397,35 @@ TEST(VerifiedReads, FilesWrittenThroughHdf5ReadThroughTheDataPath) {
   EXPECT_EQ(out[1], v[1]);
 }
 
+// Reads of megabytes go through the data path's parallel copy and CRC (its parts cut at the slices'
+// bounds): seven slices of odd sizes read back whole and in ranges across their bounds, and damage in
+// one is named with its range while the others still read.
+TEST(VerifiedReads, LargeReadsAreVerifiedOnEveryThread) {
+  Dir d("large");
+  const std::string path = d / "large.h5";
+  const int64_t n = 1'500'007;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(i % 9973) * 0.5f + float(i / 9973);
+  std::vector<int64_t> bounds = {0, 1, 300'001, 300'002, 777'777, 1'000'000, 1'400'003, n};
+  {
+    io::CheckpointWriter w(path);
+    for (size_t s = 0; s + 1 < bounds.size(); ++s)
+      w.write("/model/big", DType::F32, {n}, DType::F32, v.data() + bounds[s], bounds[s], bounds[s + 1] - bounds[s]);
+    w.commit();
+  }
+  for (auto [at, c] : std::vector<std::pair<int64_t, int64_t>>{{0, n}, {299'000, 500'000}, {999'999, 2}, {5, n - 10}}) {
+    std::vector<float> out(static_cast<size_t>(c), -1.f);
+    io::CheckpointReader(path).read("/model/big", {n}, DType::F32, out.data(), at, c);
+    EXPECT_TRUE(std::equal(out.begin(), out.end(), v.begin() + at)) << "[" << at << ", " << at + c << ")";
+  }
+  damage_dataset(path, "/model/big", 4 * 900'000, 1);  // the slice [777777, 1000000)
+  std::vector<float> out(static_cast<size_t>(n));
+  expect_error([&] { io::CheckpointReader(path).read("/model/big", {n}, DType::F32, out.data(), 0, n); },
+               {path, "/model/big", "elements [777777, 1000000)", "damaged"});
+  io::CheckpointReader(path).read("/model/big", {n}, DType::F32, out.data(), 0, 777'777);
+  EXPECT_TRUE(std::equal(out.begin(), out.begin() + 777'777, v.begin()));
+}
+
 // --resume refuses a checkpoint with a damaged slice (naming file, dataset and elements); `latest`
 // skips a damaged or truncated newest checkpoint (renamed out of the rotation) for the newest intact
 // one, and says so; when none is intact it is an error.

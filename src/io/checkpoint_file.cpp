@@ -4,6 +4,7 @@
 #include "io/checkpoint_file.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <sstream>
 
 #include "core/error.h"
@@ -50,6 +52,20 @@ RankInfo rank_info(MPI_Comm comm) {
   ZP_MPI_CHECK(MPI_Comm_rank(comm, &r.rank));
   ZP_MPI_CHECK(MPI_Comm_size(comm, &r.size));
   return r;
+}
+
+// Threads for a rank's copy and CRC (collective over comm): this node's cores shared by its ranks,
+// at most 4 each, so that copy and CRC keep up with a fast disk.
+int copy_threads(MPI_Comm comm) {
+  const RankInfo ri = rank_info(comm);
+  int on_node = 1;
+  if (ri.size > 1) {
+    MPI_Comm node = MPI_COMM_NULL;
+    ZP_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, ri.rank, MPI_INFO_NULL, &node));
+    ZP_MPI_CHECK(MPI_Comm_size(node, &on_node));
+    ZP_MPI_CHECK(MPI_Comm_free(&node));
+  }
+  return std::clamp(int(std::thread::hardware_concurrency()) / on_node, 1, 4);
 }
 
 std::string norm_name(const std::string& n) { return n.empty() || n[0] != '/' ? "/" + n : n; }
@@ -163,15 +179,7 @@ CheckpointWriter::CheckpointWriter(const std::string& path, MPI_Comm comm) : pat
   RankInfo ri = rank_info(comm);
   rank_ = ri.rank;
   size_ = ri.size;
-  // This node's cores shared by its ranks, at most 4 each: copy and CRC then keep up with a fast disk.
-  int on_node = 1;
-  if (size_ > 1) {
-    MPI_Comm node = MPI_COMM_NULL;
-    ZP_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
-    ZP_MPI_CHECK(MPI_Comm_size(node, &on_node));
-    ZP_MPI_CHECK(MPI_Comm_free(&node));
-  }
-  copy_threads_ = std::clamp(int(std::thread::hardware_concurrency()) / on_node, 1, 4);
+  copy_threads_ = copy_threads(comm_);
   try {
     agreed([&] {
       fs::path parent = fs::path(path_).parent_path();
@@ -225,6 +233,9 @@ void CheckpointWriter::start_writing() {
   ZP_REQUIRE(!writing_.joinable() && !committed_ && !discarded_, path_, ": start_writing() twice or too late");
   written_ = false;
   writing_ = std::thread([this] {
+    // Training goes first: the thread (and the copy threads it starts, which inherit this) takes the
+    // cores the steps leave idle. Linux's nice value is per thread; failing to lower it is harmless.
+    (void)::setpriority(PRIO_PROCESS, ::gettid(), 10);
     try {
       for (const Later& w : later_) {
         if (fault::hit(fault::Site::Write))
@@ -383,7 +394,7 @@ void CheckpointWriter::commit() {
 
 // --- CheckpointReader --------------------------------------------------------------------------
 
-CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm) {
+CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm) : copy_threads_(copy_threads(comm)) {
   std::error_code ec;
   ZP_REQUIRE(fs::exists(path, ec), path, ": no such file");
   try {
@@ -428,7 +439,8 @@ const std::vector<CheckpointReader::Slice>& CheckpointReader::slices(const std::
 
 std::string CheckpointReader::scan(const std::string& n, const DatasetInfo& info, int64_t lo, int64_t hi,
                                    int64_t piece,
-                                   const std::function<void(const char*, int64_t, int64_t)>& consume) const {
+                                   const std::function<void(const char*, int64_t, int64_t)>& consume,
+                                   int threads) const {
   // An empty range (a rank with nothing to read, or one that found a problem before) still joins the
   // collective reads, and must not look at the slices (they may be what is damaged).
   static const std::vector<Slice> none;
@@ -438,10 +450,9 @@ std::string CheckpointReader::scan(const std::string& n, const DatasetInfo& info
   auto slice = std::lower_bound(rows.begin(), rows.end(), lo,
                                 [](const Slice& s, int64_t v) { return s.offset + s.count <= v; });
   uint32_t crc = 0;
-  // Hands out a piece, then checks it against the slices it overlaps; a slice's CRC is complete at
-  // its last element.
-  auto take = [&](const char* buf, int64_t begin, int64_t count) {
-    consume(buf, begin, count);
+  // Checks elements [begin, begin + count) against the slices they overlap, in order; crc_of(a, u, c)
+  // continues CRC c over elements [a, u). A slice's CRC is complete at its last element.
+  auto check = [&](int64_t begin, int64_t count, const std::function<uint32_t(int64_t, int64_t, uint32_t)>& crc_of) {
     for (int64_t at = begin; at < begin + count && problem.empty();) {
       if (slice == rows.end() || slice->offset > at) {
         const int64_t gap_end = slice == rows.end() ? hi : slice->offset;
@@ -450,7 +461,7 @@ std::string CheckpointReader::scan(const std::string& n, const DatasetInfo& info
         break;
       }
       const int64_t upto = std::min(begin + count, slice->offset + slice->count);
-      crc = crc32(buf + size_t(at - begin) * esize, size_t(upto - at) * esize, crc);
+      crc = crc_of(at, upto, crc);
       at = upto;
       if (upto == slice->offset + slice->count) {
         if (crc != slice->crc) {
@@ -465,6 +476,46 @@ std::string CheckpointReader::scan(const std::string& n, const DatasetInfo& info
       }
     }
   };
+  // Hands out a piece, then checks it.
+  auto take = [&](const char* buf, int64_t begin, int64_t count) {
+    consume(buf, begin, count);
+    check(begin, count, [&](int64_t a, int64_t u, uint32_t c) {
+      return crc32(buf + size_t(a - begin) * esize, size_t(u - a) * esize, c);
+    });
+  };
+  // The same on `threads` threads for read(), whose consume() may run in parallel: the piece is cut
+  // at the slices' bounds and into one part per thread; each thread hands out its part and checksums
+  // its segments in cache-sized pieces, and the segments' CRCs are combined in order (zlib).
+  auto take_in_parallel = [&](const char* buf, int64_t begin, int64_t count) {
+    std::vector<int64_t> cuts = {begin, begin + count};
+    const int64_t part = (count + threads - 1) / threads;
+    for (int64_t at = begin + part; at < begin + count; at += part) cuts.push_back(at);
+    for (auto r = slice; r != rows.end() && r->offset < begin + count; ++r)
+      for (int64_t b : {r->offset, r->offset + r->count})
+        if (b > begin && b < begin + count) cuts.push_back(b);
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    std::vector<uint32_t> seg_crc(cuts.size() - 1, 0);
+    auto work = [&](int64_t from, int64_t to) {  // the segments inside [from, to)
+      for (size_t i = size_t(std::lower_bound(cuts.begin(), cuts.end(), from) - cuts.begin()); cuts[i] < to; ++i)
+        for (int64_t a = cuts[i]; a < cuts[i + 1]; a += DirectFile::kCacheBytes / int64_t(esize)) {
+          const int64_t u = std::min(cuts[i + 1], a + DirectFile::kCacheBytes / int64_t(esize));
+          const char* p = buf + size_t(a - begin) * esize;
+          consume(p, a, u - a);
+          seg_crc[i] = crc32(p, size_t(u - a) * esize, seg_crc[i]);
+        }
+    };
+    std::vector<std::future<void>> others;
+    for (int64_t at = begin + part; at < begin + count; at += part)
+      others.push_back(std::async(std::launch::async, work, at, std::min(begin + count, at + part)));
+    work(begin, std::min(begin + count, begin + part));
+    for (auto& f : others) f.get();
+    check(begin, count, [&](int64_t a, int64_t u, uint32_t c) {
+      for (size_t i = size_t(std::lower_bound(cuts.begin(), cuts.end(), a) - cuts.begin()); cuts[i] < u; ++i)
+        c = uint32_t(::crc32_combine(c, seg_crc[i], z_off_t((cuts[i + 1] - cuts[i]) * int64_t(esize))));
+      return c;
+    });
+  };
   // A contiguous dataset's bytes are read by each rank itself (the same choice on every rank: it
   // depends on the dataset only), in pieces of at most `piece` elements.
   if (info.chunk.empty() && info.file_offset >= 0) {
@@ -475,6 +526,12 @@ std::string CheckpointReader::scan(const std::string& n, const DatasetInfo& info
     int64_t at = lo;
     try {
       data_->read(info.file_offset + lo * int64_t(esize), (hi - lo) * int64_t(esize), [&](const char* p, int64_t bytes) {
+        if (threads > 1 && bytes >= threads * DirectFile::kCacheBytes) {
+          const int64_t c = bytes / int64_t(esize);
+          take_in_parallel(p, at, c);
+          at += c;
+          return;
+        }
         for (int64_t done = 0; done < bytes;) {  // the caller's piece size, for stream()
           const int64_t c = std::min(step, (bytes - done) / int64_t(esize));
           take(p + done, at, c);
@@ -541,7 +598,8 @@ void CheckpointReader::read(const std::string& name, const Shape& expected_shape
                const char* src = raw + size_t(from - at) * esize;
                if (mem_dtype == info.dtype) std::memcpy(dst, src, size_t(to - from) * esize);
                else kernels::cpu::cast(nullptr, mem_dtype, dst, info.dtype, src, to - from);
-             });
+             },
+             copy_threads_);
     if (problem.empty()) problem = scanned;
   }
   if (file_.parallel()) problem = first_error(file_.comm(), problem);

@@ -88,7 +88,8 @@ class CheckpointWriter {
   void write_later(const std::string& name, DType file_dtype, const Shape& shape, DType mem_dtype, const void* data,
                    int64_t offset, int64_t count);
   // Local. Starts a thread that writes what write_later() left, in order, with its checksums; it
-  // calls neither MPI nor HDF5, so the caller may go on with both. No write() after this.
+  // calls neither MPI nor HDF5, so the caller may go on with both, and runs at a lower priority
+  // (nice 10) than the caller's threads. No write() after this.
   void start_writing();
   // Local: the thread started by start_writing() is done (or none was started).
   bool written() const;
@@ -173,14 +174,17 @@ class CheckpointReader {
   const std::vector<Slice>& slices(const std::string& name, const DatasetInfo& info) const;
   // Reads [lo, hi) of `name` (slice bounds) in pieces, checks every slice in it and hands each piece
   // to `consume` as stored (file dtype). Returns the first problem found ("" if none).
+  // With `threads` > 1, consume may be called from that many threads at once, on disjoint ranges.
   std::string scan(const std::string& name, const DatasetInfo& info, int64_t lo, int64_t hi, int64_t piece,
-                   const std::function<void(const char* raw, int64_t offset, int64_t count)>& consume) const;
+                   const std::function<void(const char* raw, int64_t offset, int64_t count)>& consume,
+                   int threads = 1) const;
 
   H5File file_;
   int64_t format_ = 0;
   bool checksummed_ = false;
   mutable std::map<std::string, std::vector<Slice>> slices_;
   mutable std::unique_ptr<DirectFile> data_;  // the data path (io/direct_file.h), opened at the first read
+  int copy_threads_ = 1;                      // read()'s threads for copy and CRC
 };
 
 struct ChecksumReport {

@@ -238,8 +238,17 @@ std::unique_ptr<io::CheckpointWriter> write_checkpoint(const std::string& path, 
       kept += 4;
     }
     for (int k = 0; k < (lagging ? 4 : 3); ++k) {
-      if (!host[k].defined() || host[k].numel() != share)
-        host[k] = Tensor::empty({share}, DType::F32, Device::cpu(), "checkpoint", nullptr, snapshot != nullptr);
+      if (!host[k].defined() || host[k].numel() != share) {
+        // Pinned where the state may come from a GPU (a run with a stream); pageable when pinning is
+        // refused (RLIMIT_MEMLOCK).
+        const bool pin = snapshot && s != nullptr;
+        try {
+          host[k] = Tensor::empty({share}, DType::F32, Device::cpu(), "checkpoint", nullptr, pin);
+        } catch (const Error&) {
+          if (!pin) throw;
+          host[k] = Tensor::empty({share}, DType::F32, Device::cpu(), "checkpoint");
+        }
+      }
       if (k < 3) st.read(kStates[k].state, begin, share, host[k].data<float>());
       else st.read_lagging_weights(begin, share, host[k].data<float>());
     }
