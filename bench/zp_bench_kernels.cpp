@@ -82,6 +82,32 @@ BENCHMARK(BM_Gemm)->ArgNames({"M", "N", "K", "transB"})
     ->Args({32768, 768, 3072, 1})->Args({32768, 50304, 768, 1})->Args({8192, 8192, 8192, 0})
     ->UseManualTime()->Unit(benchmark::kMillisecond);
 
+// --- Decode's products: M = 1 or 4 rows against a Llama weight [N, K] (x W^T), what a decode step's
+// GEMMs are. A weight stream, so GB/s (weight + rows + output) against HBM's peak; the time is that of
+// 16 products. Llama 3.2 1B: q/k/v, o, gate/up, down; Llama 3.1 8B: q/k/v, gate/up, down.
+void BM_DecodeGemm(benchmark::State& st) {
+  const int64_t M = st.range(0), N = st.range(1), K = st.range(2);
+  Tensor A = dev_rand(M * K, DType::BF16), C = dev_rand(M * N, DType::BF16);
+  // Enough copies of the weight to cycle through 256 MB, so that no iteration finds its weight in L2
+  // (50 MB on an H100), as a decode step does not.
+  const int64_t copies = std::max<int64_t>(1, (int64_t(256) << 20) / (2 * N * K));
+  Tensor W = dev_rand(copies * N * K, DType::BF16, 0.05f);
+  // 16 products back to back per timed iteration, as a decode step (a CUDA graph) runs them: the
+  // events' own latency then stops counting as the product's.
+  constexpr int kBackToBack = 16;
+  int64_t next = 0;
+  run(st, nullptr, 0, kBackToBack * 2.0 * double(N * K + M * K + M * N), [&] {
+    for (int r = 0; r < kBackToBack; ++r) {
+      const void* w = static_cast<const char*>(W.data()) + size_t(next++ % copies) * size_t(2 * N * K);
+      cuda::gemm(nullptr, DType::BF16, DType::BF16, false, true, M, N, K, 1.f, A.data(), K, w, K, 0.f, C.data(), N);
+    }
+  });
+}
+BENCHMARK(BM_DecodeGemm)->ArgNames({"M", "N", "K"})
+    ->Args({1, 3072, 2048})->Args({1, 2048, 2048})->Args({1, 16384, 2048})->Args({1, 2048, 8192})
+    ->Args({4, 2048, 2048})->Args({1, 6144, 4096})->Args({1, 28672, 4096})->Args({1, 4096, 14336})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+
 // --- Attention, causal, B=32? (the GPT-2 step shape: B=32, T=1024, H=12, D=64) forward and backward.
 void BM_Attention(benchmark::State& st) {
   int64_t B = st.range(0), T = st.range(1), H = st.range(2), D = st.range(3);
