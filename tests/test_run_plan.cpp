@@ -220,6 +220,15 @@ TEST(RunPlan, PlanCommandOnThePresets) {
   EXPECT_EQ(plan("sdxl-unet-zero3-offload.json", {}, 5, "24GiB", "64GiB", out), 0) << out;
   EXPECT_NE(out.find("fits"), std::string::npos) << out;
   EXPECT_NE(out.find("UNet, 2.57B parameters"), std::string::npos) << out;
+  // The README's consumer node as five pipeline stages: it fits, judged by its worst stage.
+  EXPECT_EQ(plan("sdxl-unet-pipeline.json", {}, 5, "24GiB", "64GiB", out), 0) << out;
+  EXPECT_NE(out.find("\nfits\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("worst stage 3: memory plan (ZeRO stage 2, 1 rank"), std::string::npos) << out;
+  // Without the offload the worst stage's optimizer state does not fit its card.
+  EXPECT_EQ(plan("sdxl-unet-pipeline.json", {"zero_optimization.offload_optimizer.device=none"}, 5, "24GiB", "64GiB",
+                 out), 1) << out;
+  EXPECT_NE(out.find("does not fit: GPU memory per rank (stage 3)"), std::string::npos) << out;
+  EXPECT_NE(out.find("zero_optimization.offload_optimizer.device=cpu"), std::string::npos) << out;
   EXPECT_EQ(plan("sdxl-unet.json", {}, 5, "24GiB", "64GiB", out), 1) << out;
   EXPECT_NE(out.find("does not fit: GPU memory per rank"), std::string::npos) << out;
 
