@@ -14,11 +14,11 @@
 #include "models/activation_estimate.h"
 #include "models/transformer.h"
 #include "parallel/pipeline_partition.h"
-#include "runtime/pipeline_chunks.h"
 #include "nn/init.h"
 #include "runtime/base_fingerprint.h"
 #include "runtime/causal_lm_loss.h"
 #include "runtime/lora_run.h"
+#include "runtime/pipeline_chunks.h"
 #include "runtime/training_driver.h"
 
 namespace zp::runtime {
