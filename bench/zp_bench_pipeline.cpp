@@ -17,15 +17,16 @@
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <random>
 
 #include "comm/bootstrap.h"
 #include "io/config.h"
 #include "io/token_dataset.h"
 #include "runtime/lm_training.h"
+#include "runtime/run_report.h"
 #include "runtime/train_config.h"
 #include "quiet_reporter.h"
 
@@ -81,18 +82,15 @@ void BM_Pipeline(benchmark::State& st) {
     runtime::train(cfg, rt, MPI_COMM_NULL, false);
     double ms = 0, bubble = 0, theory = 0, mem = 0;
     if (rt.rank() == 0) {
-      std::ifstream in(metrics);
       int n = 0;
-      for (std::string line; std::getline(in, line);) {
-        const io::json j = io::json::parse(line);
-        if (!j.contains("step")) continue;  // the run's banner and summary records
-        mem = std::max(mem, j["peak_mem_gib"].get<double>());
-        if (j["step"].get<int>() <= kWarmup) continue;
+      for (const runtime::StepRecord& r : runtime::read_metrics_file(metrics).steps) {
+        if (!std::isnan(r.peak_mem_gib)) mem = std::max(mem, r.peak_mem_gib);
+        if (r.step <= kWarmup) continue;
         ++n;
-        ms += j["step_ms"].get<double>();
-        if (j.contains("pipeline")) {
-          bubble += j["pipeline"]["mean_bubble"].get<double>();
-          theory = j["pipeline"]["theoretical_bubble"].get<double>();
+        ms += r.step_ms;
+        if (!std::isnan(r.mean_bubble)) {
+          bubble += r.mean_bubble;
+          theory = r.theoretical_bubble;
         }
       }
       ms /= n;

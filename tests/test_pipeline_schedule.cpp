@@ -193,6 +193,32 @@ TEST(PipelineSchedule, ZeroBubbleH1FirstAndLastStage) {
   EXPECT_STREQ(schedule_name(PipelineScheduleKind::ZeroBubbleH1), "zb-h1");
 }
 
+// The activations a stage holds: 1F1B's stage s keeps P - s micro-batches between forward and
+// backward, ZB-H1's every stage P (its pending W passes included), interleaved its warm-up's
+// (P - s - 1) x 2 + (V - 1) x P forwards and one more, each chunk's own bytes.
+TEST(PipelineSchedule, PeakInFlightBytesFollowTheSchedule) {
+  for (int P : {2, 3, 5})
+    for (int M : {5, 10}) {
+      const PipelineShape sh{P, M, 1};
+      for (int s = 0; s < P; ++s) {
+        EXPECT_DOUBLE_EQ(peak_in_flight_bytes(stage_schedule(PipelineScheduleKind::OneFOneB, sh, s), {3.0}),
+                         3.0 * (P - s)) << "1F1B P" << P << " M" << M << " stage " << s;
+        EXPECT_DOUBLE_EQ(peak_in_flight_bytes(stage_schedule(PipelineScheduleKind::ZeroBubbleH1, sh, s), {3.0}),
+                         3.0 * P) << "ZB-H1 P" << P << " M" << M << " stage " << s;
+      }
+      const PipelineShape il{P, 2 * P, 2};
+      for (int s = 0; s < P; ++s) {
+        const std::vector<PipeAction> list = stage_schedule(PipelineScheduleKind::Interleaved, il, s);
+        const int passes = std::min(2 * 2 * P, (P - s - 1) * 2 + P + 1);
+        EXPECT_DOUBLE_EQ(peak_in_flight_bytes(list, {1.0, 1.0}), double(passes)) << "interleaved P" << P << " stage " << s;
+        // Chunk 1's micro-batches weigh 100: the peak counts which chunks are in flight.
+        const double weighted = peak_in_flight_bytes(list, {1.0, 100.0});
+        EXPECT_GT(weighted, double(passes)) << "interleaved P" << P << " stage " << s;
+        EXPECT_LE(weighted, 100.0 * passes);
+      }
+    }
+}
+
 TEST(PipelinePartition, UniformBalancedAndExplicit) {
   EXPECT_EQ(uniform_partition(10, 4), (std::vector<int64_t>{0, 3, 6, 8, 10}));
   // Equal layers, a heavy head: the last chunk gets fewer layers.

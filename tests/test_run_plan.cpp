@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <tuple>
 
 #include "app/plan_command.h"
 #include "core/cpu_share.h"
 #include "core/host_memory.h"
+#include "models/activation_estimate.h"
 #include "io/config.h"
 #include "models/transformer.h"
 #include "models/unet.h"
@@ -53,6 +55,17 @@ std::vector<std::string> suggested_sets(const std::string& out) {
     sets.push_back(out.substr(from, to - from));
   }
   return sets;
+}
+
+// A preset with `sets` as `zeropipe plan` reads it, resolved for `world` ranks.
+runtime::TrainConfig preset_config(const std::string& preset, const std::vector<std::string>& sets, int world,
+                                   bool& unet) {
+  io::Config c = io::Config::from_file(runtime::train_schema_with_diffusion(), (kConfigs / preset).string(),
+                                       io::Config::OnProblem::Keep);
+  for (const std::string& s : sets) c.set(s);
+  unet = c.get<std::string>("model.type") == "unet";
+  const runtime::TrainConfig t = unet ? runtime::UNetTrainConfig::from(c).common : runtime::TrainConfig::from(c);
+  return t.resolve_for_place(world / int(t.pipeline_stages), world, Device::cpu());
 }
 
 }  // namespace
@@ -207,6 +220,15 @@ TEST(RunPlan, PlanCommandOnThePresets) {
   EXPECT_EQ(plan("sdxl-unet-zero3-offload.json", {}, 5, "24GiB", "64GiB", out), 0) << out;
   EXPECT_NE(out.find("fits"), std::string::npos) << out;
   EXPECT_NE(out.find("UNet, 2.57B parameters"), std::string::npos) << out;
+  // The README's consumer node as five pipeline stages: it fits, judged by its worst stage.
+  EXPECT_EQ(plan("sdxl-unet-pipeline.json", {}, 5, "24GiB", "64GiB", out), 0) << out;
+  EXPECT_NE(out.find("\nfits\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("worst stage 3: memory plan (ZeRO stage 2, 1 rank"), std::string::npos) << out;
+  // Without the offload the worst stage's optimizer state does not fit its card.
+  EXPECT_EQ(plan("sdxl-unet-pipeline.json", {"zero_optimization.offload_optimizer.device=none"}, 5, "24GiB", "64GiB",
+                 out), 1) << out;
+  EXPECT_NE(out.find("does not fit: GPU memory per rank (stage 3)"), std::string::npos) << out;
+  EXPECT_NE(out.find("zero_optimization.offload_optimizer.device=cpu"), std::string::npos) << out;
   EXPECT_EQ(plan("sdxl-unet.json", {}, 5, "24GiB", "64GiB", out), 1) << out;
   EXPECT_NE(out.find("does not fit: GPU memory per rank"), std::string::npos) << out;
 
@@ -218,6 +240,109 @@ TEST(RunPlan, PlanCommandOnThePresets) {
   // No GPU or host sizes: the plan alone, status 0.
   EXPECT_EQ(plan("llama-8b.json", {}, 4, "", "", out), 0) << out;
   EXPECT_NE(out.find("give --gpu-memory"), std::string::npos) << out;
+}
+
+// With pipeline.stages P (issue 12) each stage is planned alone: its blocks (the embedding on the
+// first, the head on the last), ZeRO within its world / P ranks, the micro-batches its schedule keeps
+// in flight. The stages' parameters add up to the whole model's (a tied head's replica of the
+// embedding block once more, on the last stage).
+TEST(RunPlan, PipelinedLanguageModelsArePlannedPerStage) {
+  for (const auto& [preset, P, world] : {std::tuple<std::string, int, int>{"llama-8b.json", 4, 8},
+                                         {"gpt2-124m.json", 3, 3}}) {
+    bool unet = true;
+    const runtime::TrainConfig tc =
+        preset_config(preset, {"pipeline.stages=" + std::to_string(P), "gradient_accumulation_steps=" + std::to_string(P),
+                               "zero_optimization.stage=2", "pipeline.partition=\"uniform\""}, world, unet);
+    ASSERT_FALSE(unet);
+    const runtime::PipelinePlan p = runtime::plan_pipeline(tc, false, world, world);
+    ASSERT_EQ(p.stages.size(), size_t(P)) << preset;
+    std::string source;
+    const models::TransformerConfig mc = models::TransformerConfig::from_hub_json(tc.hub_config_json(source), source);
+    // The whole model on the data-parallel ranks of one stage.
+    const runtime::RunPlan whole = runtime::plan_config(tc, false, world / P, world / P);
+    int64_t params = 0, trained = 0;
+    for (int s = 0; s < P; ++s) {
+      const runtime::StagePlan& st = p.stages[size_t(s)];
+      params += st.params;
+      trained += st.plan.trained_params;
+      EXPECT_EQ(st.plan.states.world, world / P) << preset << " stage " << s << ": ZeRO within the stage's ranks";
+      EXPECT_EQ(st.plan.states.stage, 2);
+      EXPECT_EQ(st.holds.find("embedding") != std::string::npos, s == 0) << st.holds;
+      EXPECT_EQ(st.holds.find("head") != std::string::npos, s == P - 1) << st.holds;
+      EXPECT_LT(st.plan.states.device_bytes(), whole.states.device_bytes()) << preset << " stage " << s;
+    }
+    // A tied head's replica is the embedding block: GPT-2's position embedding rides along.
+    const int64_t replica = mc.tied ? (mc.vocab + (mc.learned_positions ? mc.max_positions : 0)) * mc.hidden : 0;
+    EXPECT_EQ(params, mc.num_parameters() + replica) << preset;
+    EXPECT_EQ(trained, params) << preset;
+    // 1F1B: stage s keeps P - s micro-batches of its layers (uniform: the same count on the first two).
+    const int64_t per = mc.layers / P;
+    const double first = models::transformer_activation_bytes(mc, tc.micro_batch, tc.seq_len, tc.dtype,
+                                                              tc.activation_checkpointing, {0, per, true, false});
+    EXPECT_DOUBLE_EQ(p.stages[0].plan.activation_bytes, P * first) << preset;
+    EXPECT_DOUBLE_EQ(p.stages[1].plan.activation_bytes, (P - 1) * first) << preset;
+    EXPECT_EQ(p.worst_stage(), 0u) << preset << ": the embedding's and P micro-batches' stage";
+    const std::string report = runtime::plan_report(p, {});
+    EXPECT_NE(report.find("pipeline: " + std::to_string(P) + " stages (1f1b"), std::string::npos) << report;
+    EXPECT_NE(report.find("worst stage 0: memory plan (ZeRO stage 2"), std::string::npos) << report;
+  }
+  // A stage without a layer, and fewer micro-batches than 1F1B needs: errors naming the keys.
+  bool unet = false;
+  const std::string many = error_message([&] {
+    runtime::plan_pipeline(preset_config("gpt2-124m.json", {"pipeline.stages=13", "gradient_accumulation_steps=13"}, 13,
+                                         unet), false, 13, 13);
+  });
+  EXPECT_NE(many.find("pipeline.stages"), std::string::npos) << many;
+  EXPECT_NE(many.find("12 layers"), std::string::npos) << many;
+  const std::string few = error_message([&] {
+    runtime::plan_pipeline(preset_config("gpt2-124m.json", {"pipeline.stages=3", "gradient_accumulation_steps=2"}, 3,
+                                         unet), false, 3, 3);
+  });
+  EXPECT_NE(few.find("gradient_accumulation_steps"), std::string::npos) << few;
+}
+
+// The UNet's stages span its blocks, the stem on the first and the head on the last; their
+// parameters add up to the whole UNet's. `zeropipe plan` reports them and judges the worst stage.
+TEST(RunPlan, PipelinedUNetIsPlannedPerStage) {
+  bool unet = false;
+  const runtime::TrainConfig tc = preset_config(
+      "sdxl-unet-zero2.json", {"pipeline.stages=5", "gradient_accumulation_steps=5"}, 5, unet);
+  ASSERT_TRUE(unet);
+  const runtime::PipelinePlan p = runtime::plan_pipeline(tc, true, 5, 5);
+  ASSERT_EQ(p.stages.size(), 5u);
+  std::string source;
+  const io::json hub = tc.hub_config_json(source);
+  models::UNet whole(models::UNetConfig::from_hub_json(hub, source), Device::cpu(), tc.dtype, nullptr, 1, false);
+  int64_t params = 0;
+  double worst = 0;
+  for (size_t s = 0; s < 5; ++s) {
+    const runtime::StagePlan& st = p.stages[s];
+    params += st.params;
+    EXPECT_EQ(st.plan.states.world, 1);
+    EXPECT_EQ(st.holds.find("stem") != std::string::npos, s == 0) << st.holds;
+    EXPECT_EQ(st.holds.find("head") != std::string::npos, s == 4) << st.holds;
+    EXPECT_GT(st.plan.activation_bytes, 0.0);
+    worst = std::max(worst, st.plan.gpu_bytes());
+  }
+  EXPECT_EQ(params, whole.num_parameters());
+  EXPECT_DOUBLE_EQ(p.stages[p.worst_stage()].plan.gpu_bytes(), worst);
+  // The verdict is the worst stage's: it fits in exactly its GPU bytes, not in one byte less.
+  runtime::NodeResources have;
+  have.gpu_bytes = worst;
+  EXPECT_TRUE(runtime::misfits(p, have).empty());
+  have.gpu_bytes = worst - 1;
+  const std::vector<runtime::Misfit> bad = runtime::misfits(p, have);
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_EQ(bad[0].tier, "GPU memory per rank (stage " + std::to_string(p.worst_stage()) + ")");
+  // The fullest node: all five stages' ranks on one.
+  double host = 0;
+  for (const runtime::StagePlan& st : p.stages) host += st.plan.pinned_host_bytes() + st.plan.pageable_host_bytes();
+  EXPECT_DOUBLE_EQ(p.host_bytes_per_node(), host);
+
+  std::string out;
+  plan("sdxl-unet-zero2.json", {"pipeline.stages=5", "gradient_accumulation_steps=5"}, 5, "24GiB", "64GiB", out);
+  EXPECT_NE(out.find("pipeline: 5 stages (1f1b, M = 5 micro-batches; UNet blocks [0, "), std::string::npos) << out;
+  EXPECT_NE(out.find("worst stage " + std::to_string(p.worst_stage())), std::string::npos) << out;
 }
 
 // With a lora section the plan is of what the run trains: gradients and optimizer state for the

@@ -91,7 +91,7 @@ std::string full_step(int step, int rank, int ranks) {
                       {"per_rank", per_rank},
                       {"pipeline",
                        {{"stage", rank}, {"busy_ms", 80.0}, {"idle_ms", 20.0}, {"recv_wait_ms", 3.0}, {"bubble", 0.2},
-                        {"mean_bubble", 0.2}, {"theoretical_bubble", 0.25}}}};
+                        {"mean_bubble", 0.22}, {"theoretical_bubble", 0.25}}}};
   if (step % 10 == 0) j["val_loss"] = 5.1 - 0.01 * step;
   return j.dump();
 }
@@ -169,6 +169,7 @@ TEST(RunReport, ReadsStepRecordsAndEventsIgnoringUnknownFields) {
                                         {"all_gather", 10.0}, {"reduce_scatter", 5.0}, {"send_recv", 5.0}}));
   EXPECT_EQ(s.rank_comm_busy_ms, (std::vector<double>{20.0, 25.0}));
   EXPECT_DOUBLE_EQ(s.bubble, 0.2);
+  EXPECT_DOUBLE_EQ(s.mean_bubble, 0.22) << "the mean over the stages, apart from this stage's";
   EXPECT_DOUBLE_EQ(s.theoretical_bubble, 0.25);
   EXPECT_DOUBLE_EQ(r.files[1].steps[0].comm_busy_ms, 25.0);
 

@@ -114,7 +114,8 @@ int run_plan(const PlanOptions& o) {
   if (!o.host_memory.empty()) have.host_bytes = parse_bytes(o.host_memory, "--host-memory");
   if (!o.nvme_free.empty()) have.nvme_bytes = parse_bytes(o.nvme_free, "--nvme-free");
 
-  const runtime::RunPlan plan = runtime::plan_config(tc, unet, o.world, per_node);
+  // With pipeline.stages P > 1, stage by stage; the verdict is the worst stage's and the fullest node's.
+  const runtime::PipelinePlan plan = runtime::plan_pipeline(tc, unet, o.world, per_node);
   std::printf("%s", runtime::plan_report(plan, have).c_str());
   const std::vector<runtime::Misfit> bad = runtime::misfits(plan, have);
   if (have.gpu_bytes < 0 && have.host_bytes < 0 && have.nvme_bytes < 0) {
@@ -130,7 +131,7 @@ int run_plan(const PlanOptions& o) {
                 runtime::format_bytes(m.have).c_str());
   // The cheapest change: one change alone if one suffices, else the changes in order, cumulatively.
   auto fits_with = [&](const runtime::TrainConfig& c) {
-    return runtime::misfits(runtime::plan_config(c, unet, o.world, per_node), have).empty();
+    return runtime::misfits(runtime::plan_pipeline(c, unet, o.world, per_node), have).empty();
   };
   for (const Change& change : changes()) {
     runtime::TrainConfig c = tc;
@@ -153,7 +154,7 @@ int run_plan(const PlanOptions& o) {
   }
   std::printf("no change of checkpointing, ZeRO stage, offload or micro-batch fits it: more GPUs (--world), more "
               "host memory per node%s are needed\n",
-              plan.states.nvme_bytes() > 0 ? ", or a larger disk under nvme_path (or fewer ranks per node: "
+              plan.nvme_bytes_per_node() > 0 ? ", or a larger disk under nvme_path (or fewer ranks per node: "
               "--ranks-per-node)" : "");
   return 1;
 }

@@ -1,6 +1,8 @@
 // zeropipe plan: a training configuration's memory per rank and per node on each tier, whether it
 // fits the GPUs, host memory and NVMe space named on the command line, and the cheapest change that would make
-// it fit (issue 11 item 5). Nothing is allocated and MPI is not started: it runs on a laptop.
+// it fit (issue 11 item 5). With pipeline.stages P > 1, stage by stage (issue 12): the verdict and the
+// change are the worst stage's and the fullest node's. Nothing is allocated and MPI is not started:
+// it runs on a laptop.
 #pragma once
 #include <string>
 #include <vector>

@@ -8,15 +8,16 @@
 
 namespace zp::models {
 
-double transformer_activation_bytes(const TransformerConfig& c, int64_t B, int64_t T, DType dt, bool checkpointed) {
+double transformer_activation_bytes(const TransformerConfig& c, int64_t B, int64_t T, DType dt, bool checkpointed,
+                                    const LayerSpan& span) {
   const double tokens = double(B) * double(T), esz = double(dtype_size(dt));
+  const double layers = double((span.end < 0 ? c.layers : span.end) - span.begin);
   // A layer's weight inputs per token: q/k/v and the MLP's up (and gate) read the normed hidden
   // state, the output projection the attention output, the down projection the MLP's hidden.
   const double layer = 2.0 * (3.0 * double(c.hidden) + double(c.ffn)) * tokens * esz;
   const double logits = tokens * double((c.vocab + 63) / 64 * 64) * esz;  // padded as the model pads them
-  const double kept = checkpointed ? double(c.layers) * tokens * double(c.hidden) * esz + layer
-                                   : double(c.layers) * layer;
-  return kept + logits + tokens * double(c.hidden) * esz;  // and the final norm's input
+  const double kept = checkpointed ? layers * tokens * double(c.hidden) * esz + layer : layers * layer;
+  return kept + (span.head ? logits + tokens * double(c.hidden) * esz : 0.0);  // and the final norm's input
 }
 
 double unet_activation_bytes(UNet& m, int64_t B, int64_t H, int64_t W, int64_t L, DType dt, bool checkpointed) {

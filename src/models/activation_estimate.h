@@ -17,8 +17,10 @@
 namespace zp::models {
 
 // Bytes of activations of one forward of B sequences of T tokens in `dt`, logits included (and their
-// fp32 loss gradient, written over them in place).
-double transformer_activation_bytes(const TransformerConfig& cfg, int64_t B, int64_t T, DType dt, bool checkpointed);
+// fp32 loss gradient, written over them in place). `span`: a pipeline chunk's layers, the logits and
+// the final norm's input only with its head.
+double transformer_activation_bytes(const TransformerConfig& cfg, int64_t B, int64_t T, DType dt, bool checkpointed,
+                                    const LayerSpan& span = {});
 
 // Bytes of activations of one forward of B samples of H x W latents with L text tokens.
 double unet_activation_bytes(UNet& m, int64_t B, int64_t H, int64_t W, int64_t L, DType dt, bool checkpointed);

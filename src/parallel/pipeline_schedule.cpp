@@ -114,6 +114,22 @@ std::vector<PipeAction> forward_schedule(const PipelineShape& sh) {
   return out;
 }
 
+double peak_in_flight_bytes(const std::vector<PipeAction>& list, const std::vector<double>& chunk_bytes) {
+  // Each (micro, chunk)'s last pass in the list frees its bytes.
+  std::map<std::pair<int, int>, size_t> last;
+  for (size_t i = 0; i < list.size(); ++i)
+    if (list[i].op != PipeOp::Forward) last[{list[i].micro, list[i].chunk}] = i;
+  double held = 0, peak = 0;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const PipeAction& a = list[i];
+    ZP_CHECK(a.chunk >= 0 && size_t(a.chunk) < chunk_bytes.size(), "pipeline pass of local chunk ", a.chunk, " of ",
+             chunk_bytes.size());
+    if (a.op == PipeOp::Forward) peak = std::max(peak, held += chunk_bytes[size_t(a.chunk)]);
+    else if (last.at({a.micro, a.chunk}) == i) held -= chunk_bytes[size_t(a.chunk)];
+  }
+  return peak;
+}
+
 double theoretical_bubble(PipelineScheduleKind kind, const PipelineShape& sh) {
   const double P = sh.stages, M = sh.micro_batches, V = sh.virtual_stages;
   // ZB-H1: each stage idles (P - 1)(F + B - W) = P - 1 of its 3 M + P - 1 pass times.

@@ -77,6 +77,12 @@ std::vector<PipeAction> stage_schedule(PipelineScheduleKind kind, const Pipeline
 // The forward-only order (evaluation): micro-batches in order through every local chunk.
 std::vector<PipeAction> forward_schedule(const PipelineShape& shape);
 
+// The most activation bytes a stage's list holds at once: a (micro, chunk) holds chunk_bytes[chunk]
+// from its Forward until its last pass (its Backward, or with ZB-H1 its BackwardWeight: what W
+// needs, each linear's input and output gradient, is counted as the whole, a bound). 1F1B: P - s
+// micro-batches on stage s; ZB-H1: P on every stage; interleaved: its longer warm-up's chunks.
+double peak_in_flight_bytes(const std::vector<PipeAction>& list, const std::vector<double>& chunk_bytes);
+
 // The fraction of a step's time a stage idles, in theory, with a backward costing twice a forward
 // (ZB-H1: B and W each as much as F) and every chunk equal: (P - 1) / (V * M + P - 1), ZB-H1
 // (P - 1) / (3 M + P - 1).

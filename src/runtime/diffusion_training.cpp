@@ -19,6 +19,7 @@
 #include "runtime/diffusion_draws.h"
 #include "runtime/lora_run.h"
 #include "runtime/noise_schedule.h"
+#include "runtime/pipeline_chunks.h"
 #include "runtime/pipeline_step.h"
 #include "runtime/training_driver.h"
 
@@ -58,53 +59,6 @@ struct DiffusionBatch {
   models::UNetInputs in;
   Tensor target, weights;  // f32 [B, n], [B]
 };
-
-// The UNet chunks of this rank (issue 12): the whole model without a pipeline; with one, the global
-// chunks stage, stage + P, ... of the P x V cut over the UNet's units (down, mid and up blocks) by
-// pipeline.partition.
-struct UNetChunks {
-  std::vector<int64_t> bounds;          // P x V + 1 unit boundaries
-  std::vector<models::UNetSpan> local;  // this rank's chunks, in local order
-};
-
-// `whole`: the whole model laid out (no memory), whose blocks give the units' costs: "parameters"
-// counts each unit's parameters (the stem's with the first chunk, the head's with the last),
-// "compute" its training FLOPs per sample (models/unet_flops.h: convolutions, linears and attention
-// at the unit's resolution; the stem's and the head's convolutions with their chunks).
-UNetChunks unet_chunks(const TrainConfig& cfg, models::UNet& whole, int64_t H, int64_t W, int64_t L, int stage,
-                       int stages) {
-  const models::UNetConfig& m = whole.config();
-  const int64_t units = m.num_units();
-  const int V = int(cfg.virtual_stages), chunks = stages * V;
-  const std::string unit = "UNet block";  // names the units in the partition's messages
-  UNetChunks c;
-  if (chunks == 1) {
-    c.bounds = {0, units};
-  } else if (cfg.pipeline_partition == "layers") {
-    c.bounds = parallel::explicit_partition(cfg.partition_layers, units, chunks, unit);
-  } else if (cfg.pipeline_partition == "uniform") {
-    c.bounds = parallel::uniform_partition(units, chunks, unit);
-  } else {
-    parallel::LayerCosts costs;
-    costs.layers.assign(size_t(units), 0.0);
-    for (nn::ParamBlock* b : whole.blocks()) {
-      const std::vector<nn::Parameter*> params = nn::parameters_of({b});
-      double cost = 0;
-      if (cfg.pipeline_partition == "parameters")
-        for (nn::Parameter* p : params) cost += double(p->numel());
-      else
-        cost = models::unet_train_flops_per_sample(m, params, H, W, L);
-      const int64_t u = m.unit_of_block(b->name());
-      (u < 0 ? costs.first_extra : u == units ? costs.last_extra : costs.layers[size_t(u)]) += cost;
-    }
-    c.bounds = parallel::balanced_partition(costs, chunks, unit);
-  }
-  for (int v = 0; v < V; ++v) {
-    const int g = v * stages + stage;
-    c.local.push_back({c.bounds[size_t(g)], c.bounds[size_t(g) + 1]});
-  }
-  return c;
-}
 
 class DiffusionTask final : public TrainingTask, public PipelineStageModel {
  public:
@@ -254,11 +208,10 @@ class DiffusionTask final : public TrainingTask, public PipelineStageModel {
   }
   ProgressUnit progress() override { return {"samples", 1, flops_per_sample_}; }
   double activation_bytes() override {
-    double bytes = 0;  // of this rank's chunks
+    std::vector<double> chunk_bytes;  // of this rank's chunks
     for (auto& c : chunks_)
-      bytes += models::unet_activation_bytes(*c, B_, H_, W_, L_, cfg_.dtype, cfg_.activation_checkpointing);
-    // A pipeline stage keeps up to P micro-batches in flight (1F1B's warm-up).
-    return bytes * double(std::min<int64_t>(at_.stages(), cfg_.grad_accum));
+      chunk_bytes.push_back(models::unet_activation_bytes(*c, B_, H_, W_, L_, cfg_.dtype, cfg_.activation_checkpointing));
+    return stage_activation_bytes(cfg_, at_.stage(), at_.stages(), chunk_bytes);
   }
   std::string describe() override {
     std::string widths;

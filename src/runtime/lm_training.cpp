@@ -18,6 +18,7 @@
 #include "runtime/base_fingerprint.h"
 #include "runtime/causal_lm_loss.h"
 #include "runtime/lora_run.h"
+#include "runtime/pipeline_chunks.h"
 #include "runtime/training_driver.h"
 
 namespace zp::runtime {
@@ -123,47 +124,6 @@ void forward_chunk(models::Transformer& m, const int32_t* ids, Tensor input, con
     m.forward_hidden(std::move(input), B, T, acts, mode, dropout, tokens);
 }
 
-// The model chunks of this rank (issue 12): the whole model without a pipeline; with one, the
-// global chunks stage, stage + P, ... of the P x V cut by pipeline.partition.
-struct ChunkLayout {
-  std::vector<int64_t> bounds;  // P x V + 1 layer boundaries
-  std::vector<models::LayerSpan> local;  // this rank's chunks, in local order
-};
-
-ChunkLayout chunk_layout(const TrainConfig& cfg, const models::TransformerConfig& m, int stage, int stages) {
-  ChunkLayout c;
-  const int V = int(cfg.virtual_stages), chunks = stages * V;
-  if (chunks == 1) {
-    c.bounds = {0, m.layers};
-  } else if (cfg.pipeline_partition == "layers") {
-    c.bounds = parallel::explicit_partition(cfg.partition_layers, m.layers, chunks);
-  } else if (cfg.pipeline_partition == "uniform") {
-    c.bounds = parallel::uniform_partition(m.layers, chunks);
-  } else {
-    // Every layer is alike; the first chunk carries the embedding, the last the final norm and the
-    // head (a tied head's replica of the embedding counts there too: it is memory).
-    const double C = double(m.hidden), vocab_rows = double(m.vocab) * C;
-    const double layer_params = double(m.num_parameters() - m.vocab * m.hidden -
-                                       (m.learned_positions ? m.max_positions * m.hidden : 0) -
-                                       (m.tied ? 0 : m.vocab * m.hidden)) /
-                                double(m.layers);  // the final norm's few weights ride along
-    parallel::LayerCosts costs;
-    if (cfg.pipeline_partition == "parameters") {
-      costs = {std::vector<double>(size_t(m.layers), layer_params),
-               vocab_rows + (m.learned_positions ? double(m.max_positions) * C : 0.0), vocab_rows};
-    } else {  // "compute": FLOPs per token; the lookup costs nothing, the head its GEMM
-      const double attention = 6.0 * double(cfg.seq_len) * double(m.heads * m.head_dim);
-      costs = {std::vector<double>(size_t(m.layers), 6.0 * layer_params + attention), 0.0, 6.0 * vocab_rows};
-    }
-    c.bounds = parallel::balanced_partition(costs, chunks);
-  }
-  for (int v = 0; v < V; ++v) {
-    const int g = v * stages + stage;
-    c.local.push_back({c.bounds[size_t(g)], c.bounds[size_t(g) + 1], g == 0, g == chunks - 1});
-  }
-  return c;
-}
-
 class LmTask final : public TrainingTask, public PipelineStageModel {
  public:
   LmTask(const TrainConfig& cfg, const TrainingPlace& at) : cfg_(cfg), at_(at) {
@@ -206,7 +166,7 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
     // first drawn, possibly hours in.
     train_ds_->check_vocab(mcfg_.vocab);
     if (!cfg.val_files.empty()) val_ds_->check_vocab(mcfg_.vocab);
-    layout_ = chunk_layout(cfg, mcfg_, at.stage(), at.stages());
+    layout_ = lm_chunks(cfg, mcfg_, at.stage(), at.stages());
     lora_ = lora_spec_of(cfg);
   }
 
@@ -333,13 +293,11 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
   }
   ProgressUnit progress() override { return {"tok", cfg_.seq_len, chunks_[0]->flops_per_token(cfg_.seq_len)}; }
   double activation_bytes() override {
-    const double whole = models::transformer_activation_bytes(mcfg_, cfg_.micro_batch, cfg_.seq_len, cfg_.dtype,
-                                                              cfg_.activation_checkpointing);
-    if (at_.stages() == 1) return whole;
-    // A pipeline stage keeps up to P micro-batches in flight (1F1B's warm-up), each for its layers.
-    int64_t layers = 0;
-    for (const auto& span : layout_.local) layers += span.end - span.begin;
-    return whole * double(layers) / double(mcfg_.layers) * double(std::min<int64_t>(at_.stages(), cfg_.grad_accum));
+    std::vector<double> chunk_bytes;
+    for (const models::LayerSpan& span : layout_.local)
+      chunk_bytes.push_back(models::transformer_activation_bytes(mcfg_, cfg_.micro_batch, cfg_.seq_len, cfg_.dtype,
+                                                                 cfg_.activation_checkpointing, span));
+    return stage_activation_bytes(cfg_, at_.stage(), at_.stages(), chunk_bytes);
   }
   std::string describe() override {
     std::string stages;
@@ -423,7 +381,7 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
   std::unique_ptr<LmRows> train_ds_, val_ds_;
   io::json hub_;
   models::TransformerConfig mcfg_;
-  ChunkLayout layout_;
+  LmChunks layout_;
   std::vector<std::unique_ptr<models::Transformer>> chunks_;  // one without a pipeline
   std::unique_ptr<io::WeightSource> hub_weights_;
   models::LoraSpec lora_;

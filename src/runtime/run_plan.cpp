@@ -1,6 +1,9 @@
 #include "runtime/run_plan.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <filesystem>
 #include <optional>
 
@@ -10,9 +13,11 @@
 #include "models/activation_estimate.h"
 #include "models/transformer.h"
 #include "models/unet.h"
+#include "parallel/pipeline_partition.h"
 #include "parallel/zero_engine.h"
 #include "runtime/lora_run.h"
 #include "runtime/optimizer_step.h"
+#include "runtime/pipeline_chunks.h"
 
 namespace zp::runtime {
 
@@ -49,16 +54,48 @@ RunPlan plan_run(std::span<nn::ParamBlock* const> blocks, const parallel::Shardi
   return p;
 }
 
-RunPlan plan_config(const TrainConfig& cfg, bool unet, int world, int ranks_per_node) {
-  parallel::ShardingPolicy policy = sharding_policy(cfg);
+namespace {
+
+// The parameters of `blocks`, unpadded.
+int64_t parameters_in(const std::vector<nn::ParamBlock*>& blocks) {
+  int64_t n = 0;
+  for (const nn::Parameter* p : nn::parameters_of(blocks)) n += p->numel();
+  return n;
+}
+
+std::string span_str(const std::string& unit, int64_t begin, int64_t end) {
+  return detail::cat(unit, " [", begin, ", ", end, ")");
+}
+
+}  // namespace
+
+PipelinePlan plan_pipeline(const TrainConfig& cfg, bool unet, int world, int ranks_per_node) {
+  const int P = int(cfg.pipeline_stages);
+  ZP_REQUIRE(P >= 1 && world % P == 0, "pipeline.stages = ", P, " does not divide the world size ", world);
+  PipelinePlan out;
+  out.data_size = world / P;
+  out.ranks_per_node = ranks_per_node;
+  const parallel::ShardingPolicy policy = sharding_policy(cfg);
   std::string source;
   const io::json hub = cfg.hub_config_json(source);
-  const int64_t pad = parallel::shard_pad_multiple(world);
+  // Each stage's blocks are sharded over its data-parallel group, padded as the engine pads them.
+  const int64_t pad = parallel::shard_pad_multiple(out.data_size);
   const models::LoraSpec lora = lora_spec_of(cfg);
-  char params[64];
+  std::string partition;
+  // A stage: its chunks' blocks and per-micro-batch activations, planned as the trainer plans it.
+  auto add_stage = [&](int stage, const std::vector<nn::ParamBlock*>& blocks, const std::vector<double>& chunk_bytes,
+                       std::string holds) {
+    StagePlan sp;
+    sp.holds = std::move(holds);
+    sp.params = parameters_in(blocks);
+    sp.plan = plan_run(blocks, policy, cfg, out.data_size, ranks_per_node,
+                       stage_activation_bytes(cfg, stage, P, chunk_bytes), true, out.model);
+    out.stages.push_back(std::move(sp));
+  };
+  char params[96];
   if (unet) {
     const models::UNetConfig mc = models::UNetConfig::from_hub_json(hub, source);
-    models::UNet m(mc, Device::cpu(), cfg.dtype, nullptr, pad, /*allocate=*/false, lora);
+    models::UNet whole(mc, Device::cpu(), cfg.dtype, nullptr, pad, /*allocate=*/false, lora);
     // The latent size: the data's when the file is there, else the config's sample_size.
     int64_t H = hub.value("sample_size", int64_t(64)), W = H, L = 77;
     std::error_code ec;
@@ -68,18 +105,98 @@ RunPlan plan_config(const TrainConfig& cfg, bool unet, int world, int ranks_per_
       W = ds.width();
       L = ds.text_len();
     }
-    std::snprintf(params, sizeof params, "UNet, %.2fB parameters, %lldx%lld latents", double(m.num_parameters()) / 1e9,
-                  (long long)H, (long long)W);
-    const double act =
-        models::unet_activation_bytes(m, cfg.micro_batch, H, W, L, cfg.dtype, cfg.activation_checkpointing);
-    return plan_run(m.blocks(), policy, cfg, world, ranks_per_node, act, true, params + lora_summary(lora, m.blocks()));
+    std::snprintf(params, sizeof params, "UNet, %.2fB parameters, %lldx%lld latents",
+                  double(whole.num_parameters()) / 1e9, (long long)H, (long long)W);
+    out.model = params + lora_summary(lora, whole.blocks());
+    for (int stage = 0; stage < P; ++stage) {
+      const UNetChunks chunks = unet_chunks(cfg, whole, H, W, L, stage, P);
+      partition = parallel::partition_str(chunks.bounds, "UNet block");
+      std::vector<std::unique_ptr<models::UNet>> parts;
+      std::vector<nn::ParamBlock*> blocks;
+      std::vector<double> chunk_bytes;
+      std::string holds;
+      for (const models::UNetSpan& span : chunks.local) {
+        parts.push_back(std::make_unique<models::UNet>(mc, Device::cpu(), cfg.dtype, nullptr, pad, /*allocate=*/false,
+                                                       lora, span));
+        for (nn::ParamBlock* b : parts.back()->blocks()) blocks.push_back(b);
+        chunk_bytes.push_back(models::unet_activation_bytes(*parts.back(), cfg.micro_batch, H, W, L, cfg.dtype,
+                                                            cfg.activation_checkpointing));
+        holds += (holds.empty() ? "" : ", ") + span_str("UNet blocks", span.begin, span.end) +
+                 (span.begin == 0 ? " + stem" : "") + (span.end == mc.num_units() ? " + head" : "");
+      }
+      add_stage(stage, blocks, chunk_bytes, holds);
+    }
+  } else {
+    const models::TransformerConfig mc = models::TransformerConfig::from_hub_json(hub, source);
+    models::Transformer whole(mc, Device::cpu(), cfg.dtype, nullptr, pad, /*allocate=*/false, {}, lora);
+    std::snprintf(params, sizeof params, "%s, %.2fB parameters", mc.model_type.c_str(),
+                  double(mc.num_parameters()) / 1e9);
+    out.model = params + lora_summary(lora, whole.blocks());
+    for (int stage = 0; stage < P; ++stage) {
+      const LmChunks chunks = lm_chunks(cfg, mc, stage, P);
+      partition = parallel::partition_str(chunks.bounds);
+      std::vector<std::unique_ptr<models::Transformer>> parts;
+      std::vector<nn::ParamBlock*> blocks;
+      std::vector<double> chunk_bytes;
+      std::string holds;
+      for (const models::LayerSpan& span : chunks.local) {
+        parts.push_back(std::make_unique<models::Transformer>(mc, Device::cpu(), cfg.dtype, nullptr, pad,
+                                                              /*allocate=*/false, span, lora));
+        for (nn::ParamBlock* b : parts.back()->blocks()) blocks.push_back(b);
+        chunk_bytes.push_back(models::transformer_activation_bytes(mc, cfg.micro_batch, cfg.seq_len, cfg.dtype,
+                                                                   cfg.activation_checkpointing, span));
+        holds += (holds.empty() ? "" : ", ") + span_str("layers", span.begin, span.end) +
+                 (span.embedding ? " + embedding" : "") + (span.head ? " + head" : "");
+      }
+      add_stage(stage, blocks, chunk_bytes, holds);
+    }
   }
-  const models::TransformerConfig mc = models::TransformerConfig::from_hub_json(hub, source);
-  models::Transformer m(mc, Device::cpu(), cfg.dtype, nullptr, pad, /*allocate=*/false, {}, lora);
-  std::snprintf(params, sizeof params, "%s, %.2fB parameters", mc.model_type.c_str(), double(mc.num_parameters()) / 1e9);
-  const double act = models::transformer_activation_bytes(mc, cfg.micro_batch, cfg.seq_len, cfg.dtype,
-                                                          cfg.activation_checkpointing);
-  return plan_run(m.blocks(), policy, cfg, world, ranks_per_node, act, true, params + lora_summary(lora, m.blocks()));
+  if (P > 1)
+    out.layout = detail::cat(P, " stages (", cfg.pipeline_schedule, ", M = ", cfg.grad_accum, " micro-batches; ",
+                             partition, "), ", out.data_size, " data-parallel rank", out.data_size == 1 ? "" : "s",
+                             " each");
+  return out;
+}
+
+RunPlan plan_config(const TrainConfig& cfg, bool unet, int world, int ranks_per_node) {
+  TrainConfig whole = cfg;  // the whole model on every rank
+  whole.pipeline_stages = whole.virtual_stages = 1;
+  return plan_pipeline(whole, unet, world, ranks_per_node).stages[0].plan;
+}
+
+size_t PipelinePlan::worst_stage() const {
+  size_t worst = 0;
+  auto need = [&](size_t s) {
+    const RunPlan& p = stages[s].plan;
+    return p.gpu ? p.gpu_bytes() : p.pinned_host_bytes() + p.pageable_host_bytes();
+  };
+  for (size_t s = 1; s < stages.size(); ++s)
+    if (need(s) > need(worst)) worst = s;
+  return worst;
+}
+
+namespace {
+
+// The most `per_rank` bytes that one node's ranks hold together: rank r is in stage r / data_size.
+double fullest_node(const PipelinePlan& p, const std::function<double(const RunPlan&)>& per_rank) {
+  const int world = int(p.stages.size()) * p.data_size, n = std::max(1, p.ranks_per_node);
+  double fullest = 0;
+  for (int first = 0; first < world; first += n) {
+    double node = 0;
+    for (int r = first; r < std::min(world, first + n); ++r) node += per_rank(p.stages[size_t(r / p.data_size)].plan);
+    fullest = std::max(fullest, node);
+  }
+  return fullest;
+}
+
+}  // namespace
+
+double PipelinePlan::host_bytes_per_node() const {
+  return fullest_node(*this, [](const RunPlan& p) { return p.pinned_host_bytes() + p.pageable_host_bytes(); });
+}
+
+double PipelinePlan::nvme_bytes_per_node() const {
+  return fullest_node(*this, [](const RunPlan& p) { return p.states.nvme_bytes(); });
 }
 
 std::vector<Misfit> misfits(const RunPlan& p, const NodeResources& have, bool states_only) {
@@ -146,6 +263,71 @@ std::string plan_report(const RunPlan& p, const NodeResources& have) {
     };
     under("optimizer state", s.nvme_optimizer_bytes, s.nvme_path);
     under("parameter shards", s.nvme_param_bytes, s.nvme_param_path);
+  }
+  return r;
+}
+
+std::vector<Misfit> misfits(const PipelinePlan& p, const NodeResources& have) {
+  if (p.stages.size() == 1) return misfits(p.stages[0].plan, have);
+  std::vector<Misfit> out;
+  const size_t worst = p.worst_stage();
+  const RunPlan& w = p.stages[worst].plan;
+  if (w.gpu && have.gpu_bytes >= 0 && w.gpu_bytes() > have.gpu_bytes)
+    out.push_back({detail::cat("GPU memory per rank (stage ", worst, ")"), w.gpu_bytes(), have.gpu_bytes});
+  const std::string ranks = detail::cat(" (", p.ranks_per_node, " ranks");
+  if (have.host_bytes >= 0 && p.host_bytes_per_node() > have.host_bytes)
+    out.push_back({"host memory per node" + ranks + ")", p.host_bytes_per_node(), have.host_bytes});
+  if (have.nvme_bytes >= 0 && p.nvme_bytes_per_node() > have.nvme_bytes)
+    out.push_back({"NVMe per node" + ranks + "' swap files)", p.nvme_bytes_per_node(), have.nvme_bytes});
+  return out;
+}
+
+std::string plan_report(const PipelinePlan& p, const NodeResources& have) {
+  if (p.stages.size() == 1) return plan_report(p.stages[0].plan, have);
+  std::string r = "model: " + p.model + "\npipeline: " + p.layout + "\n";
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "  %-5s %-36s %9s %9s %10s %11s %10s %10s %9s\n", "stage", "holds", "params",
+                "trained", "GPU states", "activations", "GPU total", "host", "NVMe");
+  r += buf;
+  for (size_t k = 0; k < p.stages.size(); ++k) {
+    const StagePlan& st = p.stages[k];
+    std::snprintf(buf, sizeof buf, "  %-5zu %-36s %8.1fM %8.1fM %10s %11s %10s %10s %9s\n", k, st.holds.c_str(),
+                  double(st.params) / 1e6, double(st.plan.trained_params) / 1e6,
+                  format_bytes(st.plan.states.device_bytes()).c_str(), format_bytes(st.plan.activation_bytes).c_str(),
+                  format_bytes(st.plan.gpu_bytes()).c_str(),
+                  format_bytes(st.plan.pinned_host_bytes() + st.plan.pageable_host_bytes()).c_str(),
+                  format_bytes(st.plan.states.nvme_bytes()).c_str());
+    r += buf;
+  }
+  const size_t worst = p.worst_stage();
+  const RunPlan& w = p.stages[worst].plan;
+  r += detail::cat("worst stage ", worst, ": ", w.states.str(), "\n");
+  if (w.gpu) {
+    std::snprintf(buf, sizeof buf, "  %-14s %10s per rank", "GPU", format_bytes(w.gpu_bytes()).c_str());
+    r += buf;
+    if (have.gpu_bytes >= 0)
+      r += " (of " + format_bytes(have.gpu_bytes) + (w.gpu_bytes() <= have.gpu_bytes ? ")" : ": DOES NOT FIT)");
+    std::snprintf(buf, sizeof buf, ", stage %zu\n    model states %s (exact) + activations %s (estimate, the "
+                  "micro-batches its schedule keeps in flight) + runtime %s (allowance)\n", worst,
+                  format_bytes(w.states.device_bytes()).c_str(), format_bytes(w.activation_bytes).c_str(),
+                  format_bytes(kRuntimeAllowanceBytes).c_str());
+    r += buf;
+  }
+  const std::string ranks = detail::cat(p.ranks_per_node, " rank", p.ranks_per_node == 1 ? "" : "s");
+  std::snprintf(buf, sizeof buf, "  %-14s %10s per node (%s, the fullest node)", "host total",
+                format_bytes(p.host_bytes_per_node()).c_str(), ranks.c_str());
+  r += buf;
+  if (have.host_bytes >= 0)
+    r += " of " + format_bytes(have.host_bytes) + (p.host_bytes_per_node() <= have.host_bytes ? "" : ": DOES NOT FIT");
+  r += "\n";
+  if (p.nvme_bytes_per_node() > 0) {
+    std::snprintf(buf, sizeof buf, "  %-14s %10s per node (%s)", "NVMe", format_bytes(p.nvme_bytes_per_node()).c_str(),
+                  ranks.c_str());
+    r += buf;
+    if (have.nvme_bytes >= 0)
+      r += " of " + format_bytes(have.nvme_bytes) +
+           (p.nvme_bytes_per_node() <= have.nvme_bytes ? " free" : " free: DOES NOT FIT");
+    r += " (checked against the free space at start)\n";
   }
   return r;
 }

@@ -61,13 +61,46 @@ RunPlan plan_run(std::span<nn::ParamBlock* const> blocks, const parallel::Shardi
 // the file is there, else from the config's sample_size. `unet` selects the diffusion reading.
 RunPlan plan_config(const TrainConfig& cfg, bool unet, int world, int ranks_per_node);
 
+// One pipeline stage of a run (issue 12): what it holds and the plan of each of its ranks, with ZeRO
+// and the offload tiers within its data-parallel group (world / P ranks) and the activations of the
+// micro-batches its schedule keeps in flight (runtime/pipeline_chunks.h, as the trainer counts them).
+struct StagePlan {
+  std::string holds;        // "layers [0, 6) + embedding", "UNet blocks [5, 7) + head"
+  int64_t params = 0;       // the parameters of its blocks (unpadded; a tied head's stage holds the embedding block again)
+  RunPlan plan;             // per rank of the stage
+};
+
+// A run's plan stage by stage: one stage, the whole model, without a pipeline. Ranks are numbered
+// as comm::Topology lays them out (pipeline outermost: the D ranks of stage 0 first), and a node
+// holds ranks_per_node consecutive ones.
+struct PipelinePlan {
+  std::string model;   // RunPlan::model, of the whole model
+  std::string layout;  // "5 stages (1f1b, M = 5; UNet blocks [0, 2) | ...), 1 data-parallel rank each"
+  std::vector<StagePlan> stages;
+  int data_size = 1, ranks_per_node = 1;
+
+  size_t worst_stage() const;  // the one needing the most GPU memory per rank (CPUs: host memory)
+  double host_bytes_per_node() const;  // of the fullest node
+  double nvme_bytes_per_node() const;  // of the fullest node
+};
+
+// plan_config stage by stage: pipeline.stages P stages over `world` ranks.
+PipelinePlan plan_pipeline(const TrainConfig& cfg, bool unet, int world, int ranks_per_node);
+
 // The tiers that do not fit: GPU, host memory, NVMe. With `states_only` the GPU check counts only what the plan
 // counts exactly (model states and buffers), as the start-up check does: an activation estimate
 // never stops a run, it warns.
 std::vector<Misfit> misfits(const RunPlan& plan, const NodeResources& have, bool states_only = false);
 
+// A pipelined plan's: the worst stage's GPU memory per rank, the fullest node's host memory and
+// NVMe. With one stage, misfits(stages[0].plan, have).
+std::vector<Misfit> misfits(const PipelinePlan& plan, const NodeResources& have);
+
 // The plan as lines for a terminal: per rank and per node, each tier, and against `have`.
 std::string plan_report(const RunPlan& plan, const NodeResources& have);
+// A pipelined plan's: a line per stage, then the worst stage's tiers and the fullest node's against
+// `have`. With one stage, plan_report(stages[0].plan, have).
+std::string plan_report(const PipelinePlan& plan, const NodeResources& have);
 
 // "18.3 GiB"
 std::string format_bytes(double bytes);

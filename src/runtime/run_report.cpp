@@ -112,6 +112,7 @@ StepRecord step_record(const json& o, RunFile& file, const Place& at) {
   }
   if (const json* p = object(o, "pipeline", at)) {
     r.bubble = number(*p, "bubble", at);
+    r.mean_bubble = number(*p, "mean_bubble", at);
     r.theoretical_bubble = number(*p, "theoretical_bubble", at);
   }
   return r;

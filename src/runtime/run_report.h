@@ -38,7 +38,8 @@ struct StepRecord {
   // comm_busy_by_kind_ms, one (kind, ms) per kind: ("all_gather", ms), ..., ("send_recv", ms).
   double exposed_comm_ms = kAbsent;
   std::vector<std::pair<std::string, double>> comm_busy_by_kind_ms;
-  double bubble = kAbsent, theoretical_bubble = kAbsent;  // pipeline runs only
+  // Pipeline runs only: this rank's stage's bubble, the mean over all stages, and the theory's.
+  double bubble = kAbsent, mean_bubble = kAbsent, theoretical_bubble = kAbsent;
   bool skipped = false;
   std::optional<StepBreakdown> breakdown;
   // "per_rank": one value per world rank (empty when absent).

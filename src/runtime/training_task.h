@@ -48,8 +48,9 @@ class TrainingTask {
   // Names the model in every checkpoint written; a resumed checkpoint must match it.
   virtual CheckpointModel checkpoint_model() const = 0;
   virtual ProgressUnit progress() = 0;
-  // An estimate of the activation bytes one training micro-batch keeps (after lay_out_model), for
-  // the start-up fit check (models/activation_estimate.h).
+  // An estimate of the activation bytes training keeps (after lay_out_model), for the start-up fit
+  // check (models/activation_estimate.h): one micro-batch's, or in a pipeline stage the most its
+  // schedule keeps in flight (runtime/pipeline_chunks.h, as `zeropipe plan` counts them).
   virtual double activation_bytes() = 0;
   // The start-up line: the model, where it runs, precision, batch and data.
   virtual std::string describe() = 0;

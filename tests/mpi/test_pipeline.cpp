@@ -10,6 +10,11 @@
 
 #include "core/device.h"
 #include "io/checkpoint_file.h"
+#include "parallel/zero_engine.h"
+#include "runtime/optimizer_step.h"
+#include "runtime/run_plan.h"
+#include "runtime/training_place.h"
+#include "runtime/training_task.h"
 #include "training_runs.h"
 
 namespace zp::test {
@@ -320,6 +325,60 @@ namespace zp::test {
 // On GPUs, one per rank, with NCCL between the stages: all the ranks as P stages, ZeRO 1 and 3
 // inside, 1F1B, interleaved and ZB-H1, follow one GPU within 1e-5 (fp32); a pipelined checkpoint resumes
 // data-parallel on the same GPUs and follows it too.
+// `zeropipe plan` plans each stage from the layout the trainer builds (runtime/pipeline_chunks.h): for
+// this rank's stage, the planner's parameters, model states and in-flight activations are those of
+// the trainer's start-up check over the blocks it lays out, for each schedule and partition, with
+// every rank a stage and (4 ranks or more) as P2 x D2 with ZeRO-3 sharding within each stage.
+TEST(Pipeline, ThePlanOfAStageIsWhatTheTrainerBuilds) {
+  comm::Runtime rt;
+  SharedDir dir("pipeline_plan");
+  const std::string data = data_file(dir, "llama");
+  auto check = [&](const TrainingRun& r, MPI_Comm group, const std::string& what) {
+    const runtime::TrainConfig given = runtime::TrainConfig::from(user_config(data, r));
+    const runtime::TrainingPlace at = runtime::place_training(given, rt, group);
+    const runtime::TrainConfig cfg = given.resolve_for_place(at.data_size(), at.world(), at.dev);
+    const std::unique_ptr<runtime::TrainingTask> task = runtime::make_lm_task(cfg, at);
+    const std::vector<nn::ParamBlock*> blocks = task->lay_out_model(parallel::shard_pad_multiple(at.data_size()));
+    const runtime::RunPlan trainer = runtime::plan_run(blocks, runtime::sharding_policy(cfg), cfg, at.data_size(), 1,
+                                                       task->activation_bytes(), true, "");
+    const runtime::PipelinePlan planner = runtime::plan_pipeline(cfg, false, at.world(), 1);
+    ASSERT_EQ(planner.stages.size(), size_t(r.stages)) << what;
+    const runtime::RunPlan& mine = planner.stages[size_t(at.stage())].plan;
+    EXPECT_EQ(mine.states.params, trainer.states.params) << what;
+    EXPECT_EQ(mine.trained_params, trainer.trained_params) << what;
+    EXPECT_EQ(mine.states.world, at.data_size()) << what;
+    EXPECT_DOUBLE_EQ(mine.states.device_bytes(), trainer.states.device_bytes()) << what;
+    EXPECT_DOUBLE_EQ(mine.activation_bytes, trainer.activation_bytes) << what;
+    EXPECT_GT(mine.activation_bytes, 0.0) << what;
+  };
+  const int P = world_size();
+  for (const std::string schedule : {"1f1b", "zb-h1", "interleaved"})
+    for (const io::json partition : {io::json("parameters"), io::json("compute"), io::json("uniform")}) {
+      if (schedule == "interleaved" && 2 * P > kLayers) continue;
+      TrainingRun r{"llama", 2, P};
+      r.stages = P;
+      r.grad_accum = P;
+      r.layers = kLayers;
+      r.schedule = schedule;
+      r.virtual_stages = schedule == "interleaved" ? 2 : 1;
+      r.partition = partition;
+      check(r, MPI_COMM_WORLD, schedule + " " + partition.dump() + " P" + std::to_string(P) + " rank " +
+                                   std::to_string(world_rank()));
+    }
+  if (P < 4) return;
+  MPI_Comm group = first_ranks(4);
+  if (group == MPI_COMM_NULL) return;
+  for (const io::json partition : {io::json("parameters"), io::json::array({1})}) {
+    TrainingRun r{"llama", 3, 4};
+    r.stages = 2;
+    r.grad_accum = 3;
+    r.layers = kLayers;
+    r.partition = partition;
+    check(r, group, "P2 x D2 ZeRO-3 " + partition.dump() + " rank " + std::to_string(world_rank()));
+  }
+  MPI_Comm_free(&group);
+}
+
 TEST(PipelineGpu, StagesOnGpusFollowOneGpu) {
   if (!every_rank_has_a_gpu() || world_size() < 2) GTEST_SKIP() << "needs two GPUs or more, one per rank";
   comm::Runtime rt;
