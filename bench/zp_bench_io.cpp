@@ -10,7 +10,12 @@
 // save point, then written by a thread) under a synthetic training step (CPU work on a cache-resident
 // buffer and an all-reduce, about 50 ms): the step's median time while the save is written against
 // its median alone, and the copy's seconds at the save point.
-// Runs on CPUs: `mpirun -np 1|2|5 build/bin/zp_bench_io [--dir D] [--params N] [--async]`.
+// With --param-tier, instead: the NVMe parameter tier of stage 3 (offload_param.device = "nvme",
+// parallel/nvme_parameter_shards.h) on the same layout's bf16 weights, each rank's 1/N shard of every
+// layer: the gatherer's read pass (every shard in order, buffer_count - 1 read ahead; the second of
+// two passes, so that no shard comes from a buffer's cache) and the optimizer's write pass (groups of
+// buffer_count shards written behind), beside a raw O_DIRECT write and read of the same bytes.
+// Runs on CPUs: `mpirun -np 1|2|5 build/bin/zp_bench_io [--dir D] [--params N] [--async | --param-tier]`.
 #include <fcntl.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -29,6 +34,7 @@
 
 #include "core/tensor.h"
 #include "io/checkpoint_file.h"
+#include "parallel/nvme_parameter_shards.h"
 
 namespace {
 
@@ -89,6 +95,62 @@ void drop_cached(const std::string& path) {
   ::close(fd);
 }
 
+// The NVMe parameter tier against the disk: bf16 blocks of `blocks` elements, each rank a 1/world
+// shard of every block in its own swap file under `dir`, `buffers` host buffers.
+void param_tier(const std::string& dir, const std::vector<int64_t>& blocks, int buffers, int rank, int world) {
+  zp::parallel::NvmeSettings nvme;
+  nvme.path = dir;
+  nvme.path_key = "--dir";
+  nvme.buffer_count = buffers;
+  bool pinned = false;
+  zp::parallel::NvmeParameterShards shards(nvme, /*gpu=*/false, pinned);
+  int64_t mine = 0, total = 0;
+  for (int64_t b : blocks) {
+    const int64_t n = (b + world - 1) / world;
+    const std::vector<zp::bf16> values(size_t(n), zp::bf16{float(rank)});
+    shards.add("block", values.data(), zp::Device::cpu(), n, zp::DType::BF16, nullptr);
+    mine += n;
+    total += b;
+  }
+  shards.flush();
+  const size_t count = shards.size();
+  auto timed = [&](auto&& pass) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto t0 = std::chrono::steady_clock::now();
+    pass();
+    MPI_Barrier(MPI_COMM_WORLD);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  auto read_pass = [&] {
+    for (size_t i = 0; i < count; ++i) {
+      for (size_t j = i + 1; j < std::min(count, i + size_t(buffers)); ++j) shards.read_ahead(j);
+      shards.take(i);
+      shards.release(i, nullptr);
+    }
+  };
+  auto write_pass = [&] {
+    for (size_t i = 0; i < count; i += size_t(buffers)) {
+      std::vector<size_t> group;
+      for (size_t j = i; j < std::min(count, i + size_t(buffers)); ++j) {
+        shards.begin_write(j);
+        group.push_back(j);
+      }
+      shards.commit(group, nullptr);
+    }
+    shards.flush();
+  };
+  timed(read_pass);
+  const double read_s = timed(read_pass), write_s = timed(write_pass);
+  const double gb = 2.0 * double(total) / 1e9;
+  const Raw raw = raw_odirect(dir + "/raw-odirect.bin", 2 * total, rank, world);
+  if (rank == 0)
+    std::printf("{\"benchmark\": \"nvme_parameter_tier\", \"ranks\": %d, \"parameters\": %lld, \"blocks\": %zu, "
+                "\"buffer_count\": %d, \"shard_GB_per_rank\": %.2f, \"read_GBps\": %.2f, \"raw_read_GBps\": %.2f, "
+                "\"read_over_raw\": %.2f, \"write_GBps\": %.2f, \"raw_write_GBps\": %.2f, \"write_over_raw\": %.2f}\n",
+                world, (long long)total, count, buffers, 2.0 * double(mine) / 1e9, gb / read_s, gb / raw.read_s,
+                raw.read_s / read_s, gb / write_s, gb / raw.write_s, raw.write_s / write_s);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -98,9 +160,10 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   std::string dir = "/tmp/zp_bench_io";
   int64_t target = 1'000'000'000;
-  bool async = false;
+  bool async = false, tier = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--async") == 0) async = true;
+    if (std::strcmp(argv[i], "--param-tier") == 0) tier = true;
     if (i + 1 == argc) break;
     if (std::strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
     if (std::strcmp(argv[i], "--params") == 0) target = std::stoll(argv[i + 1]);
@@ -119,6 +182,18 @@ int main(int argc, char** argv) {
       total += t.numel();
       tensors.push_back(t);
     }
+  }
+  if (tier) {  // one block per layer (the embedding its own), as the model's sharding units
+    std::vector<int64_t> blocks{tensors[0].numel()};
+    for (size_t i = 1; i < tensors.size(); i += 12) {
+      int64_t n = 0;
+      for (size_t j = i; j < i + 12 && j < tensors.size(); ++j) n += tensors[j].numel();
+      blocks.push_back(n);
+    }
+    std::filesystem::create_directories(dir);
+    param_tier(dir, blocks, 5, rank, world);
+    MPI_Finalize();
+    return 0;
   }
   // Each rank's shard: a contiguous 1/N of every tensor (the last rank takes the remainder).
   auto slice = [&](const Tensor1& t, int r) {
