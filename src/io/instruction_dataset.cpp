@@ -112,12 +112,32 @@ void InstructionDataset::row(int64_t r, const InstructionRowView& out) const {
     for (int64_t i = 0; i < inputs; ++i) {
       const int64_t t = rec.begin + i;
       out.ids[at + i] = src.id(t);
-      out.targets[at + i] = i + 1 < keep && src.loss(t + 1) ? src.id(t + 1) : -1;
+      out.targets[at + i] = has_target(rec, i, keep) ? src.id(t + 1) : -1;
       out.segments[at + i] = j;
       out.positions[at + i] = int32_t(i);
     }
     at += inputs;
   }
+}
+
+int64_t InstructionDataset::trained_targets(int64_t r) const {
+  ZP_CHECK(r >= 0 && r < num_rows(), "row ", r, " of ", num_rows());
+  const Row& row = rows_[size_t(r)];
+  int64_t trained = 0;
+  for (int32_t j = 0; j < row.count; ++j) {
+    const Record& rec = records_[size_t(pack_order_[size_t(row.first + j)])];
+    const int64_t keep = kept(rec), inputs = std::min(keep, T_);
+    for (int64_t i = 0; i < inputs; ++i) trained += has_target(rec, i, keep);
+  }
+  return trained;
+}
+
+int64_t InstructionDataset::tokens(int64_t r) const {
+  ZP_CHECK(r >= 0 && r < num_rows(), "row ", r, " of ", num_rows());
+  const Row& row = rows_[size_t(r)];
+  int64_t n = 0;
+  for (int32_t j = 0; j < row.count; ++j) n += std::min(kept(records_[size_t(pack_order_[size_t(row.first + j)])]), T_);
+  return n;
 }
 
 void InstructionDataset::check_vocab(int64_t vocab) const {

@@ -219,7 +219,8 @@ TrainResult run_training(const TrainConfig& given, comm::Runtime& rt, MPI_Comm g
   if (task->has_validation()) validate = [&](int64_t first) { return task->validation_loss(first); };
   run_steps({cfg, engine, scaler, sched, checkpoints, reporter, comms.control.get(), at.data_rank(), at.data_size(), s,
              pipeline.get(), stage_model ? &pipeline_grads : nullptr, [&] { return task->take_data_seconds(); },
-             [&] { return task->take_forward_ms(); }},
+             [&] { return task->take_forward_ms(); },
+             [&](int64_t first, int64_t samples) { return task->begin_step(first, samples); }},
             [&](int64_t step, int64_t first, float scale) { return task->micro_step(step, first, scale); }, validate,
             result);
   reporter.summary(std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count(),
