@@ -321,11 +321,11 @@ class DiffusionTask final : public TrainingTask, public PipelineStageModel {
   }
 
 
-  // LoRA's dropout masks: keyed by (seed, step), rows apart per micro-batch, so a sample's masks do
-  // not depend on the rank, micro-step or pipeline chunk that runs it.
+  // LoRA's dropout masks: keyed by (seed, step), the rows by each sample's global position, so a
+  // sample's masks do not depend on the rank, micro-step or pipeline chunk that runs it.
   nn::DropoutDraw lora_dropout(int64_t step, int64_t first) const {
     if (lora_.r == 0 || lora_.dropout == 0) return {};
-    return {nn::splitmix64(cfg_.seed ^ nn::splitmix64(0x4C6F5241ull + uint64_t(step))) | 1, first << 24};
+    return {nn::splitmix64(cfg_.seed ^ nn::splitmix64(0x4C6F5241ull + uint64_t(step))) | 1, first, B_};
   }
 
   // Every sample's weighted MSE of the prediction against the batch's target: f32 [B] on the device.

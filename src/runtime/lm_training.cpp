@@ -390,7 +390,7 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
   // sample's masks do not depend on the rank or micro-step that runs it.
   nn::DropoutDraw dropout_draw(int64_t step, int64_t first) const {
     if (lora_.r == 0 || lora_.dropout == 0) return {};
-    return {nn::splitmix64(cfg_.seed ^ nn::splitmix64(0x4C6F5241ull + uint64_t(step))) | 1, first * cfg_.seq_len};
+    return {nn::splitmix64(cfg_.seed ^ nn::splitmix64(0x4C6F5241ull + uint64_t(step))) | 1, first, cfg_.micro_batch};
   }
   std::vector<nn::ParamBlock*> all_blocks() const {
     std::vector<nn::ParamBlock*> b;
