@@ -14,6 +14,7 @@
 #include "core/numa_node.h"
 #include "core/progress_meter.h"
 #include "io/bounded_json.h"
+#include "nn/trained_blocks.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/zero_engine.h"
 #include "runtime/loop_checkpoints.h"
@@ -57,8 +58,7 @@ std::vector<float> gather_stages(const std::vector<float>& mine, const TrainingP
                                  PipelineStageModel& stage) {
   std::vector<double> keyed;  // per block: key, size, values...
   size_t at_elem = 0;
-  for (const nn::ParamBlock* b : blocks) {
-    if (b->frozen()) continue;  // gather_master covers the blocks that train
+  for (const nn::ParamBlock* b : nn::trained_blocks(blocks)) {  // gather_master covers those
     int64_t n = 0;
     for (const auto& p : b->params()) n += p->numel();
     if (b != replica) {
