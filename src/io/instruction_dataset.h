@@ -76,9 +76,9 @@ class InstructionDataset {
   void row(int64_t r, const InstructionRowView& out) const;
   // How many of row `r`'s targets are trained (>= 0), without assembling the row: a step's loss
   // averages over the trained targets of all its rows, counted before any of them is read.
-  int64_t trained_targets(int64_t r) const;
+  int64_t trained_targets(int64_t r) const { return rows_.at(size_t(r)).trained; }
   // How many of row `r`'s tokens are records' (not padding): what throughput counts.
-  int64_t tokens(int64_t r) const;
+  int64_t tokens(int64_t r) const { return rows_.at(size_t(r)).tokens; }
   // The row at position `i` of epoch `epoch`'s order (shuffle=false: identity).
   int64_t epoch_order(uint64_t seed, int64_t epoch, int64_t i, bool shuffle = true) const {
     return order_.at(seed, epoch, num_rows(), i, shuffle);
@@ -100,6 +100,7 @@ class InstructionDataset {
   struct Row {
     int64_t first;   // into pack_order_
     int32_t count;   // records
+    int32_t tokens = 0, trained = 0;  // not padding; with a trained target
   };
   void select_and_lay_out(const InstructionRowsOptions& options);
   // How many of record `rec`'s tokens a row holds.
