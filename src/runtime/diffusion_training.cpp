@@ -278,6 +278,8 @@ class DiffusionTask final : public TrainingTask, public PipelineStageModel {
                        noise_.num_timesteps(), " timesteps", gamma, lora_summary(lora_, all_blocks()));
   }
 
+  // Every sample is one item of the objective's mean, none of them padding: nothing to count.
+  std::optional<int64_t> begin_step(int64_t, int64_t) override { return std::nullopt; }
   double micro_step(int64_t step, int64_t first, float loss_scale) override {
     DiffusionBatch b = timed_read([&] { return make_batch(*train_ds_, step, first, true); });
     b.in.dropout = lora_dropout(step, first);

@@ -63,11 +63,14 @@ class TrainingTask {
   // on how the global batch is cut into micro-batches and ranks. Returns the items the step really
   // processes where some of its samples' items are padding (instruction rows' padding tokens), for
   // throughput and MFU; none: every item is real.
-  virtual std::optional<int64_t> begin_step(int64_t /*first*/, int64_t /*samples*/) { return std::nullopt; }
+  // Every family says (a wrapper must pass it on: the step's micro-batches depend on it).
+  virtual std::optional<int64_t> begin_step(int64_t first, int64_t samples) = 0;
   // One training micro-batch: the samples at global positions [first, first + micro) of the seeded
   // sample order (`step` keys any per-step draws), forward, objective, backward of the loss scaled by
-  // `loss_scale`. Returns the micro-batch's mean loss, read after the backward is queued so the
-  // device never waits for the host.
+  // `loss_scale`. Returns the micro-batch's loss, read after the backward is queued so the device
+  // never waits for the host: its mean, or with begin_step's counts its items' summed loss over the
+  // step's average count per micro-batch (so that the mean over the step's micro-batches and ranks
+  // is the step's mean over all its items).
   virtual double micro_step(int64_t step, int64_t first, float loss_scale) = 0;
   // Whether there is validation data; validation_loss(first) is the mean loss of the validation
   // micro-batch at `first` (forward and objective only).
