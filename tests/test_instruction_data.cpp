@@ -401,6 +401,16 @@ TEST(InstructionDataset, PackingKeepsRecordsApart) {
     const InstructionDataset packed({kTinyJsonl}, f, o);
     SCOPED_TRACE("T = " + std::to_string(T));
     check_packed(packed, unpacked);
+    // A step's loss divides by its rows' trained targets, and its throughput counts their tokens,
+    // both counted without assembling the rows.
+    for (const InstructionDataset* d : {&unpacked, &packed})
+      for (int64_t r = 0; r < d->num_rows(); ++r) {
+        const RowData x = row_of(*d, r);
+        EXPECT_EQ(d->trained_targets(r), std::count_if(x.targets.begin(), x.targets.end(), [](int32_t t) { return t >= 0; }))
+            << "row " << r;
+        EXPECT_EQ(d->tokens(r), std::count_if(x.segments.begin(), x.segments.end(), [](int32_t s) { return s >= 0; }))
+            << "row " << r << ": the tokens throughput counts are those not padding";
+      }
     EXPECT_LT(packed.num_rows(), unpacked.num_rows());
     if (T == 512) {
       // Every record fits with room: rows are full but for less than the next record.

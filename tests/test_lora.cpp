@@ -185,7 +185,7 @@ TEST(LoraLinear, DropoutIsTheDenseFormulaWithTheHashedMaskAndItsExactGradient) {
   const float p = 0.3f;
   PackedCase pc(true, p);
   nn::Ctx c = cpu64();
-  c.dropout = {0x1234, 40};
+  c.dropout = {0x1234, 40, PackedCase::kN};  // a row a sample
   const int64_t N = PackedCase::kN, in = PackedCase::kIn;
   Tensor x = upload(randn(size_t(N * in), 31), DType::F64, Device::cpu());
   Tensor y = Tensor::zeros({N, 14}, DType::F64, Device::cpu());
@@ -339,7 +339,7 @@ TEST(LoraConv2d, DropoutIsTheDenseFormulaWithTheHashedMaskAndItsExactGradient) {
   for (auto [k, stride, pad] : {std::tuple<int64_t, int64_t, int64_t>{3, 2, 1}, {1, 1, 0}}) {
     ConvCase cc(k, stride, pad, p);
     nn::Ctx c = cpu64();
-    c.dropout = {0x5678, 9};
+    c.dropout = {0x5678, 9, ConvCase::kN};
     const kernels::Conv2dShape s = cc.shape();
     Tensor x = upload(randn(size_t(s.x_numel()), 61), DType::F64, Device::cpu());
     Tensor y = Tensor::zeros({s.y_numel()}, DType::F64, Device::cpu());
@@ -384,6 +384,59 @@ TEST(LoraConv2d, DropoutIsTheDenseFormulaWithTheHashedMaskAndItsExactGradient) {
     EXPECT_LE(rel_error(values(cc.b->grad), central_differences(cc.b->value.data<double>(), cc.b->numel(), loss)), 1e-7)
         << "dB";
   }
+}
+
+// A sample's dropout masks depend on its global index only: the Linear's rows (3 tokens a sample)
+// and the convolution's samples drawn in one forward of two samples equal those drawn one sample
+// at a time, as another world size or accumulation cuts the batch, forward and input gradient.
+TEST(LoraDropout, MasksFollowTheSampleNotTheMicroBatch) {
+  const float p = 0.3f;
+  const uint64_t key = 0x9ABC;
+  {
+    PackedCase pc(true, p);
+    const int64_t tokens = 3, N = 2 * tokens, in = PackedCase::kIn;
+    Tensor x = upload(randn(size_t(N * in), 71), DType::F64, Device::cpu());
+    Tensor dy = upload(randn(size_t(N * 14), 72), DType::F64, Device::cpu());
+    nn::Ctx both = cpu64(), one = cpu64();
+    both.dropout = {key, 10, 2};
+    Tensor y = Tensor::zeros({N, 14}, DType::F64, Device::cpu()), ys = Tensor::zeros({N, 14}, DType::F64, Device::cpu());
+    Tensor dx = Tensor::zeros({N, in}, DType::F64, Device::cpu()), dxs = Tensor::zeros({N, in}, DType::F64, Device::cpu());
+    pc.lin.forward(both, y.data(), x.data(), N);
+    pc.lin.backward(both, dx.data(), dy.data(), x.data(), N);
+    for (int64_t n = 0; n < 2; ++n) {
+      one.dropout = {key, 10 + n, 1};
+      pc.lin.forward(one, ys.data<double>() + n * tokens * 14, x.data<double>() + n * tokens * in, tokens);
+      pc.lin.backward(one, dxs.data<double>() + n * tokens * in, dy.data<double>() + n * tokens * 14,
+                      x.data<double>() + n * tokens * in, tokens);
+    }
+    EXPECT_LE(rel_error(values(ys), values(y)), 1e-14) << "Linear forward";
+    EXPECT_LE(rel_error(values(dxs), values(dx)), 1e-14) << "Linear dx";
+  }
+  ConvCase cc(3, 1, 1, p);
+  const kernels::Conv2dShape s = cc.shape();
+  ASSERT_EQ(s.N, 2);
+  const int64_t xn = s.x_numel() / 2, yn = s.y_numel() / 2;
+  Tensor x = upload(randn(size_t(s.x_numel()), 73), DType::F64, Device::cpu());
+  Tensor dy = upload(randn(size_t(s.y_numel()), 74), DType::F64, Device::cpu());
+  nn::Ctx both = cpu64(), one = cpu64();
+  both.dropout = {key, 20, 2};
+  Tensor y = Tensor::zeros({s.y_numel()}, DType::F64, Device::cpu()), ys = Tensor::zeros({s.y_numel()}, DType::F64, Device::cpu());
+  Tensor dx = Tensor::zeros({s.x_numel()}, DType::F64, Device::cpu()), dxs = Tensor::zeros({s.x_numel()}, DType::F64, Device::cpu());
+  cc.conv.forward(both, y.data(), x.data(), 2, s.H, s.W);
+  cc.conv.backward(both, dx.data(), dy.data(), x.data(), 2, s.H, s.W);
+  for (int64_t n = 0; n < 2; ++n) {
+    one.dropout = {key, 20 + n, 1};
+    cc.conv.forward(one, ys.data<double>() + n * yn, x.data<double>() + n * xn, 1, s.H, s.W);
+    cc.conv.backward(one, dxs.data<double>() + n * xn, dy.data<double>() + n * yn, x.data<double>() + n * xn, 1, s.H, s.W);
+  }
+  EXPECT_LE(rel_error(values(ys), values(y)), 1e-14) << "Conv2d forward";
+  EXPECT_LE(rel_error(values(dxs), values(dx)), 1e-14) << "Conv2d dx";
+  // And the draw is a real one: another sample's mask differs.
+  one.dropout = {key, 21, 1};
+  Tensor other = Tensor::zeros({yn}, DType::F64, Device::cpu());
+  cc.conv.forward(one, other.data(), x.data(), 1, s.H, s.W);
+  const std::vector<double> all = values(y);
+  EXPECT_GT(rel_error(values(other), std::vector<double>(all.begin(), all.begin() + yn)), 1e-6);
 }
 
 namespace {

@@ -57,4 +57,34 @@ TEST(StepReport, SummaryHasStepsItemsBestValidationAndCheckpoint) {
             "checkpoint");
 }
 
+// Instruction rows are partly padding: with the step's real tokens given, the rate, MFU and the
+// summary count those, and the metrics keep the padded count beside them.
+TEST(StepReport, ThroughputCountsTheRealTokensOfPaddedRows) {
+  const fs::path file = fs::temp_directory_path() / "zp_real_tokens.jsonl";
+  fs::remove(file);
+  std::string summary;
+  {
+    // 512 padded tokens a step of which 200, then 300, are real; 1 MFLOP a token on a CPU (no MFU).
+    StepReporter rep(file.string(), 0, 1, Device::cpu(), "tok", 512, 1e6, 2, 1000, false);
+    rep.set_step_items(200);
+    rep.report(1, 4.0, 1e-3, 1.0, 0.5, false, 1.f, NAN);
+    rep.set_step_items(300);
+    rep.report(2, 3.0, 1e-3, 1.0, 0.5, false, 1.f, NAN);
+    summary = rep.summary(2.0, "");
+  }
+  EXPECT_NE(summary.find("500 tok in 2.0 s (mean 500.0 tok/s"), std::string::npos) << summary;
+  std::ifstream in(file);
+  std::vector<nlohmann::json> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(nlohmann::json::parse(l));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_DOUBLE_EQ(lines[0].at("tokens_per_s").get<double>(), 400.0);
+  EXPECT_EQ(lines[0].at("tokens"), 200);
+  EXPECT_EQ(lines[0].at("padded_tokens"), 512);
+  EXPECT_DOUBLE_EQ(lines[0].at("padded_tokens_per_s").get<double>(), 1024.0);
+  EXPECT_DOUBLE_EQ(lines[1].at("tokens_per_s").get<double>(), 600.0);
+  EXPECT_EQ(lines[2].at("tokens").get<double>(), 500.0);
+  EXPECT_EQ(lines[2].at("padded_tokens").get<double>(), 1024.0);
+  fs::remove(file);
+}
+
 }  // namespace zp::test

@@ -387,6 +387,38 @@ TEST(CausalLmLoss, MeanNextTokenCrossEntropyAndItsGradientInPlace) {
   EXPECT_DEATH(lm.backward(logits, scale), "second backward");
 }
 
+// Masked data's weighting across micro-batches: cut one batch of 16 positions (8 valid targets) into
+// two micro-batches holding 1 and 7 of them. Each divided by the step's average per micro-batch (4),
+// and backward at 1/2 of the scale as the driver gives each of 2 micro-steps, the two means average
+// to the whole batch's mean and their dlogits are the whole batch's, row for row. Each divided by its
+// own count instead, the one-token micro-batch would weigh as much as the other seven.
+TEST(CausalLmLoss, StepDivisorWeighsEveryValidTargetAlikeAcrossMicroBatches) {
+  const int64_t N = 16, V = 5, ld = 5;
+  const std::vector<float> x = randn(size_t(N * ld), 12, 2.f);
+  const std::vector<int32_t> targets = {-1, -1, -1, 2, -1, -1, -1, -1,  // 1 valid
+                                        0, 4, 1, -1, 3, 3, 2, 1};       // 7 valid
+  auto host = [](const float* p, int64_t n, int64_t cols) {
+    Tensor t = Tensor::empty({n, cols}, DType::F32, Device::cpu());
+    std::copy(p, p + n * cols, t.data<float>());
+    return t;
+  };
+  Tensor whole = host(x.data(), N, ld), first = host(x.data(), N / 2, ld), second = host(x.data() + N / 2 * ld, N / 2, ld);
+  runtime::CausalLmLoss lm(whole, V, targets.data(), 8);
+  runtime::CausalLmLoss a(first, V, targets.data(), 8 / 2.0), b(second, V, targets.data() + N / 2, 8 / 2.0);
+  EXPECT_NEAR((a.mean() + b.mean()) / 2, lm.mean(), 1e-6 * lm.mean());
+  const double own_counts = (runtime::CausalLmLoss(first, V, targets.data(), 1).mean() +
+                             runtime::CausalLmLoss(second, V, targets.data() + N / 2, 7).mean()) / 2;
+  EXPECT_GT(std::abs(own_counts - lm.mean()), 1e-3) << "the test's micro-batches must tell the weightings apart";
+  const float scale = 3.f;
+  lm.backward(whole, scale);
+  a.backward(first, scale / 2);
+  b.backward(second, scale / 2);
+  for (int64_t i = 0; i < N * ld; ++i) {
+    const float got = i < N / 2 * ld ? first.data<float>()[i] : second.data<float>()[i - N / 2 * ld];
+    EXPECT_NEAR(got, whole.data<float>()[i], 1e-6) << "element " << i;
+  }
+}
+
 }  // namespace zp::test
 
 namespace zp::test {

@@ -13,6 +13,7 @@
 #include "io/weight_source.h"
 #include "models/activation_estimate.h"
 #include "models/unet.h"
+#include "models/unet_flops.h"
 #include "nn/cross_attention.h"
 #include "nn/init.h"
 #include "test_util.h"
@@ -145,8 +146,9 @@ struct TinyUNetRun {
   models::UNetInputs in[2];
   Tensor dout[2];
 
-  TinyUNetRun(bool sdxl, Device dev, DType dt)
-      : model(models::UNetConfig::from_hub_json(tiny_unet_config(sdxl), "tiny_unet_config"), dev, dt) {
+  TinyUNetRun(bool sdxl, Device dev, DType dt, const models::LoraSpec& lora = {})
+      : model(models::UNetConfig::from_hub_json(tiny_unet_config(sdxl), "tiny_unet_config"), dev, dt, nullptr, 1, true,
+              lora) {
     for (nn::Parameter* p : model.parameters()) nn::init_normal(*p, 11, 0.2);
     const models::UNetConfig& cfg = model.config();
     const int64_t B = 2, S = 8, L = 3;
@@ -547,28 +549,100 @@ namespace zp::test {
 // The plan's activation estimate (models/activation_estimate.h) against the memory one training
 // micro-batch really takes at its peak, forward and backward (the checkpointed re-runs included),
 // above what was held before: within a factor of two either way.
+// With LoRA (adapters with dropout on attention, projections and the ResBlocks' convolutions, the
+// base frozen) as well.
 TEST(ActivationEstimate, UNetIsWithinTwiceWhatAStepTakes) {
-  for (bool sdxl : {false, true})
-    for (bool checkpoint : {false, true}) {
-      const std::string what = std::string(sdxl ? "SDXL" : "SD") + (checkpoint ? " checkpointed" : "");
-      TinyUNetRun run(sdxl, Device::cpu(), DType::F32);
-      Allocator& alloc = allocator_for(Device::cpu());
-      const size_t held = alloc.stats().current;
-      alloc.reset_peak();
-      {
-        models::UNetActivations acts = models::UNetActivations::training(checkpoint);
-        Tensor out = run.model.forward(run.in[0], acts);
-        run.model.backward(run.dout[0], acts);
+  for (bool lora : {false, true})
+    for (bool sdxl : {false, true})
+      for (bool checkpoint : {false, true}) {
+        const std::string what =
+            std::string(sdxl ? "SDXL" : "SD") + (checkpoint ? " checkpointed" : "") + (lora ? " LoRA" : "");
+        models::LoraSpec spec;
+        if (lora) spec = {4, 8, 0.1, {"to_q", "to_k", "to_v", "to_out.0", "proj_in", "conv1", "conv2"}, false};
+        TinyUNetRun run(sdxl, Device::cpu(), DType::F32, spec);
+        if (lora) run.in[0].dropout = {0x77, 0, run.in[0].sample.shape()[0]};
+        Allocator& alloc = allocator_for(Device::cpu());
+        const size_t held = alloc.stats().current;
+        alloc.reset_peak();
+        {
+          models::UNetActivations acts = models::UNetActivations::training(checkpoint);
+          Tensor out = run.model.forward(run.in[0], acts);
+          run.model.backward(run.dout[0], acts);
+        }
+        const double measured = double(alloc.stats().peak - held);
+        const models::UNetInputs& x = run.in[0];
+        const double estimate = models::unet_activation_bytes(run.model, x.sample.shape()[0], x.sample.shape()[2],
+                                                              x.sample.shape()[3], x.encoder_hidden_states.shape()[1],
+                                                              DType::F32, checkpoint);
+        EXPECT_GE(estimate, measured / 2) << what << ": estimate " << estimate << ", measured " << measured;
+        EXPECT_LE(estimate, measured * 2) << what << ": estimate " << estimate << ", measured " << measured;
+        std::printf("%s: activations estimated %.0f bytes, kept %.0f\n", what.c_str(), estimate, measured);
       }
-      const double measured = double(alloc.stats().peak - held);
-      const models::UNetInputs& x = run.in[0];
-      const double estimate = models::unet_activation_bytes(run.model, x.sample.shape()[0], x.sample.shape()[2],
-                                                            x.sample.shape()[3], x.encoder_hidden_states.shape()[1],
-                                                            DType::F32, checkpoint);
-      EXPECT_GE(estimate, measured / 2) << what << ": estimate " << estimate << ", measured " << measured;
-      EXPECT_LE(estimate, measured * 2) << what << ": estimate " << estimate << ", measured " << measured;
-      std::printf("%s: activations estimated %.0f bytes, kept %.0f\n", what.c_str(), estimate, measured);
+}
+
+}  // namespace zp::test
+
+namespace zp::test {
+
+// The UNet's training FLOPs by hand on the tiny SD config (16 then 32 channels, 8x8 latents, 3 text
+// tokens) with LoRA r=4 on to_q and conv1: a frozen base weight counts its forward and input
+// gradient (2 x 2 x weight x positions), a trained one and every adapter add the weight gradient
+// (3 x), attention's scores and weighted values count 3 x 4 x T x Tk x channels.
+TEST(UNetFlops, AdaptersAndAFrozenBaseCountByHand) {
+  const models::UNetConfig cfg = models::UNetConfig::from_hub_json(tiny_unet_config(false), "tiny_unet_config");
+  const models::LoraSpec spec{4, 8, 0.0, {"to_q", "conv1"}, false};
+  models::UNet plain(cfg, Device::cpu(), DType::F32, nullptr, 1, false);
+  models::UNet lora(cfg, Device::cpu(), DType::F32, nullptr, 1, false, spec);
+  const int64_t H = 8, W = 8, L = 3;
+  auto flops = [&](models::UNet& m, const std::string& name, const Shape& shape) {
+    nn::Parameter* p = m.find(name);
+    EXPECT_TRUE(p) << name;
+    if (!p) return 0.0;
+    EXPECT_EQ(p->shape, shape) << name;
+    return models::unet_train_flops_per_sample(cfg, {p}, H, W, L);
+  };
+  const std::string q1 = "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q";
+  const std::string q2 = "down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_q";
+  const std::string conv = "down_blocks.1.resnets.0.conv1";  // 16 -> 32 at 4 x 4
+  const double self_scores = 3.0 * 4 * 64 * 64 * 16, cross_scores = 3.0 * 4 * 64 * L * 16;
+  EXPECT_DOUBLE_EQ(flops(plain, q1 + ".weight", {16, 16}), 3.0 * 2 * 16 * 16 * 64 + self_scores);
+  EXPECT_DOUBLE_EQ(flops(lora, q1 + ".weight", {16, 16}), 2.0 * 2 * 16 * 16 * 64 + self_scores);
+  EXPECT_DOUBLE_EQ(flops(lora, q2 + ".weight", {16, 16}), 2.0 * 2 * 16 * 16 * 64 + cross_scores);
+  EXPECT_DOUBLE_EQ(flops(lora, q1 + ".lora_A.weight", {4, 16}), 3.0 * 2 * 4 * 16 * 64);
+  EXPECT_DOUBLE_EQ(flops(lora, q1 + ".lora_B.weight", {16, 4}), 3.0 * 2 * 16 * 4 * 64);
+  EXPECT_DOUBLE_EQ(flops(plain, conv + ".weight", {32, 16, 3, 3}), 3.0 * 2 * 32 * 16 * 9 * 16);
+  EXPECT_DOUBLE_EQ(flops(lora, conv + ".weight", {32, 16, 3, 3}), 2.0 * 2 * 32 * 16 * 9 * 16);
+  EXPECT_DOUBLE_EQ(flops(lora, conv + ".lora_A.weight", {4, 16, 3, 3}), 3.0 * 2 * 4 * 16 * 9 * 16);
+  EXPECT_DOUBLE_EQ(flops(lora, conv + ".lora_B.weight", {32, 4, 1, 1}), 3.0 * 2 * 32 * 4 * 16);
+
+  // The whole model: the plain model's count, less every base weight's gradient, plus the adapters'.
+  double base_weight_grads = 0, adapters = 0;
+  for (nn::Parameter* p : lora.parameters()) {
+    if (p->shape.size() < 2) continue;
+    const double one = models::unet_train_flops_per_sample(cfg, {p}, H, W, L);
+    if (p->frozen) {
+      nn::Parameter* same = plain.find(p->name);
+      ASSERT_TRUE(same) << p->name;
+      base_weight_grads += models::unet_train_flops_per_sample(cfg, {same}, H, W, L) - one;
+    } else {
+      adapters += one;
     }
+  }
+  EXPECT_GT(adapters, 0.0);
+  EXPECT_NEAR(models::unet_train_flops_per_sample(lora, H, W, L),
+              models::unet_train_flops_per_sample(plain, H, W, L) - base_weight_grads + adapters,
+              1e-12 * models::unet_train_flops_per_sample(plain, H, W, L));
+}
+
+// LoRA's adapters keep no activations of their own: the estimate is the plain model's.
+TEST(ActivationEstimate, UNetAdaptersKeepNothingOfTheirOwn) {
+  const models::UNetConfig cfg = models::UNetConfig::from_hub_json(tiny_unet_config(true), "tiny_unet_config");
+  models::UNet plain(cfg, Device::cpu(), DType::F32, nullptr, 1, false);
+  models::UNet lora(cfg, Device::cpu(), DType::F32, nullptr, 1, false,
+                    {4, 8, 0.1, {"to_q", "to_k", "proj_in", "conv1", "conv_shortcut"}, false});
+  for (bool checkpoint : {false, true})
+    EXPECT_EQ(models::unet_activation_bytes(lora, 2, 8, 8, 3, DType::BF16, checkpoint),
+              models::unet_activation_bytes(plain, 2, 8, 8, 3, DType::BF16, checkpoint));
 }
 
 }  // namespace zp::test

@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "kernels/attention.h"
+#include "kernels/cuda/attention_segments.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/scratch.cuh"
@@ -56,22 +57,6 @@ struct Dims {
   __device__ int segment(int b, int t) const { return t < Tq ? seg[int64_t(b) * Tq + t] : 0; }
 };
 
-// Min and max segment id of a tile of 32 tokens, one per lane (`valid` false past the end: ignored);
-// every lane gets both. An empty tile gives lo > hi, which overlaps nothing.
-struct SegRange {
-  int lo, hi;
-};
-__device__ __forceinline__ SegRange warp_segment_range(int id, bool valid) {
-  int lo = valid ? id : INT_MAX, hi = valid ? id : INT_MIN;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-  }
-  return {lo, hi};
-}
-// Some id may be in both tiles (no overlap: none is, and the tiles see nothing of each other).
-__device__ __forceinline__ bool overlaps(SegRange a, SegRange b) { return a.lo <= b.hi && b.lo <= a.hi; }
 
 // Rows [row0, row0 + kTile) x D of a strided [T, H*D] tensor (head offset included in `base`) into
 // shared memory, zero-padded to DP columns and past T; `mul` is applied to every value.
@@ -153,7 +138,7 @@ __global__ void __launch_bounds__(kThreads)
     if (p.seg) {
       kseg = p.segment(b, j0 + lane);
       // The same answer in every warp, so the whole block skips before the barrier.
-      if (!overlaps(q_range, warp_segment_range(kseg, j0 + lane < p.Tk))) continue;
+      if (!q_range.overlaps(warp_segment_range(kseg, j0 + lane < p.Tk))) continue;
     }
     __syncthreads();  // the previous tile is consumed
     load_tile<T, DP, true>(Kt, kb, p.ks, j0, p.Tk, p.D, 1.f);
@@ -265,7 +250,7 @@ __global__ void __launch_bounds__(kThreads)
     int kseg = 0;
     if (p.seg) {
       kseg = p.segment(b, j0 + lane);
-      if (!overlaps(q_range, warp_segment_range(kseg, j0 + lane < p.Tk))) continue;
+      if (!q_range.overlaps(warp_segment_range(kseg, j0 + lane < p.Tk))) continue;
     }
     __syncthreads();
     load_tile<T, DP, true>(Kt, kb, p.ks, j0, p.Tk, p.D, 1.f);
@@ -354,7 +339,7 @@ __global__ void __launch_bounds__(kThreads)
       int qseg = 0;  // segment of query i0 + lane
       if (p.seg) {
         qseg = p.segment(b, i0 + lane);
-        if (!overlaps(k_range, warp_segment_range(qseg, i0 + lane < p.Tq))) continue;  // uniform, as above
+        if (!k_range.overlaps(warp_segment_range(qseg, i0 + lane < p.Tq))) continue;  // uniform, as above
       }
       __syncthreads();
       load_tile<T, DP, true>(Qt, q + int64_t(b) * p.Tq * p.qs + head_off, p.qs, i0, p.Tq, p.D, 1.f);
@@ -422,7 +407,7 @@ Dims make_dims(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64
                int64_t vs, int64_t os, float scale, bool causal, const int32_t* segments) {
   ZP_CHECK(B >= 0 && Tq >= 0 && Tk >= 0 && Hq > 0 && Hkv > 0 && D > 0);
   ZP_CHECK(Hq % Hkv == 0, "Hq ", Hq, " is not a multiple of Hkv ", Hkv);
-  ZP_CHECK(!segments || Tq == Tk, "attention segments need Tq == Tk, got Tq ", Tq, " Tk ", Tk);
+  check_segments_shape(segments, Tq, Tk);
   ZP_CHECK(D <= kMaxDR * 32, "attention head dim ", D, " > ", kMaxDR * 32);
   ZP_CHECK(B <= 65535 && Hq <= 65535 && Tq < (int64_t(1) << 30) && Tk < (int64_t(1) << 30));
   Dims p{int(B), int(Tq), int(Tk), int(Hq), int(Hkv), int(D), int(Hq / Hkv),

@@ -32,6 +32,7 @@
 #include <cstdint>
 
 #include "kernels/attention.h"
+#include "kernels/cuda/attention_segments.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/scratch.cuh"
@@ -194,32 +195,6 @@ struct Shape {
   bool causal;
   const int32_t* seg;  // [B, T] segment ids (Tq == Tk == T), or nullptr
 };
-
-// Min and max segment id over tokens [t0, t0 + N) of one row (`ids` = its T ids; tokens at or past T
-// are ignored), reduced over the warp so every lane gets both. An empty range gives lo > hi.
-struct SegRange {
-  int lo, hi;
-  __device__ bool overlaps(const SegRange& o) const { return lo <= o.hi && o.lo <= hi; }
-  // Every token of both ranges has one and the same id: no elementwise segment mask is needed.
-  __device__ bool same_single(const SegRange& o) const { return lo == hi && o.lo == o.hi && lo == o.lo; }
-};
-template <int N>
-__device__ __forceinline__ SegRange warp_segment_range(const int32_t* ids, int t0, int T, int lane) {
-  int lo = INT_MAX, hi = INT_MIN;
-#pragma unroll
-  for (int r = lane; r < N; r += 32)
-    if (t0 + r < T) {
-      const int id = ids[t0 + r];
-      lo = min(lo, id);
-      hi = max(hi, id);
-    }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-  }
-  return {lo, hi};
-}
 
 // ---------------------------------------------------------------------------------------------
 // Forward
@@ -816,7 +791,7 @@ __global__ void flash_dq_convert_kernel(T* dq, const float* dq_acc, Shape p, int
 
 Shape make_shape(int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t qs, int64_t ks, int64_t vs, int64_t os,
                  float scale, bool causal, const int32_t* segments) {
-  ZP_CHECK(!segments || Tq == Tk, "attention segments need Tq == Tk, got Tq ", Tq, " Tk ", Tk);
+  check_segments_shape(segments, Tq, Tk);
   return Shape{int(Tq), int(Tk), int(Hq), int(Hkv), int(Hq / Hkv), qs, ks, vs, os, scale, scale * kLog2e, causal,
                segments};
 }

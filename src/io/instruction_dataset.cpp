@@ -82,18 +82,26 @@ void InstructionDataset::select_and_lay_out(const InstructionRowsOptions& o) {
   }
   if (!packing_) {
     for (int64_t r = 0; r < n; ++r) rows_.push_back({r, 1});
-    return;
-  }
-  int64_t fill = 0;
-  for (int64_t k = 0; k < n; ++k) {
-    const int64_t len = kept(records_[size_t(pack_order_[size_t(k)])]);
-    if (rows_.empty() || fill + len > T_) {
-      rows_.push_back({k, 0});
-      fill = 0;
+  } else {
+    int64_t fill = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t len = kept(records_[size_t(pack_order_[size_t(k)])]);
+      if (rows_.empty() || fill + len > T_) {
+        rows_.push_back({k, 0});
+        fill = 0;
+      }
+      ++rows_.back().count;
+      fill += len;
     }
-    ++rows_.back().count;
-    fill += len;
   }
+  // Every row's tokens and trained targets, once: each step counts those of its whole global batch.
+  for (Row& row : rows_)
+    for (int32_t j = 0; j < row.count; ++j) {
+      const Record& rec = records_[size_t(pack_order_[size_t(row.first + j)])];
+      const int64_t keep = kept(rec), inputs = std::min(keep, T_);
+      row.tokens += int32_t(inputs);
+      for (int64_t i = 0; i < inputs; ++i) row.trained += has_target(rec, i, keep);
+    }
 }
 
 void InstructionDataset::row(int64_t r, const InstructionRowView& out) const {
@@ -112,7 +120,7 @@ void InstructionDataset::row(int64_t r, const InstructionRowView& out) const {
     for (int64_t i = 0; i < inputs; ++i) {
       const int64_t t = rec.begin + i;
       out.ids[at + i] = src.id(t);
-      out.targets[at + i] = i + 1 < keep && src.loss(t + 1) ? src.id(t + 1) : -1;
+      out.targets[at + i] = has_target(rec, i, keep) ? src.id(t + 1) : -1;
       out.segments[at + i] = j;
       out.positions[at + i] = int32_t(i);
     }

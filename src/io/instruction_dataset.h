@@ -74,6 +74,11 @@ class InstructionDataset {
 
   // Row `r` (0 <= r < num_rows) into `out`.
   void row(int64_t r, const InstructionRowView& out) const;
+  // How many of row `r`'s targets are trained (>= 0), without assembling the row: a step's loss
+  // averages over the trained targets of all its rows, counted before any of them is read.
+  int64_t trained_targets(int64_t r) const { return rows_.at(size_t(r)).trained; }
+  // How many of row `r`'s tokens are records' (not padding): what throughput counts.
+  int64_t tokens(int64_t r) const { return rows_.at(size_t(r)).tokens; }
   // The row at position `i` of epoch `epoch`'s order (shuffle=false: identity).
   int64_t epoch_order(uint64_t seed, int64_t epoch, int64_t i, bool shuffle = true) const {
     return order_.at(seed, epoch, num_rows(), i, shuffle);
@@ -95,10 +100,15 @@ class InstructionDataset {
   struct Row {
     int64_t first;   // into pack_order_
     int32_t count;   // records
+    int32_t tokens = 0, trained = 0;  // not padding; with a trained target
   };
   void select_and_lay_out(const InstructionRowsOptions& options);
   // How many of record `rec`'s tokens a row holds.
   int64_t kept(const Record& rec) const;
+  // Whether input `i` (< kept(rec)) of record `rec` has a target: the next token, kept and trained.
+  bool has_target(const Record& rec, int64_t i, int64_t keep) const {
+    return i + 1 < keep && sources_[rec.source].loss(rec.begin + i + 1);
+  }
 
   std::vector<Source> sources_;
   std::vector<Record> records_;        // the selected fraction, file order

@@ -4,6 +4,7 @@
 #include <map>
 #include <string>
 
+#include "io/lora_adapter_files.h"
 #include "models/unet_flops.h"
 
 namespace zp::models {
@@ -40,6 +41,9 @@ double unet_activation_bytes(UNet& m, int64_t B, int64_t H, int64_t W, int64_t L
   for (nn::Parameter* p : m.parameters()) {
     if (p->shape.size() < 2) continue;
     const std::string& name = p->name;
+    // LoRA's adapters keep nothing: their module's input is kept anyway, u is recomputed in the
+    // backward and the dropout masks come back from their hash (nn/linear.h, nn/conv2d.h).
+    if (!io::lora_module_of(name).empty()) continue;
     const bool text = name.find(".attn2.to_k.") != std::string::npos || name.find(".attn2.to_v.") != std::string::npos;
     const double positions = text ? double(L) : unet_weight_positions(m.config(), name, H, W);
     const double input = positions * double(p->shape[1]) * esz;  // [out, in] or [out, in, kh, kw]

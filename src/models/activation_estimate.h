@@ -7,6 +7,7 @@
 // layer keeps about twice the sum of its weight inputs (a transformer layer: 2 x (3h + ffn) values
 // per token; a ResBlock: 2 x its two convolutions' inputs). Flash attention keeps no T x T scores.
 // With activation checkpointing only each layer's input is kept, plus one layer re-run at a time.
+// LoRA's adapters keep nothing of their own (their module's input is kept anyway; nn/linear.h).
 #pragma once
 #include <cstdint>
 

@@ -9,6 +9,7 @@
 #include "kernels/embedding.h"
 #include "models/hub_keys.h"
 #include "nn/init.h"
+#include "nn/trained_blocks.h"
 
 namespace zp::models {
 using nlohmann::json;
@@ -256,19 +257,9 @@ std::vector<ParamBlock*> Transformer::blocks() {
   return b;
 }
 
-std::vector<ParamBlock*> Transformer::trainable_blocks() {
-  std::vector<ParamBlock*> b;
-  for (ParamBlock* x : blocks())
-    if (!x->frozen()) b.push_back(x);
-  return b;
-}
+std::vector<ParamBlock*> Transformer::trainable_blocks() { return nn::trained_blocks(blocks()); }
 
-std::vector<ParamBlock*> Transformer::frozen_blocks() {
-  std::vector<ParamBlock*> b;
-  for (ParamBlock* x : blocks())
-    if (x->frozen()) b.push_back(x);
-  return b;
-}
+std::vector<ParamBlock*> Transformer::frozen_blocks() { return nn::frozen_blocks(blocks()); }
 
 std::vector<Parameter*> Transformer::parameters() { return parameters_of(blocks()); }
 

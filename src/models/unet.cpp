@@ -17,6 +17,7 @@
 #include "nn/downsample2d.h"
 #include "nn/norm.h"
 #include "nn/res_block.h"
+#include "nn/trained_blocks.h"
 #include "nn/transformer2d.h"
 #include "nn/upsample2d.h"
 
@@ -730,21 +731,11 @@ std::vector<ParamBlock*> UNet::blocks() {
   return b;
 }
 
-std::vector<ParamBlock*> UNet::trainable_blocks() {
-  std::vector<ParamBlock*> b;
-  for (ParamBlock* x : blocks())
-    if (!x->frozen()) b.push_back(x);
-  return b;
-}
+std::vector<ParamBlock*> UNet::trainable_blocks() { return nn::trained_blocks(blocks()); }
 
 std::vector<ParamBlock*> UNet::base_blocks() { return lora_.r > 0 ? frozen_blocks() : blocks(); }
 
-std::vector<ParamBlock*> UNet::frozen_blocks() {
-  std::vector<ParamBlock*> b;
-  for (ParamBlock* x : blocks())
-    if (x->frozen()) b.push_back(x);
-  return b;
-}
+std::vector<ParamBlock*> UNet::frozen_blocks() { return nn::frozen_blocks(blocks()); }
 
 std::vector<Parameter*> UNet::parameters() { return parameters_of(blocks()); }
 

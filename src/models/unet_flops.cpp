@@ -34,19 +34,20 @@ double unet_train_flops_per_sample(UNet& m, int64_t H, int64_t W, int64_t L) {
 double unet_train_flops_per_sample(const UNetConfig& cfg, const std::vector<nn::Parameter*>& params, int64_t H,
                                    int64_t W, int64_t L) {
   auto contains = [](const std::string& s, const char* t) { return s.find(t) != std::string::npos; };
-  double forward = 0;
+  double step = 0;
   for (nn::Parameter* p : params) {
     if (p->shape.size() < 2) continue;  // norms and biases
     const std::string& name = p->name;
     const double pixels = unet_weight_positions(cfg, name, H, W);
     double positions = pixels;
     if (contains(name, ".attn2.to_k.") || contains(name, ".attn2.to_v.")) positions = double(L);  // text tokens
-    forward += 2.0 * double(p->numel()) * positions;
+    // Forward and input gradient; the weight gradient only for a weight that trains.
+    step += (p->frozen ? 2.0 : 3.0) * 2.0 * double(p->numel()) * positions;
     // Scores (T x Tk x I) and weighted values (the same again), all heads together.
-    if (name.ends_with(".attn1.to_q.weight")) forward += 4.0 * pixels * pixels * double(p->shape[0]);
-    if (name.ends_with(".attn2.to_q.weight")) forward += 4.0 * pixels * double(L) * double(p->shape[0]);
+    if (name.ends_with(".attn1.to_q.weight")) step += 3.0 * 4.0 * pixels * pixels * double(p->shape[0]);
+    if (name.ends_with(".attn2.to_q.weight")) step += 3.0 * 4.0 * pixels * double(L) * double(p->shape[0]);
   }
-  return 3.0 * forward;
+  return step;
 }
 
 }  // namespace zp::models

@@ -9,11 +9,20 @@ namespace zp::nn {
 inline constexpr const char* kSavedTag = "saved";
 
 // Where a forward's dropout masks come from (LoRA's dropout, kernels/dropout.h): a key for this
-// forward (0: the forward draws none) and the global row of its first token, so a forward and its
-// backward draw the same masks and a token's mask depends on its place in the global batch only.
+// forward (0: the forward draws none), the global index of its first sample and how many samples it
+// holds. A module's mask rows are numbered by sample: a Linear over N rows (samples x tokens) starts
+// at first_sample x N / samples, a Conv2d (one row a sample) at first_sample. So a forward and its
+// backward draw the same masks, and a token's mask depends only on its sample's place in the global
+// batch, not on the rank, micro-batch or pipeline chunk that runs it.
 struct DropoutDraw {
   uint64_t key = 0;
-  int64_t first_row = 0;
+  int64_t first_sample = 0;
+  int64_t samples = 1;
+  // The global row of the first of a module's `rows` mask rows (a whole number per sample).
+  int64_t first_row(int64_t rows) const {
+    ZP_CHECK(samples > 0 && rows % samples == 0, "dropout over ", rows, " rows of ", samples, " samples");
+    return first_sample * (rows / samples);
+  }
 };
 
 struct Ctx {

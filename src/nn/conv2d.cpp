@@ -53,7 +53,7 @@ const void* Conv2d::adapter_input(const Ctx& c, const void* x, int64_t N, int64_
   if (dropout_ == 0.f || c.dropout.key == 0) return x;
   const int64_t cols = in() * H * W;
   keep = c.act({N, in(), H, W});
-  ZP_KERNEL_CALL(c.dev, dropout_apply, c.s, c.dt, keep.data(), cols, x, cols, N, cols, c.dropout.first_row,
+  ZP_KERNEL_CALL(c.dev, dropout_apply, c.s, c.dt, keep.data(), cols, x, cols, N, cols, c.dropout.first_row(N),
                  c.dropout.key ^ adapter_id_, dropout_, false);
   return keep.data();
 }
@@ -100,7 +100,7 @@ void Conv2d::adapter_backward(const Ctx& c, void* dx, const void* dy, const void
     return;
   }
   const int64_t cols = in() * H * W;
-  ZP_KERNEL_CALL(c.dev, dropout_apply, c.s, c.dt, dx, cols, dxa.data(), cols, N, cols, c.dropout.first_row,
+  ZP_KERNEL_CALL(c.dev, dropout_apply, c.s, c.dt, dx, cols, dxa.data(), cols, N, cols, c.dropout.first_row(N),
                  c.dropout.key ^ adapter_id_, dropout_, true);
 }
 

@@ -57,7 +57,7 @@ uint64_t Linear::dropout_key(const Ctx& c) const { return c.dropout.key ^ adapte
 const void* Linear::adapter_input(const Ctx& c, const void* x, int64_t N, Tensor& keep) const {
   if (dropout_ == 0.f || c.dropout.key == 0) return x;
   keep = c.act({N, in_});
-  ZP_KERNEL_CALL(c.dev, dropout_apply, c.s, c.dt, keep.data(), in_, x, in_, N, in_, c.dropout.first_row,
+  ZP_KERNEL_CALL(c.dev, dropout_apply, c.s, c.dt, keep.data(), in_, x, in_, N, in_, c.dropout.first_row(N),
                  dropout_key(c), dropout_, false);
   return keep.data();
 }
@@ -131,7 +131,7 @@ void Linear::adapters_backward_input(const Ctx& c, void* dx, const void* dy, int
   Tensor dxin = c.act({N, in_});
   ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, c.dt, false, false, N, in_, rank_, 1.f, du.data(), rank_,
                  adapters_[0].a->v(), in_, 0.f, dxin.data(), in_);
-  ZP_KERNEL_CALL(c.dev, dropout_apply, c.s, c.dt, dx, in_, dxin.data(), in_, N, in_, c.dropout.first_row,
+  ZP_KERNEL_CALL(c.dev, dropout_apply, c.s, c.dt, dx, in_, dxin.data(), in_, N, in_, c.dropout.first_row(N),
                  dropout_key(c), dropout_, true);
 }
 

@@ -5,6 +5,7 @@
 
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
+#include "nn/trained_blocks.h"
 #include "parallel/host_state_store.h"
 #include "parallel/nvme_state_store.h"
 
@@ -44,8 +45,7 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, const ShardingPolicy
 ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, const ShardingPolicy& policy, comm::Communicator* dp,
                        const AdamWHyper& h, StreamHandle s, const BlockFill& fill)
     : policy_(policy), dp_(dp), s_(s), hyper_(h), all_blocks_(std::move(blocks)), comm_(dp, s) {
-  for (nn::ParamBlock* b : all_blocks_)
-    if (!b->frozen()) blocks_.push_back(b);
+  blocks_ = nn::trained_blocks(all_blocks_);
   policy_.require_implemented();
   ZP_REQUIRE(!h.step_in_backward || !policy_.delays_update(), "optimizer.step_in_backward and "
              "zero_optimization.offload_optimizer.delayed_update cannot both be on: stepping in the backward updates "

@@ -5,14 +5,14 @@
 namespace zp::runtime {
 using namespace zp::kernels;
 
-CausalLmLoss::CausalLmLoss(const Tensor& logits, int64_t vocab, const int32_t* targets, int64_t num_valid,
+CausalLmLoss::CausalLmLoss(const Tensor& logits, int64_t vocab, const int32_t* targets, double divisor,
                            StreamHandle s)
-    : logits_data_(logits.data()), targets_(targets), num_valid_(num_valid), vocab_(vocab), s_(s) {
+    : logits_data_(logits.data()), targets_(targets), divisor_(divisor), vocab_(vocab), s_(s) {
   ZP_CHECK(logits.dim() == 2 && vocab > 0 && logits.size(1) >= vocab, "logits ", logits.str(),
            " do not hold a vocabulary of ", vocab);
   N_ = logits.size(0);
   ld_ = logits.size(1);
-  ZP_CHECK(num_valid >= 0 && num_valid <= N_, num_valid, " valid targets among ", N_, " positions");
+  ZP_CHECK(divisor >= 0 && divisor <= double(N_), "a loss divisor of ", divisor, " for ", N_, " positions");
   const Device dev = logits.device();
   losses_ = Tensor::empty({N_}, DType::F32, dev, "activations", s);
   lse_ = Tensor::empty({N_}, DType::F32, dev, "activations", s);
@@ -24,7 +24,7 @@ double CausalLmLoss::mean() const {
   Tensor h = losses_.to(Device::cpu(), s_);
   double sum = 0;  // ignored rows hold 0
   for (int64_t i = 0; i < h.numel(); ++i) sum += h.data<float>()[i];
-  return num_valid_ ? sum / double(num_valid_) : 0.0;
+  return divisor_ > 0 ? sum / divisor_ : 0.0;
 }
 
 Tensor CausalLmLoss::backward(const Tensor& logits, float loss_scale) {
@@ -32,7 +32,7 @@ Tensor CausalLmLoss::backward(const Tensor& logits, float loss_scale) {
   ZP_CHECK(logits.defined() && logits.data() == logits_data_ && logits.dim() == 2 && logits.size(0) == N_ &&
                logits.size(1) == ld_,
            "backward needs the logits the loss was computed from");
-  const float dscale = num_valid_ ? loss_scale / float(num_valid_) : 0.f;
+  const float dscale = divisor_ > 0 ? loss_scale / float(divisor_) : 0.f;
   ZP_KERNEL_CALL(logits.device(), cross_entropy_backward, s_, logits.dtype(), logits.data(), logits.data(),
                  lse_.data<float>(), targets_, dscale, N_, vocab_, ld_);
   lse_ = Tensor();

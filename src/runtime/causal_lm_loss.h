@@ -21,18 +21,22 @@ class CausalLmLoss {
  public:
   // logits: [N, ld] in the model's dtype; the first `vocab` columns of a row are real, the rest
   // padding (ignored). targets: device int32 [N], the token after each position (the labels shifted
-  // by one); a target < 0 is ignored. num_valid: how many targets are >= 0 (the caller counts them
-  // on the host, where the batch is). Queues the per-token losses and log-sum-exps on `s`;
-  // synchronises nothing.
-  CausalLmLoss(const Tensor& logits, int64_t vocab, const int32_t* targets, int64_t num_valid,
+  // by one); a target < 0 is ignored. divisor: what the sum of the valid targets' losses is divided
+  // by, in [0, N]: the number of targets >= 0 (the caller counts them on the host, where the batch
+  // is) for this micro-batch's own mean; or, when micro-batches hold different numbers of valid
+  // targets (masked instruction data), the average number per micro-batch of the whole step, so
+  // that the mean of the micro-batches' losses is the step's mean over all its valid targets.
+  // Queues the per-token losses and log-sum-exps on `s`; synchronises nothing.
+  CausalLmLoss(const Tensor& logits, int64_t vocab, const int32_t* targets, double divisor,
                StreamHandle s = nullptr);
 
-  // The mean loss over the valid targets (0 when there are none). Copies the per-token losses to the
-  // host, so it waits for them: ask after the backward is queued and the device never idles.
+  // The valid targets' summed loss over the divisor (0 when the divisor is 0). Copies the per-token
+  // losses to the host, so it waits for them: ask after the backward is queued and the device never
+  // idles.
   double mean() const;
   // Per-token losses, fp32 [N] on the logits' device; 0 where the target is ignored.
   const Tensor& losses() const { return losses_; }
-  int64_t num_valid() const { return num_valid_; }
+  double divisor() const { return divisor_; }
 
   // Overwrites `logits` (those given to the constructor) with d(mean * loss_scale) / d logits: rows
   // of ignored targets and padding columns get 0. Returns them, as dlogits for the model's backward.
@@ -43,7 +47,8 @@ class CausalLmLoss {
   Tensor losses_, lse_;  // fp32 [N]; lse_ until the backward
   const void* logits_data_ = nullptr;  // which buffer backward() must be given (not kept alive here)
   const int32_t* targets_ = nullptr;
-  int64_t num_valid_ = 0, N_ = 0, vocab_ = 0, ld_ = 0;
+  double divisor_ = 0;
+  int64_t N_ = 0, vocab_ = 0, ld_ = 0;
   StreamHandle s_ = nullptr;
 };
 

@@ -231,6 +231,8 @@ class DiffusionTask final : public TrainingTask, public PipelineStageModel {
                        noise_.num_timesteps(), " timesteps", gamma, lora_summary(lora_, all_blocks()));
   }
 
+  // Every sample is one item of the objective's mean, none of them padding: nothing to count.
+  std::optional<int64_t> begin_step(int64_t, int64_t) override { return std::nullopt; }
   double micro_step(int64_t step, int64_t first, float loss_scale) override {
     DiffusionBatch b = timed_read([&] { return make_batch(*train_ds_, step, first, true); });
     b.in.dropout = lora_dropout(step, first);
@@ -274,11 +276,11 @@ class DiffusionTask final : public TrainingTask, public PipelineStageModel {
   }
 
 
-  // LoRA's dropout masks: keyed by (seed, step), rows apart per micro-batch, so a sample's masks do
-  // not depend on the rank, micro-step or pipeline chunk that runs it.
+  // LoRA's dropout masks: keyed by (seed, step), the rows by each sample's global position, so a
+  // sample's masks do not depend on the rank, micro-step or pipeline chunk that runs it.
   nn::DropoutDraw lora_dropout(int64_t step, int64_t first) const {
     if (lora_.r == 0 || lora_.dropout == 0) return {};
-    return {nn::splitmix64(cfg_.seed ^ nn::splitmix64(0x4C6F5241ull + uint64_t(step))) | 1, first << 24};
+    return {nn::splitmix64(cfg_.seed ^ nn::splitmix64(0x4C6F5241ull + uint64_t(step))) | 1, first, B_};
   }
 
   // Every sample's weighted MSE of the prediction against the batch's target: f32 [B] on the device.

@@ -74,7 +74,7 @@ class LmRows {
   }
 
   Batch batch(uint64_t seed, bool shuffle, int64_t first, int64_t rows) const {
-    const int64_t T = tokens_ ? tokens_->seq_len() : instructions_->seq_len(), n = size();
+    const int64_t T = tokens_ ? tokens_->seq_len() : instructions_->seq_len();
     auto host = [&] { return Tensor::empty({rows * T}, DType::I32, Device::cpu(), "batch"); };
     Batch b;
     b.ids = host();
@@ -84,31 +84,44 @@ class LmRows {
       b.positions = host();
     }
     for (int64_t i = 0; i < rows; ++i) {
-      const int64_t p = first + i, epoch = p / n;
-      if (tokens_) {
-        const int64_t w = tokens_->epoch_order(seed, epoch, p % n, shuffle);
-        tokens_->window(w, b.ids.data<int32_t>() + i * T, b.targets.data<int32_t>() + i * T);
-      } else {
-        const int64_t r = instructions_->epoch_order(seed, epoch, p % n, shuffle);
+      const int64_t r = row_at(seed, shuffle, first + i);
+      if (tokens_)
+        tokens_->window(r, b.ids.data<int32_t>() + i * T, b.targets.data<int32_t>() + i * T);
+      else
         instructions_->row(r, {b.ids.data<int32_t>() + i * T, b.targets.data<int32_t>() + i * T,
                                b.segments.data<int32_t>() + i * T, b.positions.data<int32_t>() + i * T});
-      }
     }
     return b;
   }
 
+  // What the rows at positions [first, first + rows) hold, counted without reading them: their
+  // trained targets (>= 0: every one of a token window's, the unmasked ones of instruction rows) and
+  // their tokens that are not padding.
+  struct Counts {
+    int64_t trained_targets = 0, tokens = 0;
+  };
+  Counts count(uint64_t seed, bool shuffle, int64_t first, int64_t rows) const {
+    if (tokens_) return {rows * tokens_->seq_len(), rows * tokens_->seq_len()};
+    Counts c;
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t r = row_at(seed, shuffle, first + i);
+      c.trained_targets += instructions_->trained_targets(r);
+      c.tokens += instructions_->tokens(r);
+    }
+    return c;
+  }
+
  private:
+  // The window or row at global position `p` of the seeded order (epochs one after the other).
+  int64_t row_at(uint64_t seed, bool shuffle, int64_t p) const {
+    const int64_t n = size(), epoch = p / n;
+    return tokens_ ? tokens_->epoch_order(seed, epoch, p % n, shuffle)
+                   : instructions_->epoch_order(seed, epoch, p % n, shuffle);
+  }
+
   std::unique_ptr<io::TokenDataset> tokens_;
   std::unique_ptr<io::InstructionDataset> instructions_;
 };
-
-// The targets the loss averages over: those >= 0 (the loss ignores the others, and its mean divides
-// by this count).
-int64_t count_valid(const Tensor& targets) {
-  int64_t valid = 0;
-  for (int64_t i = 0; i < targets.numel(); ++i) valid += targets.data<int32_t>()[i] >= 0;
-  return valid;
-}
 
 // Every forward of the task: from ids (the first chunk) or from the previous chunk's output, with
 // instruction data's token layout (each record attends within itself, positions restart) and the
@@ -238,10 +251,7 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
           train ? timed_read([&] { return train_ds_->batch(cfg_.seed, cfg_.shuffle, first, cfg_.micro_batch); })
                 : val_ds_->batch(cfg_.seed, false, first, cfg_.micro_batch);
       if (first_chunk) f.ids = b.ids.to(at_.dev, at_.s());
-      if (last_chunk) {
-        f.targets = b.targets.to(at_.dev, at_.s());
-        f.valid = count_valid(b.targets);
-      }
+      if (last_chunk) f.targets = b.targets.to(at_.dev, at_.s());
       f.layout = upload_layout(b);
     }
     forward_chunk(m, first_chunk ? f.ids.data<int32_t>() : nullptr, std::move(input), f.layout, cfg_.micro_batch,
@@ -251,7 +261,7 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
       if (!train) in_flight_.erase({micro, chunk});
       return out;
     }
-    f.loss.emplace(f.acts.logits, mcfg_.vocab, f.targets.data<int32_t>(), f.valid, at_.s());
+    f.loss.emplace(f.acts.logits, mcfg_.vocab, f.targets.data<int32_t>(), loss_divisor(train), at_.s());
     return Tensor();
   }
   Tensor backward(int chunk, int micro, Tensor output_grad) override {
@@ -311,6 +321,18 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
                        train_ds_->describe("training"), lora_summary(lora_, all_blocks()));
   }
 
+  // The step's trained targets over its micro-batches (every data rank's): each micro-batch's loss
+  // sum is divided by their average per micro-batch, so the driver's mean over micro-batches and
+  // ranks is the mean over every trained target of the step, however the batch is cut. Token
+  // windows have the same count in every micro-batch (micro x T: what each divided by before).
+  // Instruction rows' tokens that are not padding are the step's throughput.
+  std::optional<int64_t> begin_step(int64_t first, int64_t samples) override {
+    ZP_CHECK(samples % cfg_.micro_batch == 0, "a step of ", samples, " samples in micro-batches of ", cfg_.micro_batch);
+    const LmRows::Counts c = train_ds_->count(cfg_.seed, cfg_.shuffle, first, samples);
+    train_divisor_ = double(c.trained_targets) / double(samples / cfg_.micro_batch);
+    if (!cfg_.instruction_data()) return std::nullopt;
+    return c.tokens;
+  }
   double micro_step(int64_t step, int64_t first, float loss_scale) override {
     return forward_backward(
         timed_read([&] { return train_ds_->batch(cfg_.seed, cfg_.shuffle, first, cfg_.micro_batch); }), true,
@@ -326,7 +348,7 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
   // sample's masks do not depend on the rank or micro-step that runs it.
   nn::DropoutDraw dropout_draw(int64_t step, int64_t first) const {
     if (lora_.r == 0 || lora_.dropout == 0) return {};
-    return {nn::splitmix64(cfg_.seed ^ nn::splitmix64(0x4C6F5241ull + uint64_t(step))) | 1, first * cfg_.seq_len};
+    return {nn::splitmix64(cfg_.seed ^ nn::splitmix64(0x4C6F5241ull + uint64_t(step))) | 1, first, cfg_.micro_batch};
   }
   std::vector<nn::ParamBlock*> all_blocks() const {
     std::vector<nn::ParamBlock*> b;
@@ -345,13 +367,28 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
     return *fingerprint_hex_;
   }
 
+  // What a micro-batch's loss sum is divided by (CausalLmLoss): in training the step's average of
+  // trained targets per micro-batch (begin_step); in validation the same over the validation
+  // micro-batches the driver averages (training.eval_batches on every data rank, from position 0).
+  double loss_divisor(bool train) {
+    if (train) {
+      ZP_CHECK(train_divisor_ >= 0, "a training micro-batch before its step began");
+      return train_divisor_;
+    }
+    if (val_divisor_ < 0) {
+      const int64_t micro_batches = cfg_.eval_batches * at_.data_size();
+      val_divisor_ = double(val_ds_->count(cfg_.seed, false, 0, micro_batches * cfg_.micro_batch).trained_targets) /
+                     double(micro_batches);
+    }
+    return val_divisor_;
+  }
+
   // The model's part of a micro-batch: forward, the next-token loss, and the backward when training.
   double forward_backward(const Batch& b, bool train_step, float loss_scale, nn::DropoutDraw dropout) {
     const Device dev = at_.dev;
     const StreamHandle s = at_.s();
     Tensor ids = b.ids.to(dev, s), tgt = b.targets.to(dev, s);
     const DeviceLayout layout = upload_layout(b);
-    const int64_t valid = count_valid(b.targets);
     using models::ForwardMode;
     models::Transformer& model = *chunks_[0];
     models::TransformerActivations acts;
@@ -361,7 +398,7 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
                   : cfg_.activation_checkpointing ? ForwardMode::TrainCheckpointed
                                                   : ForwardMode::Train,
                   dropout);
-    CausalLmLoss lm(acts.logits, mcfg_.vocab, tgt.data<int32_t>(), valid, s);
+    CausalLmLoss lm(acts.logits, mcfg_.vocab, tgt.data<int32_t>(), loss_divisor(train_step), s);
     if (train_step) forward_ends(s);
     if (train_step) model.backward(acts, lm.backward(acts.logits, loss_scale));
     return lm.mean();  // read after the backward is queued, so the GPU never waits for the host
@@ -386,13 +423,13 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
   std::unique_ptr<io::WeightSource> hub_weights_;
   models::LoraSpec lora_;
   std::optional<models::LoraInitialAdapter> initial_adapter_;
+  double train_divisor_ = -1, val_divisor_ = -1;  // loss_divisor(); -1: not counted yet
   BaseFingerprint fingerprint_;  // LoRA: of the frozen blocks this rank filled
   mutable std::optional<std::string> fingerprint_hex_;
   // A pipeline's micro-batches between their forward and backward, by (micro, local chunk).
   struct InFlight {
     Tensor ids, targets;  // device: the first chunk's input, the last chunk's targets
     DeviceLayout layout;  // device, instruction data: every chunk's
-    int64_t valid = 0;
     float loss_scale = 1.f;
     models::TransformerActivations acts;
     std::optional<CausalLmLoss> loss;

@@ -1,6 +1,7 @@
 #include "runtime/lora_run.h"
 
 #include "core/error.h"
+#include "nn/trained_blocks.h"
 
 namespace zp::runtime {
 
@@ -10,9 +11,8 @@ models::LoraSpec lora_spec_of(const TrainConfig& cfg) {
 
 int64_t trained_parameters(const std::vector<nn::ParamBlock*>& blocks) {
   int64_t n = 0;
-  for (const nn::ParamBlock* b : blocks)
-    if (!b->frozen())
-      for (const auto& p : b->params()) n += p->numel();
+  for (const nn::ParamBlock* b : nn::trained_blocks(blocks))
+    for (const auto& p : b->params()) n += p->numel();
   return n;
 }
 

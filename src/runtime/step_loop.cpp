@@ -58,6 +58,9 @@ void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t
     const float loss_scale = float(loop.scaler.scale());
     double loss = 0;
     auto first_of = [&](int64_t m) { return loop.checkpoints.first_sample(step) + m * micro * world + rank * micro; };
+    if (loop.begin_step)
+      if (const auto items = loop.begin_step(loop.checkpoints.first_sample(step), micro * world * cfg.grad_accum))
+        loop.reporter.set_step_items(*items);
     if (loop.pipeline) {
       std::vector<int64_t> firsts;
       for (int64_t m = 0; m < cfg.grad_accum; ++m) firsts.push_back(first_of(m));

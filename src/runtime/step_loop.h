@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 
 #include "comm/communicator.h"
 #include "parallel/zero_engine.h"
@@ -40,6 +41,9 @@ struct StepLoop {
   // Milliseconds of the training forwards since the last call (TrainingTask::take_forward_ms); empty:
   // the breakdown has no forward/backward split.
   std::function<double()> forward_ms;
+  // Called before each step's micro-batches with the step's global batch, samples [first, first +
+  // samples) (TrainingTask::begin_step); what it returns goes to StepReporter::set_step_items.
+  std::function<std::optional<int64_t>(int64_t first, int64_t samples)> begin_step;
 };
 
 // Position `first` is a global index into the sample order. train(step, first, loss_scale) runs one

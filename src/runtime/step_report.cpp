@@ -17,7 +17,7 @@ StepReporter::StepReporter(const std::string& metrics_file, int rank, int world,
     : rank_(rank), world_(world), dev_(dev), unit_(unit), items_per_step_(items_per_step), max_steps_(max_steps),
       print_every_(std::max<int64_t>(print_every, 1)), flops_per_item_(flops_per_item),
       peak_tflops_(dev.is_cuda() ? cuda_peak_bf16_tflops(dev.index) : 0.0) {
-  rate_key_ = (unit == "tok" ? std::string("tokens") : unit) + "_per_s";
+  rate_key_ = items_key() + "_per_s";
   if (metrics_file.empty()) return;
   // (Built with a stream: GCC 12 warns falsely on std::string + std::to_string here.)
   std::ostringstream name;
@@ -41,7 +41,10 @@ void StepReporter::set_csv_monitor(const std::string& dir, int64_t samples_per_s
 
 void StepReporter::report(int64_t step, double loss, double lr, double grad_norm, double secs, bool skipped,
                           float loss_scale, double val) {
-  const double rate = double(items_per_step_) / secs;
+  const int64_t items = step_items_.value_or(items_per_step_);
+  const double rate = double(items) / secs;
+  items_ += double(items);
+  padded_items_ += double(items_per_step_);
   if (steps_++ == 0) first_step_ = step;
   last_step_ = step;
   steps_s_ += secs;
@@ -92,6 +95,11 @@ void StepReporter::report(int64_t step, double loss, double lr, double grad_norm
                         {"grad_norm", grad_norm}, {"mfu", mfu},         {"peak_mem_gib", mem_gib},
                         {"step_ms", secs * 1e3},  {"skipped", skipped}, {"loss_scale", loss_scale}};
     j[rate_key_] = rate;
+    if (step_items_) {
+      j[items_key()] = items;
+      j["padded_" + items_key()] = items_per_step_;
+      j["padded_" + rate_key_] = double(items_per_step_) / secs;
+    }
     if (!std::isnan(val)) j["val_loss"] = val;
     if (breakdown_) {
       const Breakdown& d = *breakdown_;
@@ -138,9 +146,8 @@ void StepReporter::checkpoint_load_event(int64_t step, const std::string& path, 
 }
 
 std::string StepReporter::summary(double wall_s, const std::string& last_checkpoint) {
-  const double items = double(items_per_step_) * double(steps_);
+  const double items = items_;
   const double rate = steps_s_ > 0 ? items / steps_s_ : 0.0;
-  const std::string items_key = unit_ == "tok" ? std::string("tokens") : unit_;
   std::ostringstream line;
   line.setf(std::ios::fixed);
   line.precision(1);
@@ -159,8 +166,9 @@ std::string StepReporter::summary(double wall_s, const std::string& last_checkpo
     std::fflush(stdout);
   }
   if (metrics_.is_open()) {
-    nlohmann::json j{{"event", "summary"}, {"rank", rank_}, {"steps", steps_}, {items_key, items},
+    nlohmann::json j{{"event", "summary"}, {"rank", rank_}, {"steps", steps_}, {items_key(), items},
                      {"wall_s", wall_s}, {"steps_s", steps_s_}, {"mean_" + rate_key_, rate}};
+    if (step_items_) j["padded_" + items_key()] = padded_items_;
     if (steps_ > 0) {
       j["first_step"] = first_step_;
       j["last_step"] = last_step_;

@@ -56,6 +56,11 @@ class StepReporter {
     std::vector<std::pair<std::string, double>> comm_busy_by_kind_ms;  // ("all_reduce", ms), ...
   };
   void set_breakdown(const Breakdown& b) { breakdown_ = b; }
+  // The items the next step really processes when some of its items_per_step are padding
+  // (instruction rows' padding tokens): its throughput, MFU and the summary count these, and the
+  // metrics keep the padded count beside them ("padded_tokens", "padded_tokens_per_s"). Until
+  // called, every item is real.
+  void set_step_items(int64_t items) { step_items_ = items; }
   void show_breakdown(bool on) { show_breakdown_ = on; }
   // Event lines in the metrics JSONL, for `zeropipe report`: the run's start (its configuration, the
   // start-up banner's lines and the world size) and every checkpoint saved (seconds, bytes, GB/s).
@@ -80,6 +85,7 @@ class StepReporter {
   int rank_, world_;
   Device dev_;
   std::string unit_, rate_key_;  // "tok" -> "tokens_per_s", "samples" -> "samples_per_s"
+  std::string items_key() const { return unit_ == "tok" ? "tokens" : unit_; }  // metrics' name of the items
   int64_t items_per_step_, max_steps_, print_every_;
   double flops_per_item_, peak_tflops_;
   std::optional<PipelineTimes> pipeline_;
@@ -88,6 +94,8 @@ class StepReporter {
   // For summary(): the steps reported this run, their seconds, the best validation loss.
   int64_t steps_ = 0, first_step_ = 0, last_step_ = 0, best_val_step_ = 0;
   double steps_s_ = 0, best_val_ = std::numeric_limits<double>::quiet_NaN();
+  std::optional<int64_t> step_items_;   // set_step_items
+  double items_ = 0, padded_items_ = 0;  // over the steps reported
   std::optional<CsvMonitor> csv_;
   int64_t csv_samples_per_step_ = 0;
   bool csv_loss_scale_ = false;

@@ -14,6 +14,7 @@
 #include "core/numa_node.h"
 #include "core/progress_meter.h"
 #include "io/bounded_json.h"
+#include "nn/trained_blocks.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/zero_engine.h"
 #include "runtime/loop_checkpoints.h"
@@ -57,8 +58,7 @@ std::vector<float> gather_stages(const std::vector<float>& mine, const TrainingP
                                  PipelineStageModel& stage) {
   std::vector<double> keyed;  // per block: key, size, values...
   size_t at_elem = 0;
-  for (const nn::ParamBlock* b : blocks) {
-    if (b->frozen()) continue;  // gather_master covers the blocks that train
+  for (const nn::ParamBlock* b : nn::trained_blocks(blocks)) {  // gather_master covers those
     int64_t n = 0;
     for (const auto& p : b->params()) n += p->numel();
     if (b != replica) {
@@ -219,7 +219,8 @@ TrainResult run_training(const TrainConfig& given, comm::Runtime& rt, MPI_Comm g
   if (task->has_validation()) validate = [&](int64_t first) { return task->validation_loss(first); };
   run_steps({cfg, engine, scaler, sched, checkpoints, reporter, comms.control.get(), at.data_rank(), at.data_size(), s,
              pipeline.get(), stage_model ? &pipeline_grads : nullptr, [&] { return task->take_data_seconds(); },
-             [&] { return task->take_forward_ms(); }},
+             [&] { return task->take_forward_ms(); },
+             [&](int64_t first, int64_t samples) { return task->begin_step(first, samples); }},
             [&](int64_t step, int64_t first, float scale) { return task->micro_step(step, first, scale); }, validate,
             result);
   reporter.summary(std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count(),

@@ -7,12 +7,13 @@
 // The driver makes the task once the run is placed; the task's constructor reads the model's config
 // and opens and checks its data, so a bad file is reported before any communicator or model memory
 // exists. Then, in order: lay_out_model, fill_block for every block (inside the engine's
-// constructor), set_block_access, checkpoint_model, progress, describe, and micro_step /
+// constructor), set_block_access, checkpoint_model, progress, describe, and begin_step, micro_step /
 // validation_loss for the rest of the run.
 #pragma once
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,10 +56,22 @@ class TrainingTask {
   // The start-up line: the model, where it runs, precision, batch and data.
   virtual std::string describe() = 0;
 
+  // Before a training step's micro-batches, on every rank: the step's global batch is the samples
+  // at global positions [first, first + samples) (every data rank's micro-batches of the step). A
+  // family whose loss averages over a number of items that varies from sample to sample (instruction
+  // data's trained tokens) counts them here, so that each micro-batch's loss and gradient are divided
+  // by the step's count (as Hugging Face's num_items_in_batch) and the step's result does not depend
+  // on how the global batch is cut into micro-batches and ranks. Returns the items the step really
+  // processes where some of its samples' items are padding (instruction rows' padding tokens), for
+  // throughput and MFU; none: every item is real.
+  // Every family says (a wrapper must pass it on: the step's micro-batches depend on it).
+  virtual std::optional<int64_t> begin_step(int64_t first, int64_t samples) = 0;
   // One training micro-batch: the samples at global positions [first, first + micro) of the seeded
   // sample order (`step` keys any per-step draws), forward, objective, backward of the loss scaled by
-  // `loss_scale`. Returns the micro-batch's mean loss, read after the backward is queued so the
-  // device never waits for the host.
+  // `loss_scale`. Returns the micro-batch's loss, read after the backward is queued so the device
+  // never waits for the host: its mean, or with begin_step's counts its items' summed loss over the
+  // step's average count per micro-batch (so that the mean over the step's micro-batches and ranks
+  // is the step's mean over all its items).
   virtual double micro_step(int64_t step, int64_t first, float loss_scale) = 0;
   // Whether there is validation data; validation_loss(first) is the mean loss of the validation
   // micro-batch at `first` (forward and objective only).

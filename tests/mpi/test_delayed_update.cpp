@@ -69,6 +69,9 @@ class LaggingWeightsTask final : public runtime::TrainingTask {
   std::string describe() override { return inner_->describe(); }
   bool has_validation() const override { return inner_->has_validation(); }
   double validation_loss(int64_t first) override { return inner_->validation_loss(first); }
+  std::optional<int64_t> begin_step(int64_t first, int64_t samples) override {
+    return inner_->begin_step(first, samples);
+  }
 
   double micro_step(int64_t step, int64_t first, float loss_scale) override {
     if (micro_ == 0) {

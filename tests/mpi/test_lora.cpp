@@ -2,14 +2,14 @@
 //  - the adapters' trajectory (losses and final adapter weights) at ZeRO stages 0-3, with the
 //    optimizer in host memory and at stage 3 the frozen base's shards in host memory too, with
 //    accumulation and activation checkpointing, follows one rank at stage 0 to 1e-5, for Llama,
-//    GPT-2 and the demo UNet; for the LMs with dropout (its masks follow a token's global position,
-//    not the rank that runs it);
+//    GPT-2 and the demo UNet, with dropout (its masks follow a sample's global position, not the rank
+//    or micro-step that runs it: nn/context.h);
 //  - the base takes no update: a run's final weights are exactly the adapters;
 //  - a checkpoint holds the adapters and their moments only, resumes bit for bit, and refuses a run on
 //    another base (naming both), a run with other LoRA settings and a full-training run;
 //  - lora.init_from starts a run's adapters from a LoRA checkpoint or a PEFT folder, exactly, and
 //    refuses an adapter whose rank, scale or modules differ from the run's;
-//  - the UNet's convolution adapters follow one rank at ZeRO 2 and 3, and their PEFT and diffusers
+//  - the UNet's convolution adapters, with dropout, follow one rank at ZeRO 2 and 3, and their PEFT and diffusers
 //    exports start a run exactly where the saved one ended.
 // Every rank takes the same branches: no rank is ever left alone in a collective.
 #include <gtest/gtest.h>
@@ -45,11 +45,10 @@ size_t adapter_count(const std::string& model) {
 TEST(Lora, StagesAndTiersFollowOneRank) {
   comm::Runtime rt;
   const int world = world_size(), rank = world_rank();
-  // The UNet's dropout masks follow its micro-batches (not world-size invariant): it runs without.
   for (const std::string model : {"llama", "gpt2", "unet"}) {
     SharedDir dir("lora_" + model);
     const std::string data = data_file(dir, model);
-    const double dropout = model == "unet" ? 0.0 : 0.1;
+    const double dropout = 0.1;
     TrainingRun one{model, 0, 1};
     one.lora = lora_for(model, dropout);
     runtime::TrainResult ref;
@@ -223,7 +222,7 @@ TEST(Lora, ConvolutionAdaptersFollowOneRankAndTheirExportsLoadBack) {
   const int world = world_size();
   SharedDir dir("lora_conv");
   const std::string data = data_file(dir, "unet");
-  const io::json lora = {{"r", 4}, {"alpha", 8}, {"dropout", 0.0},
+  const io::json lora = {{"r", 4}, {"alpha", 8}, {"dropout", 0.1},
                          {"target_modules", {"conv1", "conv2", "conv_shortcut", "proj_in", "proj_out",
                                              "downsamplers.0.conv", "to_q"}}};
   TrainingRun one{"unet", 0, 1};

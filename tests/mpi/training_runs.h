@@ -90,12 +90,14 @@ struct TrainingRun {
   io::json scheduler;            // the scheduler section instead of the suites' warmup (null: that)
   int param_buffer_count = 0;    // zero_optimization.offload_param.buffer_count with offload_param "nvme" (0: default)
   bool async_save = false;       // checkpoint.async
+  int global_batch = kGlobalBatch;
+  std::string data_format = "tokens";  // data.format: "instruct" for instruction_data_file()'s records
   // New fields go last: suites build runs with positional initialisers.
 };
 
 // The LMs' config is written here; the UNet's is the demo config with the same overrides.
 inline io::Config user_config(const std::string& data, const TrainingRun& r) {
-  io::json user = {{"train_micro_batch_size_per_gpu", kGlobalBatch / (r.world / r.stages * r.grad_accum)},
+  io::json user = {{"train_micro_batch_size_per_gpu", r.global_batch / (r.world / r.stages * r.grad_accum)},
                    {"gradient_accumulation_steps", r.grad_accum},
                    {"steps_per_print", 1000},
                    {"gradient_clipping", 0.5},
@@ -115,6 +117,7 @@ inline io::Config user_config(const std::string& data, const TrainingRun& r) {
   if (r.delayed_update) user["zero_optimization"]["offload_optimizer"]["delayed_update"] = true;
   if (r.async_save) user["checkpoint"]["async"] = true;
   if (r.bf16) user["bf16"] = {{"enabled", true}};
+  if (r.data_format != "tokens") user["data"]["format"] = r.data_format;
   if (!r.lora.is_null()) user["lora"] = r.lora;
   user["model"]["init_std"] = r.init_std;
   if (!r.scheduler.is_null()) user["scheduler"] = r.scheduler;
