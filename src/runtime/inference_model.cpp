@@ -127,9 +127,10 @@ InferenceModel::InferenceModel(const InferenceModelOptions& o) : source_(o.model
   }
   if (gatherer_) model_->set_block_access(gatherer_.get());
   if (o.shard_weights) {
-    const char* where = o.offload_param == "nvme"  ? "a swap file"
-                        : o.offload_param == "cpu" ? "pinned host memory"
-                                                   : "device memory";
+    const char* where = o.offload_param == "nvme"                    ? "a swap file per rank"
+                        : !dev_.is_cuda()                            ? "host memory"
+                        : o.offload_param == "cpu"                   ? "pinned host memory"
+                                                                     : "GPU memory";
     ZP_LOG_INFO("weights sharded over ", weight_shards_, " rank", weight_shards_ == 1 ? "" : "s", ": ",
                 double(resident_weight_bytes()) / 1e6, " MB of the model's ", model_bytes / 1e6, " MB on each, in ",
                 where, "; every block gathered for its use");
