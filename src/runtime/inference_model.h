@@ -7,7 +7,7 @@
 // or a tokenizer.json), else the model runs on token ids alone. A LoRA checkpoint is refused with
 // the command that merges it. The model is built with every block allocated on `device` (no ZeRO
 // engine: one rank holds the whole model; ranks of an mpirun each hold their own copy and share the
-// requests). `lora` merges an adapter (a PEFT folder, a LoRA checkpoint, a diffusers or kohya-ss file)
+// requests), unless the weights are streamed or sharded (below). `lora` merges an adapter (a PEFT folder, a LoRA checkpoint, a diffusers or kohya-ss file)
 // into the weights as they load (io::LoraMergedWeights), so serving it costs nothing per token.
 //
 // Weight streaming (offload_param "cpu", ZeRO-Inference): the weights stay in pinned host memory and
