@@ -132,7 +132,7 @@ InferenceModel::InferenceModel(const InferenceModelOptions& o) : source_(o.model
                         : o.offload_param == "cpu"                   ? "pinned host memory"
                                                                      : "GPU memory";
     ZP_LOG_INFO("weights sharded over ", weight_shards_, " rank", weight_shards_ == 1 ? "" : "s", ": ",
-                double(resident_weight_bytes()) / 1e6, " MB of the model's ", model_bytes / 1e6, " MB on each, in ",
+                double(resident_weight_bytes()) / 1e6, " MB of the model's ", model_bytes / 1e6, " MB per rank, in ",
                 where, "; every block gathered for its use");
   }
   if (merged) {
