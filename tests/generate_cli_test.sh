@@ -47,8 +47,21 @@ run 1 "$tmp/offload.jsonl" --offload-param cpu || { cat "$tmp/offload.jsonl.log"
 # From NVMe: the swap file under a folder the command creates, unlinked at once, so nothing stays there.
 run 2 "$tmp/nvme.jsonl" --offload-param nvme --nvme-path "$tmp/swap" || { cat "$tmp/nvme.jsonl.log"; fail "nvme"; }
 [ -d "$tmp/swap" ] && [ -z "$(ls -A "$tmp/swap")" ] || fail "the swap folder should exist and be empty"
+# Weights sharded ZeRO-3 style over the ranks (on their own, and in host memory), each rank told how
+# much it holds; the same tokens. With one request on 3 ranks two ranks have none and only join.
+for np in 2 3; do
+  run "$np" "$tmp/shard$np.jsonl" --shard-weights || { cat "$tmp/shard$np.jsonl.log"; fail "shard np $np"; }
+  grep -q "weights sharded over $np ranks" "$tmp/shard$np.jsonl.log" || { cat "$tmp/shard$np.jsonl.log"; fail "no shard banner"; }
+done
+run 2 "$tmp/shardcpu.jsonl" --shard-weights --offload-param cpu || { cat "$tmp/shardcpu.jsonl.log"; fail "shard + cpu"; }
+head -1 "$tmp/in.jsonl" > "$tmp/one.jsonl"
+mpirun --oversubscribe --bind-to none -np 3 "$bin" generate --model "$model" --prompts "$tmp/one.jsonl" \
+  --out "$tmp/one.out" --device cpu --shard-weights > "$tmp/one.log" 2>&1 || { cat "$tmp/one.log"; fail "one request on 3 sharded ranks"; }
+[ "$(head -1 "$tmp/np1.jsonl" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["output_ids"])')" = \
+  "$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["output_ids"])' "$tmp/one.out")" ] ||
+  fail "one request on 3 sharded ranks differs from np 1"
 ids() { /usr/bin/python3 -c 'import json,sys; [print(json.loads(l)["index"], json.loads(l)["output_ids"]) for l in open(sys.argv[1])]' "$1"; }
-for f in np2 np3 offload nvme; do
+for f in np2 np3 offload nvme shard2 shard3 shardcpu; do
   diff <(ids "$tmp/np1.jsonl") <(ids "$tmp/$f.jsonl") || fail "$f differs from np 1"
 done
 # Bad input: an unknown key, on every rank count, names the file and line.

@@ -9,6 +9,9 @@
 namespace zp::app {
 
 int run_chat(const ChatOptions& o, std::istream& in, std::ostream& out) {
+  ZP_REQUIRE(!o.model.shard_weights, "--shard-weights does not apply to chat: chat is one conversation on one "
+             "rank, and sharded weights need every rank of an mpirun in each forward; for a model larger than "
+             "the GPU use --offload-param cpu or nvme");
   runtime::InferenceModel model(o.model);
   ZP_REQUIRE(model.tokenizer(), o.model.model, ": chat needs a tokenizer (the model folder has none; give --tokenizer)");
   const io::BpeTokenizer& tok = *model.tokenizer();

@@ -39,13 +39,23 @@ int run_eval(const EvalOptions& o, comm::Runtime& rt) {
   eo.config["batch_size"] = "auto";  // batches are sized by a token budget, not a row count
   eo.config["max_batch_tokens"] = o.max_batch_tokens;
   eo.config["world_size"] = rt.world_size();
+  eo.config["weight_shards"] = m.weight_shards();
   eo.config["limit"] = o.limit < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(o.limit);
   eo.config["bootstrap_iters"] = 0;  // stderr of means in closed form; none for perplexities
   const io::BpeTokenizer& tok = *m.tokenizer();
   const nlohmann::ordered_json results = runtime::evaluate_tasks(
-      tasks, tok, eo, [&](const std::vector<runtime::LoglikelihoodRequest>& r) { return scorer.score(r); },
+      tasks, tok, eo,
+      // Each rank's share of the requests (none, for some), then with sharded weights the others'
+      // remaining forwards joined, whose gathers need every rank.
+      [&](const std::vector<runtime::LoglikelihoodRequest>& r) {
+        std::vector<runtime::LoglikelihoodResult> res = scorer.score(r);
+        m.join_until_every_rank_is_done();
+        return res;
+      },
       [&](const std::vector<runtime::GenerationAsk>& a) {
-        return runtime::generate_greedy_until(m.model(), tok, max_length, a, m.forward_hook());
+        std::vector<std::string> res = runtime::generate_greedy_until(m.model(), tok, max_length, a, m.forward_hook());
+        m.join_until_every_rank_is_done();
+        return res;
       },
       rt.world());
   if (rt.rank() != 0) return 0;

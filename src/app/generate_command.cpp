@@ -152,6 +152,8 @@ int run_generate(const GenerateOptions& o) {
                            engine.cache_blocks()));
     }
   }
+  // Sharded weights: the ranks still forwarding gather every block, and need this one in each gather.
+  model.join_until_every_rank_is_done();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string lines;
   for (size_t k = 0; k < mine.size(); ++k) {
@@ -185,8 +187,10 @@ int run_generate(const GenerateOptions& o) {
   std::string text;
   for (const std::string& l : ordered) text += l + "\n";
   io::write_file_atomically(o.out, text, io::FileSync::BeforeRename);
-  std::printf("generate: %d rank%s; rank 0: %s -> %s\n", world, world > 1 ? "s" : "", summary.line().c_str(),
-              o.out.c_str());
+  const std::string sharded = model.weight_shards() > 1 ? detail::cat(" (weights sharded, ",
+      double(model.resident_weight_bytes()) / 1e6, " MB on each)") : std::string();
+  std::printf("generate: %d rank%s%s; rank 0: %s -> %s\n", world, world > 1 ? "s" : "", sharded.c_str(),
+              summary.line().c_str(), o.out.c_str());
   return 0;
 }
 

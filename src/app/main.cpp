@@ -239,6 +239,9 @@ void add_model_options(po::options_description& desc, zp::runtime::InferenceMode
       "layer streamed up for its use (ZeRO-Inference)")(
       "nvme-path", po::value<std::string>(&m.nvme_path),
       "directory of the weights' swap file, with --offload-param nvme")(
+      "shard-weights", po::bool_switch(&m.shard_weights),
+      "ZeRO-3 inference: each rank of the mpirun keeps 1/N of every layer's weights (on the device, or where "
+      "--offload-param puts them) and the layers are gathered for their use; generate and eval")(
       "lora", po::value<std::string>(&m.lora),
       "LoRA adapter merged into the weights as they load: a PEFT folder, a LoRA checkpoint .h5, or a "
       "diffusers / kohya-ss .safetensors");

@@ -479,6 +479,19 @@ Tensor Transformer::forward_cached(const int32_t* ids, const nn::CachedBatch& b,
   return logits;
 }
 
+void Transformer::forward_without_tokens() {
+  ZP_CHECK(span_.embedding && span_.head, "forward_without_tokens stands for a whole model's forward");
+  if (tied_here_ && access_) access_->acquire_params(*embed_);
+  { ParamsInUse use(access_, *embed_); }
+  for (const Layer& l : layers_) nn::AdaptedBlockInUse use(access_, *l.block, l.adapters.get());
+  {
+    std::optional<ParamsInUse> replica;  // as forward(); forward_cached() never has a replica
+    if (replica_) replica.emplace(access_, *embed_);
+    ParamsInUse use(access_, *head_);
+  }
+  if (tied_here_ && access_) access_->release_params(*embed_);
+}
+
 Tensor Transformer::backward(TransformerActivations& a, Tensor dout, TransformerWeightGrads* later) {
   ZP_CHECK(a.awaiting_backward_, a.mode_ == ForwardMode::Inference && (a.logits.defined() || a.hidden.defined())
                                      ? "backward after an inference forward (it keeps nothing for one)"

@@ -208,6 +208,11 @@ class Transformer {
   // kv_heads x head_dim), and returns the logits [batch.num_outputs, padded_vocab()] of the rows
   // batch.output_rows names. The whole model only; LoRA adapters apply. Nothing is synchronised.
   Tensor forward_cached(const int32_t* ids, const nn::CachedBatch& batch, const nn::PagedKvCache& cache);
+  // A forward with no tokens: acquires and releases every block as forward() and forward_cached() do
+  // and in their order, computing nothing. With sharded weights each acquire is a collective gather,
+  // so a rank without tokens of its own joins the other ranks' forwards with this (sharded
+  // inference); the order must stay that of the forwards above.
+  void forward_without_tokens();
   // dlogits: the gradient of the objective with respect to acts.logits, [B*T, padded_vocab()] in the
   // model's dtype, zero in the padding columns; usually acts.logits itself, overwritten in place by
   // the objective. Gradients accumulate into every block's fp32 gradient buffer. Consumes `acts`

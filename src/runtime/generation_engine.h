@@ -27,7 +27,8 @@ struct GenerationOptions {
   int64_t max_seqs = 256;
   // Decode steps of up to max_graph_seqs sequences (padded up to a power of two) replay a captured
   // CUDA graph instead of launching their kernels one by one (core/cuda_graph.h); 0 turns it off.
-  // Not with weight streaming or a repetition penalty, and never for steps with prompts.
+  // Not with streamed or sharded weights (a before-forward hook) or a repetition penalty, and never
+  // for steps with prompts.
   int64_t max_graph_seqs = 64;
 };
 
@@ -49,8 +50,8 @@ struct GenerationStats {
 
 class GenerationEngine {
  public:
-  // The model's blocks must be resident (no ZeRO engine). Throws zp::Error when the cache cannot
-  // hold one block.
+  // The model's blocks are resident, or streamed or gathered by an InferenceModel (whose forward_hook
+  // goes to set_before_forward). Throws zp::Error when the cache cannot hold one block.
   GenerationEngine(models::Transformer& model, const io::BpeTokenizer* tokenizer, const GenerationOptions& options);
   ~GenerationEngine();
 

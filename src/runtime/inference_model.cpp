@@ -3,6 +3,9 @@
 #include <filesystem>
 
 #include "comm/bootstrap.h"
+#include "comm/communicator.h"
+#include "comm/topology.h"
+#include "core/log.h"
 #include "core/error.h"
 #include "core/progress_meter.h"
 #include "io/h5file.h"
@@ -80,14 +83,23 @@ InferenceModel::InferenceModel(const InferenceModelOptions& o) : source_(o.model
              "' needs --offload-param nvme (got '", o.offload_param, "')");
   ZP_REQUIRE(o.offload_param != "nvme" || !o.nvme_path.empty(),
              "--offload-param nvme needs --nvme-path DIR: the directory of the weights' swap file");
-  if (o.offload_param == "none") {
+  if (o.shard_weights) {
+    int mpi_up = 0;
+    ZP_MPI_CHECK(MPI_Initialized(&mpi_up));
+    ZP_REQUIRE(mpi_up, "--shard-weights shards the weights over the ranks of an mpirun: MPI is not initialised");
+    ZP_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &weight_shards_));
+    world_ = comm::make_communicator(dev_.is_cuda() ? comm::Backend::Nccl : comm::Backend::Mpi, MPI_COMM_WORLD);
+    ZP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &control_));
+  }
+  if (o.offload_param == "none" && !o.shard_weights) {
     model_ = std::make_unique<models::Transformer>(cfg, dev_, dt_, s_);
   } else {
-    // One block at a time: loaded in full on the device, then only its pinned host copy (or its
-    // extent of the swap file) is kept.
-    model_ = std::make_unique<models::Transformer>(cfg, dev_, dt_, s_, parallel::shard_pad_multiple(1),
+    // One block at a time: loaded in full on the device, then only this rank's slice of it (on the
+    // device, in pinned host memory or in its extent of the swap file) is kept.
+    model_ = std::make_unique<models::Transformer>(cfg, dev_, dt_, s_, parallel::shard_pad_multiple(weight_shards_),
                                                    /*allocate=*/false);
-    collective_ = std::make_unique<parallel::CollectiveStream>(nullptr, s_);
+    collective_ = std::make_unique<parallel::CollectiveStream>(world_.get(), s_);
+    collective_->set_overlap(true);  // a GPU's gathers on their own stream, so the next one overlaps compute
     const bool nvme = o.offload_param == "nvme";
     parallel::NvmeSettings swap;  // DeepSpeed's aio defaults: 1 MiB requests, 8 in flight
     swap.path = o.nvme_path;
@@ -95,8 +107,10 @@ InferenceModel::InferenceModel(const InferenceModelOptions& o) : source_(o.model
     swap.buffer_count = o.nvme_buffer_count;
     std::error_code ec;  // a directory that cannot be made shows when the swap file is created, named
     if (nvme) fs::create_directories(o.nvme_path, ec);
-    gatherer_ = std::make_unique<parallel::ParameterGatherer>(
-        nullptr, *collective_, nvme ? parallel::StateTier::Nvme : parallel::StateTier::PinnedHost, true, swap);
+    const parallel::StateTier tier = nvme                           ? parallel::StateTier::Nvme
+                                     : o.offload_param == "cpu" ? parallel::StateTier::PinnedHost
+                                                                : parallel::StateTier::Device;
+    gatherer_ = std::make_unique<parallel::ParameterGatherer>(world_.get(), *collective_, tier, true, swap);
   }
   // Transformer::load's walk (no adapters here), block by block so that a large model shows its
   // progress on rank 0; a small one prints nothing.
@@ -112,6 +126,15 @@ InferenceModel::InferenceModel(const InferenceModelOptions& o) : source_(o.model
     progress.update(loaded_bytes);
   }
   if (gatherer_) model_->set_block_access(gatherer_.get());
+  if (o.shard_weights) {
+    const char* where = o.offload_param == "nvme"                    ? "a swap file per rank"
+                        : !dev_.is_cuda()                            ? "host memory"
+                        : o.offload_param == "cpu"                   ? "pinned host memory"
+                                                                     : "GPU memory";
+    ZP_LOG_INFO("weights sharded over ", weight_shards_, " rank", weight_shards_ == 1 ? "" : "s", ": ",
+                double(resident_weight_bytes()) / 1e6, " MB of the model's ", model_bytes / 1e6, " MB per rank, in ",
+                where, "; every block gathered for its use");
+  }
   if (merged) {
     const std::vector<std::string> left = merged->unmerged_modules();
     ZP_REQUIRE(left.empty(), o.lora, ": adapts module '", left.empty() ? "" : left.front(), "', whose weight ",
@@ -135,12 +158,37 @@ InferenceModel::~InferenceModel() {
   if (model_) model_->set_block_access(nullptr);
   gatherer_.reset();  // before the stream it orders work on
   collective_.reset();
+  world_.reset();
+  if (control_ != MPI_COMM_NULL) MPI_Comm_free(&control_);
+}
+
+int64_t InferenceModel::resident_weight_bytes() const {
+  if (gatherer_) return int64_t(gatherer_->shard_bytes());
+  int64_t n = 0;
+  for (const nn::ParamBlock* b : model_->blocks()) n += b->padded() * int64_t(dtype_size(b->dtype()));
+  return n;
+}
+
+bool InferenceModel::any_rank_forwarding(bool mine) {
+  int m = mine ? 1 : 0, any = 0;
+  ZP_MPI_CHECK(MPI_Allreduce(&m, &any, 1, MPI_INT, MPI_LOR, control_));
+  return any != 0;
+}
+
+void InferenceModel::join_until_every_rank_is_done() {
+  if (control_ == MPI_COMM_NULL) return;
+  while (any_rank_forwarding(false)) {
+    begin_forward();
+    model_->forward_without_tokens();
+  }
 }
 
 int64_t InferenceModel::streamed_bytes_per_forward() const {
   // From NVMe every forward reads the weights from the disk, on a CPU as well.
   if (gatherer_ && gatherer_->tier() == parallel::StateTier::Nvme) return int64_t(gatherer_->shard_bytes());
-  return gatherer_ && dev_.is_cuda() ? int64_t(gatherer_->shard_bytes()) : 0;
+  // Sharded on the device: the gathers move the weights between GPUs, none from host memory.
+  const bool on_host = gatherer_ && gatherer_->tier() != parallel::StateTier::Device;
+  return on_host && dev_.is_cuda() ? int64_t(gatherer_->shard_bytes()) : 0;
 }
 
 void InferenceModel::begin_forward() {

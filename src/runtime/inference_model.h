@@ -7,7 +7,7 @@
 // or a tokenizer.json), else the model runs on token ids alone. A LoRA checkpoint is refused with
 // the command that merges it. The model is built with every block allocated on `device` (no ZeRO
 // engine: one rank holds the whole model; ranks of an mpirun each hold their own copy and share the
-// requests). `lora` merges an adapter (a PEFT folder, a LoRA checkpoint, a diffusers or kohya-ss file)
+// requests), unless the weights are streamed or sharded (below). `lora` merges an adapter (a PEFT folder, a LoRA checkpoint, a diffusers or kohya-ss file)
 // into the weights as they load (io::LoraMergedWeights), so serving it costs nothing per token.
 //
 // Weight streaming (offload_param "cpu", ZeRO-Inference): the weights stay in pinned host memory and
@@ -18,7 +18,20 @@
 // With offload_param "nvme" the weights live in a swap file under `nvme_path` instead (created at
 // start, already unlinked), and host memory holds a few block-sized buffers that read the next
 // blocks ahead (parallel/nvme_parameter_shards.h): the same gatherer, on the NVMe tier.
+//
+// Sharded weights (shard_weights, `--shard-weights`; ZeRO-3 inference): every rank of the mpirun
+// keeps only its 1/N slice of every block, as ZeRO-3 training does, and the gatherer all-gathers each
+// block over the world for its use (prefetching the next on a GPU), so the model needs 1/N of its
+// weights per rank plus two gathered blocks. Loading fills one block at a time and keeps only this
+// rank's slice of it (training's start-up: no rank holds more than its shards and one block). The
+// shards live on the device, or with offload_param "cpu" / "nvme" in pinned host memory / a swap file
+// per rank, the gathers then copying each shard up first. The ranks still share the requests, but
+// every forward is now a collective: each one starts with a vote on a control communicator
+// (forward_hook), and a rank done with its own requests calls join_until_every_rank_is_done(), which
+// runs empty forwards (the gathers alone) until every rank has voted done.
 #pragma once
+#include <mpi.h>
+
 #include <functional>
 #include <memory>
 #include <string>
@@ -26,6 +39,10 @@
 #include "core/device.h"
 #include "io/bpe_tokenizer.h"
 #include "models/transformer.h"
+
+namespace zp::comm {
+class Communicator;
+}  // namespace zp::comm
 
 namespace zp::parallel {
 class CollectiveStream;
@@ -43,6 +60,7 @@ struct InferenceModelOptions {
   std::string nvme_path;               // the swap file's directory, with offload_param "nvme" (--nvme-path)
   int nvme_buffer_count = 5;           // its block-sized host buffers (offload_param.buffer_count's default)
   std::string lora;                    // "" or a LoRA adapter merged into the weights as they load
+  bool shard_weights = false;          // ZeRO-3 shards over MPI_COMM_WORLD (--shard-weights)
 };
 
 class InferenceModel {
@@ -64,16 +82,33 @@ class InferenceModel {
   const std::string& source() const { return source_; }  // the path it was loaded from
   const std::string& tokenizer_source() const { return tokenizer_source_; }  // "" without one
   bool streams_weights() const { return gatherer_ != nullptr; }
+  // The ranks the weights are sharded over (1 unless shard_weights).
+  int weight_shards() const { return weight_shards_; }
+  // Bytes of weights this rank holds: its shards (on their tier) when streamed or sharded, else the
+  // whole model.
+  int64_t resident_weight_bytes() const;
   // Bytes one forward copies up from host memory (a streamed model's weights; 0 otherwise).
   int64_t streamed_bytes_per_forward() const;
   // Before each forward: a streamed model's prefetch follows the previous forward's block order.
   void begin_forward();
   // begin_forward as the engines' before-forward callback; empty when the weights are resident (so
-  // the generation engine may replay decode steps as CUDA graphs).
+  // the generation engine may replay decode steps as CUDA graphs). Sharded weights keep decode off
+  // CUDA graphs too, and must: a forward's gathers are issued from the host as each block is acquired
+  // (reference counts, the learned prefetch order) and each forward begins with the vote below, none
+  // of which a replayed graph would do.
   std::function<void()> forward_hook() {
     if (!gatherer_) return {};
+    if (control_ != MPI_COMM_NULL)  // sharded
+      return [this] {
+        any_rank_forwarding(true);
+        begin_forward();
+      };
     return [this] { begin_forward(); };
   }
+  // Sharded weights: after this rank's own last forward (through forward_hook), runs empty forwards
+  // with the others' until every rank is past its last one; a no-op otherwise. Every rank calls it
+  // the same number of times (after each batch of work the ranks share).
+  void join_until_every_rank_is_done();
 
  private:
   std::string source_, tokenizer_source_;
@@ -81,6 +116,11 @@ class InferenceModel {
   DType dt_ = DType::F32;
   Stream stream_;  // the compute stream (a CUDA model)
   StreamHandle s_ = nullptr;
+  // Whether any rank still runs a forward of its own (an MPI_LOR over control_), this rank's `mine`.
+  bool any_rank_forwarding(bool mine);
+  int weight_shards_ = 1;
+  std::unique_ptr<comm::Communicator> world_;  // the weights' data group, with shard_weights
+  MPI_Comm control_ = MPI_COMM_NULL;            // the forwards' votes, apart from every other message
   std::unique_ptr<parallel::CollectiveStream> collective_;
   std::unique_ptr<parallel::ParameterGatherer> gatherer_;
   std::unique_ptr<models::Transformer> model_;

@@ -221,7 +221,7 @@ std::vector<LoglikelihoodResult> score_distributed(const std::vector<Loglikeliho
     std::vector<LoglikelihoodRequest> mine;
     mine.reserve(idx.size());
     for (int64_t i : idx) mine.push_back(reqs[size_t(i)]);
-    const std::vector<LoglikelihoodResult> res = mine.empty() ? std::vector<LoglikelihoodResult>{} : score(mine);
+    const std::vector<LoglikelihoodResult> res = score(mine);
     ZP_CHECK(res.size() == mine.size(), "the scorer returned ", res.size(), " results for ", mine.size(), " requests");
     std::vector<std::string> out;
     for (const auto& r : res) {
@@ -245,7 +245,7 @@ std::vector<std::string> generate_distributed(const std::vector<GenerationAsk>& 
   return deal_and_gather(int64_t(asks.size()), comm, [&](const std::vector<int64_t>& idx) {
     std::vector<GenerationAsk> mine;
     for (int64_t i : idx) mine.push_back(asks[size_t(i)]);
-    std::vector<std::string> res = mine.empty() ? std::vector<std::string>{} : generate(mine);
+    std::vector<std::string> res = generate(mine);
     ZP_CHECK(res.size() == mine.size(), "the generator returned ", res.size(), " texts for ", mine.size(), " asks");
     return res;
   });

@@ -114,7 +114,8 @@ struct LmEvaluationOptions {
 // Builds every task's requests, scores them across the ranks of `comm` (each rank calls this with
 // the same tasks and options), and returns the harness-shaped results on rank 0 (null elsewhere):
 // results, group_subtasks, configs, versions, n-shot, higher_is_better, n-samples, config.
-// `generate` may be empty when no task is generate_until.
+// `generate` may be empty when no task is generate_until. Every rank calls `score` and `generate`
+// equally often, with no requests too (a rank of a sharded model then joins the others' forwards).
 nlohmann::ordered_json evaluate_tasks(const std::vector<EvalTask>& tasks, const io::BpeTokenizer& tok,
                                       const LmEvaluationOptions& options, const ScoreLoglikelihood& score,
                                       const GreedyGenerate& generate, MPI_Comm comm);
