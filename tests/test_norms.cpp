@@ -340,12 +340,8 @@ TEST(GroupNorm, ParameterGradientsAccumulate) {
 TEST(GroupNormGpu, MatchesCpu) {
   ZP_SKIP_WITHOUT_GPU();
   struct Shape { int64_t N, C, HW, G; };
-  // Forward groups held in registers (up to 5120 16-byte packs) with 1, 2, 4 and 8 packs per thread,
-  // and larger ones (the two-kernel path): {1, 64, 96 * 96, 8} is 73728 values a group.
-  const std::vector<Shape> shapes = {{2, 32, 8 * 8, 8},    {1, 320, 64 * 64, 32}, {3, 6, 5 * 7, 3},
-                                     {2, 4, 3 * 3, 4},     {4, 64, 16 * 16, 32},  {1, 3, 1, 1},
-                                     {2, 640, 32 * 32, 32}, {1, 64, 96 * 96, 8},  {3, 96, 40 * 40, 32},
-                                     {2, 128, 48 * 48, 32}};
+  const std::vector<Shape> shapes = {{2, 32, 8 * 8, 8},  {1, 320, 64 * 64, 32}, {3, 6, 5 * 7, 3},
+                                     {2, 4, 3 * 3, 4},   {4, 64, 16 * 16, 32},  {1, 3, 1, 1}};
   const float eps = 1e-5f;
   uint64_t seed = 900;
   for (const Shape& sh : shapes) {

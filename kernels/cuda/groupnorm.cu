@@ -7,8 +7,6 @@
 // dz * xhat over HW are block-reduced once and give both that channel's dweight/dbias contribution
 // (one atomicAdd per channel per block) and, weighted by weight[c], the group sums that dx needs.
 // Loads are 16-byte packs when HW and the pointers allow it (a pack never straddles two channels).
-// A forward group small enough for one block's registers (SD 1.5's at 64 x 64 latents: 40960 values)
-// skips all that: it is read once, reduced from registers and written (groupnorm_resident_kernel).
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -72,66 +70,6 @@ __global__ void groupnorm_apply_kernel(T* __restrict__ y, const T* __restrict__ 
       out.v[j] = from_f<T>(silu ? z * sigmoid(z) : z);
     }
     yp[p] = out;
-  }
-}
-
-// A group of at most resident_threads(PPT) * PPT packs is read once: each thread keeps its PPT packs
-// in registers, the block reduces the mean and then the centred variance from them, and writes the
-// normalised (+ SiLU) values: one read and one write of x, where the two kernels above read it twice
-// more. One block per (n, g), as the statistics kernel. Eight packs a thread need more than the 64
-// registers a 1024-thread block leaves each (they spill), so those blocks stop at 640 threads.
-constexpr int resident_threads(int ppt) { return ppt >= 8 ? 640 : 1024; }
-
-template <class T, int VEC, int PPT>
-__global__ void __launch_bounds__(resident_threads(PPT))
-    groupnorm_resident_kernel(T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd,
-                              const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
-                              int64_t HW, int G, int Cg, float eps, bool silu) {
-  using P = Pack<T, VEC>;
-  const int64_t M = int64_t(Cg) * HW, packs = M / VEC, group = blockIdx.x;
-  const P* xg = reinterpret_cast<const P*>(x + group * M);
-  P v[PPT];
-  float sum = 0.f;
-#pragma unroll
-  for (int i = 0; i < PPT; ++i) {
-    const int64_t p = threadIdx.x + int64_t(i) * blockDim.x;
-    if (p < packs) {
-      v[i] = xg[p];
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) sum += to_f(v[i].v[j]);
-    }
-  }
-  const float m = block_sum(sum) / float(M);
-  float sq = 0.f;
-#pragma unroll
-  for (int i = 0; i < PPT; ++i)
-    if (threadIdx.x + int64_t(i) * blockDim.x < packs)
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float d = to_f(v[i].v[j]) - m;
-        sq += d * d;
-      }
-  const float r = rsqrtf(block_sum(sq) / float(M) + eps);
-  if (threadIdx.x == 0) {
-    mean[group] = m;
-    rstd[group] = r;
-  }
-  const int c0 = int(group % G) * Cg;  // the group's first channel
-  P* yg = reinterpret_cast<P*>(y + group * M);
-#pragma unroll
-  for (int i = 0; i < PPT; ++i) {
-    const int64_t p = threadIdx.x + int64_t(i) * blockDim.x;
-    if (p < packs) {
-      const int c = c0 + int(p * VEC / HW);  // a pack never straddles two channels
-      const float w = to_f(weight[c]), b = to_f(bias[c]);
-      P out;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float z = (to_f(v[i].v[j]) - m) * r * w + b;
-        out.v[j] = from_f<T>(silu ? z * sigmoid(z) : z);
-      }
-      yg[p] = out;
-    }
   }
 }
 
@@ -216,18 +154,8 @@ int block_threads(int64_t packs) {
 template <class T, int VEC>
 void launch_forward(StreamHandle s, T* y, float* mean, float* rstd, const T* x, const T* w, const T* b, int64_t N,
                     int64_t C, int64_t HW, int64_t G, float eps, bool silu) {
-  const int64_t Cg = C / G, M = Cg * HW, packs = M / VEC;
-  if constexpr (VEC > 1) {  // 16-byte packs: a group of up to 5120 of them stays in registers
-    auto resident = [&](auto kernel, int ppt) {
-      const int threads = int(std::max<int64_t>(32, (packs + ppt - 1) / ppt + 31) / 32 * 32);
-      kernel<<<unsigned(N * G), threads, 0, s>>>(y, mean, rstd, x, w, b, HW, int(G), int(Cg), eps, silu);
-    };
-    if (packs <= resident_threads(1)) return resident(groupnorm_resident_kernel<T, VEC, 1>, 1);
-    if (packs <= 2 * resident_threads(2)) return resident(groupnorm_resident_kernel<T, VEC, 2>, 2);
-    if (packs <= 4 * resident_threads(4)) return resident(groupnorm_resident_kernel<T, VEC, 4>, 4);
-    if (packs <= 8 * resident_threads(8)) return resident(groupnorm_resident_kernel<T, VEC, 8>, 8);
-  }
-  groupnorm_stats_kernel<T, VEC><<<unsigned(N * G), block_threads(packs), 0, s>>>(mean, rstd, x, M, eps);
+  const int64_t Cg = C / G, M = Cg * HW;
+  groupnorm_stats_kernel<T, VEC><<<unsigned(N * G), block_threads(M / VEC), 0, s>>>(mean, rstd, x, M, eps);
   const int64_t total_packs = N * C * HW / VEC;
   const int64_t grid = std::min<int64_t>((total_packs + kApplyThreads - 1) / kApplyThreads, 65535 * 8);
   groupnorm_apply_kernel<T, VEC><<<unsigned(grid), kApplyThreads, 0, s>>>(y, x, mean, rstd, w, b, total_packs, HW,
