@@ -444,9 +444,7 @@ TEST(ActivationEstimate, TransformerIsWithinTwiceWhatAStepTakes) {
       }
       const double measured = double(alloc.stats().peak - held);
       const double estimate = models::transformer_activation_bytes(m->config(), kB, kT, DType::F32, checkpoint);
-      EXPECT_GE(estimate, measured / 2) << what << ": estimate " << estimate << ", measured " << measured;
-      EXPECT_LE(estimate, measured * 2) << what << ": estimate " << estimate << ", measured " << measured;
-      std::printf("%s: activations estimated %.0f bytes, kept %.0f\n", what.c_str(), estimate, measured);
+      expect_estimate_within_twice(what, estimate, measured);
     }
 }
 

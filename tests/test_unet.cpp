@@ -574,9 +574,7 @@ TEST(ActivationEstimate, UNetIsWithinTwiceWhatAStepTakes) {
         const double estimate = models::unet_activation_bytes(run.model, x.sample.shape()[0], x.sample.shape()[2],
                                                               x.sample.shape()[3], x.encoder_hidden_states.shape()[1],
                                                               DType::F32, checkpoint);
-        EXPECT_GE(estimate, measured / 2) << what << ": estimate " << estimate << ", measured " << measured;
-        EXPECT_LE(estimate, measured * 2) << what << ": estimate " << estimate << ", measured " << measured;
-        std::printf("%s: activations estimated %.0f bytes, kept %.0f\n", what.c_str(), estimate, measured);
+        expect_estimate_within_twice(what, estimate, measured);
       }
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -172,6 +173,14 @@ inline std::string error_message(const std::function<void()>& f) {
     return e.what();
   }
   return "";
+}
+
+// An activation estimate against the bytes a step really kept: within a factor of two either way (an
+// estimate plans memory, it is not a measurement). Prints both, for the log.
+inline void expect_estimate_within_twice(const std::string& what, double estimate, double measured) {
+  EXPECT_GE(estimate, measured / 2) << what << ": estimate " << estimate << ", measured " << measured;
+  EXPECT_LE(estimate, measured * 2) << what << ": estimate " << estimate << ", measured " << measured;
+  std::printf("%s: activations estimated %.0f bytes, kept %.0f\n", what.c_str(), estimate, measured);
 }
 
 // A fresh folder <temp>/zp_<name>_<pid> (so parallel test binaries cannot collide), removed with
