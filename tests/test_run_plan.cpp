@@ -187,6 +187,8 @@ TEST(RunPlan, PlanCommandChecksTheNvmeSpace) {
   const std::vector<std::string> sets = suggested_sets(out);
   ASSERT_FALSE(sets.empty()) << out;
   EXPECT_NE(std::find(sets.begin(), sets.end(), "zero_optimization.offload_optimizer.device=cpu"), sets.end()) << out;
+  // Changes the fit does not need are dropped again: more stages would not shrink the node's swap files.
+  EXPECT_EQ(out.find("pipeline.stages"), std::string::npos) << out;
   EXPECT_EQ(plan("zero3-offload-nvme.json", sets, 2, "", "", out, "1GiB"), 0) << "the suggestion fits:\n" << out;
   EXPECT_EQ(plan("zero3-offload-nvme.json", {}, 2, "", "", out, "1TiB"), 0) << out;
   EXPECT_NE(out.find("fits"), std::string::npos) << out;
@@ -240,6 +242,39 @@ TEST(RunPlan, PlanCommandOnThePresets) {
   // No GPU or host sizes: the plan alone, status 0.
   EXPECT_EQ(plan("llama-8b.json", {}, 4, "", "", out), 0) << out;
   EXPECT_NE(out.find("give --gpu-memory"), std::string::npos) << out;
+}
+
+// More pipeline stages are one of the changes `zeropipe plan` weighs (issue 12), after ZeRO-2 and
+// before ZeRO-3: Llama 8B at ZeRO-2 with checkpointing on four cards that hold a stage of a two-stage
+// pipeline but not the whole model gets pipeline.stages=2 with the accumulation doubled (the same
+// global batch), which fits when applied; on one rank, or with an explicit cut, no more stages are
+// proposed.
+TEST(RunPlan, PlanCommandSuggestsMorePipelineStages) {
+  const std::vector<std::string> given = {"zero_optimization.stage=2", "model.activation_checkpointing=true"};
+  std::vector<std::string> staged = given;
+  staged.insert(staged.end(), {"pipeline.stages=2", "gradient_accumulation_steps=64"});
+  bool unet = false;
+  const double whole = runtime::plan_pipeline(preset_config("llama-8b.json", given, 4, unet), false, 4, 4)
+                           .stages[0].plan.gpu_bytes();
+  const runtime::PipelinePlan two = runtime::plan_pipeline(preset_config("llama-8b.json", staged, 4, unet), false, 4, 4);
+  const double stage = two.stages[two.worst_stage()].plan.gpu_bytes();
+  ASSERT_LT(stage, whole) << "two stages of Llama 8B must need less per card than the whole model";
+  const std::string gpu = std::to_string(int64_t(stage) + 1);
+  std::string out;
+  EXPECT_EQ(plan("llama-8b.json", given, 4, gpu, "1TiB", out), 1) << out;
+  EXPECT_NE(out.find("cheapest change that fits: --set pipeline.stages=2 --set gradient_accumulation_steps=64\n"),
+            std::string::npos)
+      << out;
+  std::vector<std::string> applied = given;
+  for (const std::string& s : suggested_sets(out)) applied.push_back(s);
+  EXPECT_EQ(plan("llama-8b.json", applied, 4, gpu, "1TiB", out), 0) << "the suggestion fits:\n" << out;
+  // One rank has no second stage to give; an explicit cut is the user's for its stages.
+  EXPECT_EQ(plan("llama-8b.json", given, 1, gpu, "1TiB", out), 1) << out;
+  EXPECT_EQ(out.find("pipeline.stages"), std::string::npos) << out;
+  std::vector<std::string> cut = staged;
+  cut.push_back("pipeline.partition=[16]");
+  EXPECT_EQ(plan("llama-8b.json", cut, 4, std::to_string(int64_t(stage / 2)), "1TiB", out), 1) << out;
+  EXPECT_EQ(out.find("--set pipeline.stages"), std::string::npos) << out;
 }
 
 // With pipeline.stages P (issue 12) each stage is planned alone: its blocks (the embedding on the

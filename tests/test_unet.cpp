@@ -2,6 +2,7 @@
 // the CPU and the GPU, activation checkpointing against the plain forward and backward, several
 // micro-batches in flight and inference forwards (caller-owned activations), the sinusoidal time
 // embedding, and config errors that name the key.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -331,6 +332,76 @@ static void expect_chunks_chain_to_the_whole_model(bool sdxl) {
 TEST(UNetChunks, ChunksChainedAreTheWholeModelSd) { expect_chunks_chain_to_the_whole_model(false); }
 TEST(UNetChunks, ChunksChainedAreTheWholeModelSdxl) { expect_chunks_chain_to_the_whole_model(true); }
 
+// ZB-H1's split backward (issue 12): two micro-batches in flight, each backward split into B (the
+// input gradient, stem and head gradients) and W (every down, mid and up block's weight gradients),
+// run as a pipeline stage runs them (B of the second, B of the first, then W of each in that order)
+// give the whole backwards' input gradients (bit for bit on the CPU, tol = 0; to `tol` on the GPU)
+// and their gradients: B leaves the units' buffers untouched, the W passes fill them. W reads the
+// output gradients and inputs B left it by handle, so the later B and the forwards between must not
+// have overwritten them. The norms' weight gradients go through scratch that W adds in (one more
+// rounding of the fp32 sums: 1e-6, or `tol` when larger).
+static void expect_split_backward_is_the_whole_backward(bool sdxl, bool checkpoint, Device dev, DType dt,
+                                                        double tol) {
+  const std::string what = std::string(sdxl ? "SDXL" : "SD") + (checkpoint ? " checkpointed " : " ") + dev.str() +
+                           " " + std::string(dtype_name(dt));
+  const double grad_tol = std::max(tol, 1e-6);
+  TinyUNetRun run(sdxl, dev, dt);
+  models::UNet& m = run.model;
+  auto training = [&] { return models::UNetActivations::training(checkpoint); };
+  run.zero_grads();
+  std::vector<float> want_dsample[2];
+  for (int k : {1, 0}) {
+    models::UNetActivations acts = training();
+    m.forward(run.in[k], acts);
+    want_dsample[k] = download(m.backward(run.dout[k], acts));
+  }
+  const std::vector<std::vector<float>> want = run.grads();
+
+  run.zero_grads();
+  models::UNetActivations acts[2] = {training(), training()};
+  models::UNetWeightGrads later[2];
+  for (int k : {0, 1}) m.forward(run.in[k], acts[k]);
+  for (int k : {1, 0}) {
+    const std::vector<float> dsample = download(m.backward(run.dout[k], acts[k], &later[k]));
+    if (tol == 0)
+      EXPECT_EQ(dsample, want_dsample[k]) << what << ": micro " << k;
+    else
+      EXPECT_LE(rel_error(dsample, want_dsample[k]), tol) << what << ": micro " << k;
+    EXPECT_TRUE(acts[k].empty()) << what;
+    EXPECT_EQ(later[k].units.size(), size_t(m.config().num_units())) << what;
+  }
+  const std::vector<nn::ParamBlock*> blocks = m.blocks();
+  const std::vector<std::vector<float>> after_b = run.grads();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const std::string& name = blocks[i]->name();
+    if (name == "stem" || name == "head")
+      EXPECT_LE(rel_error(after_b[i], want[i]), grad_tol) << what << ": B computes the " << name << "'s gradients";
+    else
+      EXPECT_EQ(after_b[i], std::vector<float>(after_b[i].size(), 0.f)) << what << ": B wrote into " << name;
+  }
+  for (int k : {1, 0}) {
+    m.backward_weights(later[k]);
+    EXPECT_TRUE(later[k].units.empty()) << what;
+  }
+  const std::vector<std::vector<float>> got = run.grads();
+  for (size_t i = 0; i < blocks.size(); ++i)
+    EXPECT_LE(rel_error(got[i], want[i]), grad_tol) << what << ": block " << blocks[i]->name();
+}
+
+TEST(UNetSplitBackward, IsTheWholeBackwardCpu) {
+  for (bool sdxl : {false, true})
+    for (bool checkpoint : {false, true})
+      expect_split_backward_is_the_whole_backward(sdxl, checkpoint, Device::cpu(), DType::F32, 0);
+}
+TEST(UNetSplitBackwardGpu, IsTheWholeBackward) {
+  ZP_SKIP_WITHOUT_GPU();
+  for (bool sdxl : {false, true})
+    for (bool checkpoint : {false, true}) {
+      expect_split_backward_is_the_whole_backward(sdxl, checkpoint, Device::cuda(0), DType::F32, 1e-6);
+      expect_split_backward_is_the_whole_backward(sdxl, checkpoint, Device::cuda(0), DType::BF16, 1e-2);
+    }
+}
+
 // What crosses each cut of the tiny UNet (16 and 32 channels, one layer per block, 8x8 latents): the
 // hidden state, the skips still on the stack, the time embedding.
 TEST(UNetChunks, BoundaryShapesFollowTheSkipStack) {
@@ -528,7 +599,12 @@ TEST(UNet, CrossAttentionMatchesFiniteDifferences) {
   nn::CrossAttention::Saved sv;
   std::vector<double> y(g.size()), dx(x.size(), 1.0), dctx(ctx.size(), 1.0);
   attn.forward(c, y.data(), x.data(), B, T, ctx.data(), L, sv);
-  attn.backward(c, dx.data(), dctx.data(), g.data(), x.data(), ctx.data(), B, T, L, sv, true, true);
+  auto tensor = [](const std::vector<double>& v) {  // the backward holds its inputs by handle
+    Tensor t = Tensor::empty({int64_t(v.size())}, DType::F64, Device::cpu(), "test");
+    std::copy(v.begin(), v.end(), t.data<double>());
+    return t;
+  };
+  attn.backward(c, dx.data(), dctx.data(), tensor(g), tensor(x), tensor(ctx), B, T, L, sv, true, true);
   for (double& d : dx) d -= 1.0;  // accumulated onto ones
   for (double& d : dctx) d -= 1.0;
   expect_grad_matches_fd(x, dx, loss, "dx");

@@ -7,7 +7,9 @@
 
 #include "core/error.h"
 #include "io/config.h"
+#include "parallel/pipeline_schedule.h"
 #include "runtime/diffusion_config.h"
+#include "runtime/pipeline_chunks.h"
 #include "runtime/run_plan.h"
 #include "runtime/train_config.h"
 
@@ -39,13 +41,36 @@ namespace {
 // A change that makes a run smaller; false when it does not apply to this config.
 using Change = std::function<bool(runtime::TrainConfig&)>;
 
-// Cheapest in speed first: recomputation (about a third more compute), more sharding (more
-// communication), the offload tiers (PCIe and the CPU's step), then smaller micro-batches (the same
-// global batch through more accumulation).
-std::vector<Change> changes() {
+// More pipeline stages (issue 12): the next P' > P that divides the `world` and leaves every one of
+// the P' x V model chunks at least one of the model's `units`. Each stage's data-parallel group
+// shrinks to world / P', so the accumulation grows by P' / P to keep the global batch (a P' for which
+// that is no integer is passed over); the schedule's rule then still holds (M >= P' for 1F1B and
+// ZB-H1, M a multiple of P' interleaved). An explicit partition list cuts P stages: not changed.
+bool more_pipeline_stages(runtime::TrainConfig& c, int world, int64_t units) {
+  if (c.pipeline_partition == "layers") return false;
+  const int64_t P = c.pipeline_stages;
+  for (int64_t next = P + 1; next <= world && next * c.virtual_stages <= units; ++next) {
+    if (world % next != 0 || (c.grad_accum * next) % P != 0) continue;
+    c.pipeline_stages = next;
+    c.grad_accum = c.grad_accum * next / P;
+    parallel::check_schedule(parallel::schedule_kind_from(c.pipeline_schedule, "pipeline.schedule"),
+                             {int(c.pipeline_stages), int(c.grad_accum), int(c.virtual_stages)});
+    return true;
+  }
+  return false;
+}
+
+// Cheapest in speed first: recomputation (about a third more compute), ZeRO-2 (the communication of
+// plain data parallelism), more pipeline stages (an idle bubble of (P - 1) / (M + P - 1) in theory, but
+// only activations between neighbours), ZeRO-3 (every weight all-gathered twice per micro-batch: the
+// traffic a pipeline avoids on PCIe), the offload tiers (PCIe and the CPU's step), then smaller
+// micro-batches (the same global batch through more accumulation). `world` and the model's pipeline
+// `units` bound the stages.
+std::vector<Change> changes(int world, int64_t units) {
   return {
       [](runtime::TrainConfig& c) { return !std::exchange(c.activation_checkpointing, true); },
       [](runtime::TrainConfig& c) { return c.zero_stage < 2 && (c.zero_stage = 2) == 2; },
+      [=](runtime::TrainConfig& c) { return more_pipeline_stages(c, world, units); },
       [](runtime::TrainConfig& c) { return c.zero_stage < 3 && (c.zero_stage = 3) == 3; },
       [](runtime::TrainConfig& c) {
         if (c.offload_optimizer != "none" || c.zero_stage < 1) return false;
@@ -85,6 +110,7 @@ std::string sets_between(const runtime::TrainConfig& from, const runtime::TrainC
   };
   add(from.activation_checkpointing != to.activation_checkpointing, "model.activation_checkpointing=true");
   add(from.zero_stage != to.zero_stage, "zero_optimization.stage=" + std::to_string(to.zero_stage));
+  add(from.pipeline_stages != to.pipeline_stages, "pipeline.stages=" + std::to_string(to.pipeline_stages));
   add(from.offload_optimizer != to.offload_optimizer, "zero_optimization.offload_optimizer.device=" + to.offload_optimizer);
   add(from.offload_param != to.offload_param, "zero_optimization.offload_param.device=" + to.offload_param);
   add(from.micro_batch != to.micro_batch, "train_micro_batch_size_per_gpu=" + std::to_string(to.micro_batch));
@@ -129,30 +155,52 @@ int run_plan(const PlanOptions& o) {
   for (const auto& m : bad)
     std::printf("does not fit: %s needs %s, %s available\n", m.tier.c_str(), runtime::format_bytes(m.need).c_str(),
                 runtime::format_bytes(m.have).c_str());
-  // The cheapest change: one change alone if one suffices, else the changes in order, cumulatively.
+  // The cheapest change: one change alone if one suffices, else the changes in order, cumulatively,
+  // until it fits; then each one the fit no longer needs (a costlier one after it did the work) is
+  // dropped again, the costliest first.
   auto fits_with = [&](const runtime::TrainConfig& c) {
     return runtime::misfits(runtime::plan_pipeline(c, unet, o.world, per_node), have).empty();
   };
-  for (const Change& change : changes()) {
+  const std::vector<Change> candidates = changes(o.world, runtime::pipeline_units(tc, unet));
+  for (const Change& change : candidates) {
     runtime::TrainConfig c = tc;
     if (change(c) && fits_with(c)) {
       std::printf("cheapest change that fits:%s\n", sets_between(tc, c).c_str());
       return 1;
     }
   }
+  // `steps` (indices into candidates) applied to tc in order; false when one no longer applies.
+  auto replay = [&](const std::vector<size_t>& steps, runtime::TrainConfig& c) {
+    c = tc;
+    for (size_t i : steps)
+      if (!candidates[i](c)) return false;
+    return true;
+  };
+  std::vector<size_t> steps;
   runtime::TrainConfig c = tc;
-  for (bool changed = true; changed;) {
+  bool fits = false;
+  for (bool changed = true; changed && !fits;) {
     changed = false;
-    for (const Change& change : changes()) {
-      if (!change(c)) continue;
+    for (size_t i = 0; i < candidates.size() && !fits; ++i) {
+      if (!candidates[i](c)) continue;
       changed = true;
-      if (fits_with(c)) {
-        std::printf("cheapest changes that fit, together:%s\n", sets_between(tc, c).c_str());
-        return 1;
-      }
+      steps.push_back(i);
+      fits = fits_with(c);
     }
   }
-  std::printf("no change of checkpointing, ZeRO stage, offload or micro-batch fits it: more GPUs (--world), more "
+  if (fits) {
+    for (size_t k = steps.size(); k-- > 0;) {
+      std::vector<size_t> without = steps;
+      without.erase(without.begin() + long(k));
+      runtime::TrainConfig d;
+      if (replay(without, d) && fits_with(d)) steps = std::move(without);
+    }
+    replay(steps, c);
+    std::printf("cheapest changes that fit, together:%s\n", sets_between(tc, c).c_str());
+    return 1;
+  }
+  std::printf("no change of checkpointing, ZeRO stage, pipeline stages, offload or micro-batch fits it: more GPUs "
+              "(--world), more "
               "host memory per node%s are needed\n",
               plan.nvme_bytes_per_node() > 0 ? ", or a larger disk under nvme_path (or fewer ranks per node: "
               "--ranks-per-node)" : "");

@@ -520,14 +520,15 @@ struct UNet::Stage {
 
   // g: gradient of the stage's output (Down: before adding the skip gradients, which this adds).
   // temb's gradient accumulates into dtemb; the skips' gradients go to (Up) or come from (Down) dskips.
+  // With `later`, the weight gradients are left in it (nn/deferred_weight_grads.h).
   Tensor backward(const Ctx& c, Tensor g, const Conditioning& cond, Tensor& dtemb, std::vector<Tensor>& dskips,
-                  StageActivations& a) const {
+                  StageActivations& a, DeferredWeightGrads* later) const {
     const int64_t H = a.H, W = a.W;
     auto resnet = [&](size_t j, const Tensor& dy, Tensor* dskip) {
-      return resnets[j].backward(c, dy, H, W, cond.temb, dtemb, a.resnets[j], dskip);
+      return resnets[j].backward(c, dy, H, W, cond.temb, dtemb, a.resnets[j], dskip, later);
     };
     auto attention = [&](size_t j, const Tensor& dy) {
-      return attentions[j].backward(c, dy, H, W, cond.context, a.attentions[j]);
+      return attentions[j].backward(c, dy, H, W, cond.context, a.attentions[j], later);
     };
     if (kind == Kind::Mid) {
       for (size_t j = attentions.size(); j-- > 0;) {
@@ -538,9 +539,9 @@ struct UNet::Stage {
     }
     if (downsampler.defined()) {
       add_into(c, g, dskips[size_t(a.sampler_skip)]);
-      g = downsampler.backward(c, g, H, W, a.downsampler);
+      g = downsampler.backward(c, g, H, W, a.downsampler, later);
     }
-    if (upsampler.defined()) g = upsampler.backward(c, g, H, W, a.upsampler);
+    if (upsampler.defined()) g = upsampler.backward(c, g, H, W, a.upsampler, later);
     for (size_t j = resnets.size(); j-- > 0;) {
       if (kind == Kind::Down) add_into(c, g, dskips[size_t(a.skips[j])]);
       if (has_attention()) g = attention(j, g);
@@ -954,7 +955,7 @@ Tensor UNet::forward(const UNetInputs& in, UNetActivations& acts, const Tensor& 
   return y;
 }
 
-Tensor UNet::backward(const Tensor& dout, UNetActivations& acts) const {
+Tensor UNet::backward(const Tensor& dout, UNetActivations& acts, UNetWeightGrads* later) const {
   ZP_REQUIRE(!acts.empty(), acts.saves() ? "UNet backward without a forward (each forward's activations serve one "
                                            "backward)"
                                          : "UNet backward of an inference forward, which keeps nothing");
@@ -990,10 +991,13 @@ Tensor UNet::backward(const Tensor& dout, UNetActivations& acts) const {
     for (size_t k = 0; k + 2 < parts.size(); ++k) dskips[k] = parts[k + 1];
   }
 
+  // LoRA: the adapters' gradients need their values, so they stay in this pass.
+  const bool split = later && lora_.r == 0;
+  if (split) later->units.assign(units_.size(), {});
   for (int64_t u = span_.end; u-- > span_.begin;) {
     const Stage& sg = *units_[size_t(u)];
-    nn::AdaptedBlockInUse use(access_, *sg.block, sg.adapters.get(), /*grads=*/true);
-    g = sg.backward(c, g, st.cond, dtemb, dskips, st.units[size_t(u)]);
+    nn::AdaptedBlockInUse use(access_, *sg.block, sg.adapters.get(), /*grads=*/!split);
+    g = sg.backward(c, g, st.cond, dtemb, dskips, st.units[size_t(u)], split ? &later->units[size_t(u)] : nullptr);
   }
   if (!has_stem()) {
     // The previous chunk's output gradient: hidden state, its live skips, the time embedding.
@@ -1029,6 +1033,17 @@ Tensor UNet::backward(const Tensor& dout, UNetActivations& acts) const {
   }
   acts.state_.reset();
   return dsample;
+}
+
+void UNet::backward_weights(UNetWeightGrads& later) const {
+  ZP_CHECK(later.units.empty() || later.units.size() == units_.size(), "UNet backward_weights: ", later.units.size(),
+           " units of weight gradients for a model of ", units_.size());
+  for (size_t u = later.units.size(); u-- > 0;) {
+    if (later.units[u].empty()) continue;
+    GradsInUse grads(access_, *units_[u]->block);
+    later.units[u].run(ctx_);
+  }
+  later.units.clear();
 }
 
 }  // namespace zp::models

@@ -47,6 +47,7 @@
 #include "models/lora_modules.h"
 #include "nn/block_access.h"
 #include "nn/conv2d.h"
+#include "nn/deferred_weight_grads.h"
 #include "nn/group_norm.h"
 #include "nn/linear.h"
 #include "nn/parameter.h"
@@ -153,6 +154,13 @@ class UNetActivations {
   std::unique_ptr<State> state_;
 };
 
+// ZB-H1's split backward (issue 12, nn/deferred_weight_grads.h): the weight gradients of every unit
+// of a chunk, which UNet::backward's B pass leaves here and backward_weights (W) computes. The
+// caller's, one per micro-batch between its B and its W (DESIGN decision 11).
+struct UNetWeightGrads {
+  std::vector<nn::DeferredWeightGrads> units;  // num_units(); those of the span filled
+};
+
 // The model holds weights only; every forward's activations live in the caller's UNetActivations.
 class UNet {
  public:
@@ -206,7 +214,14 @@ class UNet {
   // Parameter gradients accumulate (fp32) into every block's buffer; returns the gradient of the
   // input sample, or of the input boundary for a chunk without the stem (a boundary gradient `dout`
   // is consumed: the time embedding's share of this chunk accumulates into it). Leaves `acts` empty.
-  Tensor backward(const Tensor& dout, UNetActivations& acts) const;
+  // With `later` (ZB-H1's B pass) the down, mid and up blocks' weight gradients are not computed but
+  // left in it for backward_weights (W), so B touches none of those blocks' gradient buffers; the
+  // stem's and the head's are computed here (they end and start the backward). With LoRA everything
+  // is computed here (adapters' gradients need their values) and `later` stays empty.
+  Tensor backward(const Tensor& dout, UNetActivations& acts, UNetWeightGrads* later = nullptr) const;
+  // W: the weight gradients backward left in `later`, into each block's gradients (held, under
+  // ZeRO-3 reduce-scattered, one block at a time as the backward does); leaves `later` empty.
+  void backward_weights(UNetWeightGrads& later) const;
 
   struct Stage;  // one down, mid or up block (defined in unet.cpp)
 

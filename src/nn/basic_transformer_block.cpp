@@ -55,22 +55,33 @@ Tensor BasicTransformerBlock::recompute(const Ctx& c, int64_t B, int64_t T, cons
 }
 
 void BasicTransformerBlock::backward(const Ctx& c, Tensor& dres, int64_t B, int64_t T, const Tensor& context,
-                                     Saved& saved) const {
+                                     Saved& saved, DeferredWeightGrads* later) const {
   const int64_t N = B * T, I = norm1_.width(), F = ff_out_.in(), L = context.size(1);
   Saved& sv = saved;
   ZP_CHECK(!sv.checkpointed, "BasicTransformerBlock: backward of a checkpointed forward before its recompute()");
+  // A split backward's W still reads each branch's output gradient: the residual gradient goes on
+  // accumulating into a copy.
+  auto keep_for_later = [&] {
+    if (!later) return;
+    Tensor next = c.act({N, I});
+    next.copy_from(dres, c.s);
+    dres = std::move(next);
+  };
   Tensor da = c.act({N, I});
   {
     Tensor dh = c.act({N, F}), dpre = c.act({N, 2 * F});
-    ff_out_.backward(c, dh.data(), dres.data(), sv.h.data(), N);
+    ff_out_.backward(c, dh.data(), dres, sv.h, N, false, later);
     ZP_KERNEL_CALL(c.dev, geglu_backward_packed, c.s, c.dt, dpre.data(), dh.data(), sv.pre.data(), N, F);
-    ff_proj_.backward(c, da.data(), dpre.data(), sv.a3.data(), N);
+    ff_proj_.backward(c, da.data(), dpre, sv.a3, N, false, later);
   }
-  norm3_.backward(c, dres.data(), da.data(), sv.t2.data(), N, sv.n3, true);
-  attn2_.backward(c, da.data(), nullptr, dres.data(), sv.a2.data(), context.data(), B, T, L, sv.s2, false, false);
-  norm2_.backward(c, dres.data(), da.data(), sv.t1.data(), N, sv.n2, true);
-  attn1_.backward(c, da.data(), dres, sv.a1, B, T, sv.s1, false);
-  norm1_.backward(c, dres.data(), da.data(), sv.x.data(), N, sv.n1, true);
+  keep_for_later();
+  norm3_.backward(c, dres.data(), da.data(), sv.t2.data(), N, sv.n3, true, later);
+  attn2_.backward(c, da.data(), nullptr, dres, sv.a2, context, B, T, L, sv.s2, false, false, later);
+  keep_for_later();
+  norm2_.backward(c, dres.data(), da.data(), sv.t1.data(), N, sv.n2, true, later);
+  attn1_.backward(c, da.data(), dres, sv.a1, B, T, sv.s1, false, {}, later);
+  keep_for_later();
+  norm1_.backward(c, dres.data(), da.data(), sv.x.data(), N, sv.n1, true, later);
   sv = {};
 }
 

@@ -32,9 +32,11 @@ class BasicTransformerBlock {
   // After a checkpointed forward: everything the backward needs, again. Returns the output.
   Tensor recompute(const Ctx& c, int64_t B, int64_t T, const Tensor& context, Saved& saved) const;
   // dres holds the output gradient on entry and the input gradient on return: each branch's input
-  // gradient is added into it on the way down. Parameter gradients accumulate. Consumes `saved`
-  // (after recompute() when the forward was checkpointed).
-  void backward(const Ctx& c, Tensor& dres, int64_t B, int64_t T, const Tensor& context, Saved& saved) const;
+  // gradient is added into it on the way down. Parameter gradients accumulate, or with `later` (a
+  // split backward, nn/deferred_weight_grads.h) are left in it. Consumes `saved` (after recompute()
+  // when the forward was checkpointed).
+  void backward(const Ctx& c, Tensor& dres, int64_t B, int64_t T, const Tensor& context, Saved& saved,
+                DeferredWeightGrads* later = nullptr) const;
 
  private:
   Norm norm1_, norm2_, norm3_;

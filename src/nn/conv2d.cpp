@@ -3,6 +3,7 @@
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "nn/deferred_weight_grads.h"
 #include "nn/init.h"
 
 namespace zp::nn {
@@ -111,18 +112,34 @@ void Conv2d::forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t H,
 
 void Conv2d::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, int64_t H, int64_t W,
                       bool accumulate_dx) const {
-  const Conv2dShape s = shape(N, H, W);
-  if (!w_->frozen)  // a frozen weight (LoRA's base) takes no gradient
-    ZP_KERNEL_CALL(c.dev, conv2d_backward_filter, c.s, c.dt, w_->g(), b_ ? b_->g() : nullptr, dy, x, s);
-  if (dx && !accumulate_dx) {
-    ZP_KERNEL_CALL(c.dev, conv2d_backward_data, c.s, c.dt, dx, dy, w_->v(), s);
-  } else if (dx) {
-    // The kernel writes its result, so a residual sum goes through a temporary.
-    Tensor tmp = c.act({s.x_numel()});
-    ZP_KERNEL_CALL(c.dev, conv2d_backward_data, c.s, c.dt, tmp.data(), dy, w_->v(), s);
-    ZP_KERNEL_CALL(c.dev, add, c.s, c.dt, dx, dx, tmp.data(), s.x_numel());
-  }
+  backward_params(c, dy, x, N, H, W);
+  if (dx) backward_data(c, dx, dy, N, H, W, accumulate_dx);
   if (lora_a_) adapter_backward(c, dx, dy, x, N, H, W);
+}
+
+void Conv2d::backward(const Ctx& c, void* dx, const Tensor& dy, const Tensor& x, int64_t N, int64_t H, int64_t W,
+                      bool accumulate_dx, DeferredWeightGrads* later) const {
+  if (!later) return backward(c, dx, dy.data(), x.data(), N, H, W, accumulate_dx);
+  later->conv(*this, dy, x, N, H, W);
+  if (dx) backward_data(c, dx, dy.data(), N, H, W, accumulate_dx);
+}
+
+void Conv2d::backward_params(const Ctx& c, const void* dy, const void* x, int64_t N, int64_t H, int64_t W) const {
+  if (w_->frozen) return;  // a frozen weight (LoRA's base) takes no gradient
+  ZP_KERNEL_CALL(c.dev, conv2d_backward_filter, c.s, c.dt, w_->g(), b_ ? b_->g() : nullptr, dy, x, shape(N, H, W));
+}
+
+void Conv2d::backward_data(const Ctx& c, void* dx, const void* dy, int64_t N, int64_t H, int64_t W,
+                           bool accumulate_dx) const {
+  const Conv2dShape s = shape(N, H, W);
+  if (!accumulate_dx) {
+    ZP_KERNEL_CALL(c.dev, conv2d_backward_data, c.s, c.dt, dx, dy, w_->v(), s);
+    return;
+  }
+  // The kernel writes its result, so a residual sum goes through a temporary.
+  Tensor tmp = c.act({s.x_numel()});
+  ZP_KERNEL_CALL(c.dev, conv2d_backward_data, c.s, c.dt, tmp.data(), dy, w_->v(), s);
+  ZP_KERNEL_CALL(c.dev, add, c.s, c.dt, dx, dx, tmp.data(), s.x_numel());
 }
 
 }  // namespace zp::nn

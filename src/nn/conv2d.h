@@ -14,6 +14,8 @@
 
 namespace zp::nn {
 
+class DeferredWeightGrads;
+
 class Conv2d {
  public:
   Conv2d() = default;
@@ -36,6 +38,12 @@ class Conv2d {
   // nullptr (no input gradient).
   void backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, int64_t H, int64_t W,
                 bool accumulate_dx = false) const;
+  // backward(), or with `later` (a split backward, nn/deferred_weight_grads.h) only dx now, the
+  // weight and bias gradients left in `later`, which holds dy and x until then (no LoRA adapter).
+  void backward(const Ctx& c, void* dx, const Tensor& dy, const Tensor& x, int64_t N, int64_t H, int64_t W,
+                bool accumulate_dx, DeferredWeightGrads* later) const;
+  // The weight and bias gradients of backward() (none for a frozen weight; not the adapter's).
+  void backward_params(const Ctx& c, const void* dy, const void* x, int64_t N, int64_t H, int64_t W) const;
 
  private:
   // x itself, or dropout(x) in `keep` when this forward draws dropout.
@@ -44,6 +52,8 @@ class Conv2d {
   kernels::Conv2dShape down_shape(int64_t N, int64_t H, int64_t W) const;
   void adapter_forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t H, int64_t W) const;
   void adapter_backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, int64_t H, int64_t W) const;
+  // dx = (or += with accumulate_dx) the base convolution's input gradient.
+  void backward_data(const Ctx& c, void* dx, const void* dy, int64_t N, int64_t H, int64_t W, bool accumulate_dx) const;
 
   Parameter* w_ = nullptr;
   Parameter* b_ = nullptr;

@@ -1,6 +1,7 @@
 #include "nn/cross_attention.h"
 
 #include "kernels/attention.h"
+#include "nn/deferred_weight_grads.h"
 
 namespace zp::nn {
 using namespace zp::kernels;
@@ -29,13 +30,13 @@ void CrossAttention::forward(const Ctx& c, void* y, const void* x, int64_t B, in
   out_.forward(c, y, saved.att.data(), N);
 }
 
-void CrossAttention::backward(const Ctx& c, void* dx, void* dcontext, const void* dy, const void* x,
-                              const void* context, int64_t B, int64_t T, int64_t L, const Saved& saved,
-                              bool accumulate_dx, bool accumulate_dcontext) const {
+void CrossAttention::backward(const Ctx& c, void* dx, void* dcontext, const Tensor& dy, const Tensor& x,
+                              const Tensor& context, int64_t B, int64_t T, int64_t L, const Saved& saved,
+                              bool accumulate_dx, bool accumulate_dcontext, DeferredWeightGrads* later) const {
   const int64_t N = B * T, I = inner_, H = heads_, D = head_dim();
   const size_t esz = dtype_size(c.dt);
   Tensor datt = c.act({N, I});
-  out_.backward(c, datt.data(), dy, saved.att.data(), N);
+  out_.backward(c, datt.data(), dy, saved.att, N, false, later);
   Tensor dq = c.act({N, I}), dkv = c.act({B * L, 2 * I});
   const char* kbase = static_cast<const char*>(saved.kv.data());
   char* dkbase = static_cast<char*>(dkv.data());
@@ -43,8 +44,8 @@ void CrossAttention::backward(const Ctx& c, void* dx, void* dcontext, const void
   ZP_KERNEL_CALL(c.dev, attention_backward, c.s, c.dt, dq.data(), dkbase, dkbase + vo, datt.data(), saved.q.data(),
                  kbase, kbase + vo, saved.att.data(), saved.lse.data<float>(), B, T, L, H, H, D, I, 2 * I, 2 * I, I,
                  attention_default_scale(D), false);
-  q_.backward(c, dx, dq.data(), x, N, accumulate_dx);
-  kv_.backward(c, dcontext, dkv.data(), context, B * L, accumulate_dcontext);
+  q_.backward(c, dx, dq, x, N, accumulate_dx, later);
+  kv_.backward(c, dcontext, dkv, context, B * L, accumulate_dcontext, later);
 }
 
 }  // namespace zp::nn

@@ -14,6 +14,8 @@
 
 namespace zp::nn {
 
+class DeferredWeightGrads;
+
 class CrossAttention {
  public:
   struct Saved {
@@ -32,10 +34,13 @@ class CrossAttention {
   // y[B*T, C] = attention(x[B*T, C]) over context[B*L, Cc].
   void forward(const Ctx& c, void* y, const void* x, int64_t B, int64_t T, const void* context, int64_t L,
                Saved& saved) const;
-  // Parameter gradients accumulate. dx is written (or added with accumulate_dx). dcontext, when not
-  // nullptr, is written or added with accumulate_dcontext.
-  void backward(const Ctx& c, void* dx, void* dcontext, const void* dy, const void* x, const void* context, int64_t B,
-                int64_t T, int64_t L, const Saved& saved, bool accumulate_dx, bool accumulate_dcontext) const;
+  // Parameter gradients accumulate, or with `later` (a split backward, nn/deferred_weight_grads.h)
+  // are left in it, which then holds dy, x, the context and this backward's own buffers. dx is
+  // written (or added with accumulate_dx). dcontext, when not nullptr, is written or added with
+  // accumulate_dcontext.
+  void backward(const Ctx& c, void* dx, void* dcontext, const Tensor& dy, const Tensor& x, const Tensor& context,
+                int64_t B, int64_t T, int64_t L, const Saved& saved, bool accumulate_dx, bool accumulate_dcontext,
+                DeferredWeightGrads* later = nullptr) const;
 
  private:
   Linear q_, kv_, out_;

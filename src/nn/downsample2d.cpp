@@ -10,10 +10,11 @@ Tensor Downsample2D::forward(const Ctx& c, const Tensor& x, int64_t H, int64_t W
   return y;
 }
 
-Tensor Downsample2D::backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W, Saved& saved) const {
+Tensor Downsample2D::backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W, Saved& saved,
+                             DeferredWeightGrads* later) const {
   const int64_t B = dy.size(0), C = conv_.in();
   Tensor dx = c.act({B, C, H, W});
-  conv_.backward(c, dx.data(), dy.data(), saved.x.data(), B, H, W);
+  conv_.backward(c, dx.data(), dy, saved.x, B, H, W, false, later);
   saved = {};
   return dx;
 }

@@ -1,6 +1,7 @@
 #include "nn/group_norm.h"
 
 #include "kernels/groupnorm.h"
+#include "nn/deferred_weight_grads.h"
 
 namespace zp::nn {
 using namespace zp::kernels;
@@ -20,13 +21,16 @@ void GroupNorm::forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t
 }
 
 void GroupNorm::backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, int64_t HW,
-                         const Saved& saved) const {
+                         const Saved& saved, DeferredWeightGrads* later) const {
   // Frozen weights (LoRA's base) have no gradient buffer: the kernel's sums go to scratch.
   Tensor scratch;
   float *dw = nullptr, *db = nullptr;
   if (w_->frozen) {
     scratch = Tensor::zeros({2 * channels()}, DType::F32, c.dev, "activations", c.s);
     dw = scratch.data<float>();
+    db = dw + channels();
+  } else if (later) {
+    dw = later->norm(w_, b_, channels(), c);
     db = dw + channels();
   } else {
     dw = w_->g();

@@ -7,6 +7,8 @@
 
 namespace zp::nn {
 
+class DeferredWeightGrads;
+
 class GroupNorm {
  public:
   struct Saved {
@@ -18,9 +20,10 @@ class GroupNorm {
   int64_t channels() const { return w_->shape[0]; }
   // y[N, C, HW] = (silu of) groupnorm(x[N, C, HW])
   void forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t HW, Saved& saved) const;
-  // dx is written; dweight and dbias accumulate (fp32).
-  void backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, int64_t HW,
-                const Saved& saved) const;
+  // dx is written; dweight and dbias accumulate (fp32), or with `later` (a split backward,
+  // nn/deferred_weight_grads.h) go to its scratch, added at W.
+  void backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, int64_t HW, const Saved& saved,
+                DeferredWeightGrads* later = nullptr) const;
 
  private:
   Parameter* w_ = nullptr;

@@ -3,6 +3,7 @@
 #include "kernels/activation.h"
 #include "kernels/dropout.h"
 #include "kernels/gemm.h"
+#include "nn/deferred_weight_grads.h"
 #include "nn/init.h"
 
 namespace zp::nn {
@@ -174,6 +175,13 @@ void Linear::backward(const Ctx& c, void* dx, const void* dy, const void* x, int
                       int64_t lddy) const {
   backward_params(c, dy, x, N, lddy);
   if (dx) backward_input(c, dx, dy, N, accumulate_dx, lddy);
+}
+
+void Linear::backward(const Ctx& c, void* dx, const Tensor& dy, const Tensor& x, int64_t N, bool accumulate_dx,
+                      DeferredWeightGrads* later) const {
+  if (!later) return backward(c, dx, dy.data(), x.data(), N, accumulate_dx);
+  later->linear(*this, dy, x, N);
+  if (dx) backward_input(c, dx, dy.data(), N, accumulate_dx);
 }
 
 void Linear::backward_input(const Ctx& c, void* dx, const void* dy, int64_t N, bool accumulate_dx, int64_t lddy) const {

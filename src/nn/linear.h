@@ -17,6 +17,8 @@
 
 namespace zp::nn {
 
+class DeferredWeightGrads;
+
 // One adapter of a Linear: A [r, in] and B [cols, r], adding into output columns [col, col + cols).
 struct LowRankAdapter {
   Parameter* a = nullptr;
@@ -53,6 +55,10 @@ class Linear {
   // lddy: row stride of dy (0 = out).
   void backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, bool accumulate_dx = false,
                 int64_t lddy = 0) const;
+  // backward(), or with `later` (a split backward, nn/deferred_weight_grads.h) only dx now, the
+  // parameter gradients left in `later`, which holds dy and x until then (no LoRA adapters).
+  void backward(const Ctx& c, void* dx, const Tensor& dy, const Tensor& x, int64_t N, bool accumulate_dx,
+                DeferredWeightGrads* later) const;
   // The two halves of backward(): parameter gradients, and the input gradient.
   void backward_params(const Ctx& c, const void* dy, const void* x, int64_t N, int64_t lddy = 0) const;
   void backward_input(const Ctx& c, void* dx, const void* dy, int64_t N, bool accumulate_dx = false,

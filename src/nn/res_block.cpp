@@ -91,7 +91,7 @@ Tensor ResBlock::forward(const Ctx& c, const Tensor& in, const Tensor& skip, int
 }
 
 Tensor ResBlock::backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W, const Tensor& temb, Tensor& dtemb,
-                          Saved& saved, Tensor* dskip) const {
+                          Saved& saved, Tensor* dskip, DeferredWeightGrads* later) const {
   Saved& sv = saved;
   if (sv.checkpointed) {
     const Tensor in = sv.in, skip = sv.skip;  // forward() starts by clearing sv
@@ -104,18 +104,18 @@ Tensor ResBlock::backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W, 
     ZP_KERNEL_CALL(c.dev, scale, c.s, c.dt, g.data(), dy.data(), 1.f / out_scale_, g.numel());
   }
   Tensor da2 = c.act({B, Co, H, W});
-  conv2_.backward(c, da2.data(), g.data(), sv.a2.data(), B, H, W);
+  conv2_.backward(c, da2.data(), g, sv.a2, B, H, W, false, later);
   Tensor dh1 = c.act({B, Co, H, W});
-  norm2_.backward(c, dh1.data(), da2.data(), sv.h1.data(), B, HW, sv.n2);
+  norm2_.backward(c, dh1.data(), da2.data(), sv.h1.data(), B, HW, sv.n2, later);
   Tensor dt = c.act({B, Co});
   ZP_KERNEL_CALL(c.dev, channel_sum, c.s, c.dt, dt.data(), dh1.data(), B, Co, HW);
-  temb_proj_.backward(c, dtemb.data(), dt.data(), temb.data(), B, /*accumulate_dx=*/true);
+  temb_proj_.backward(c, dtemb.data(), dt, temb, B, /*accumulate_dx=*/true, later);
   Tensor da1 = c.act({B, Ci, H, W});
-  conv1_.backward(c, da1.data(), dh1.data(), sv.a1.data(), B, H, W);
+  conv1_.backward(c, da1.data(), dh1, sv.a1, B, H, W, false, later);
   Tensor dx = c.act({B, Ci, H, W});
-  norm1_.backward(c, dx.data(), da1.data(), sv.x.data(), B, HW, sv.n1);
+  norm1_.backward(c, dx.data(), da1.data(), sv.x.data(), B, HW, sv.n1, later);
   if (shortcut_.defined())
-    shortcut_.backward(c, dx.data(), g.data(), sv.x.data(), B, H, W, /*accumulate_dx=*/true);
+    shortcut_.backward(c, dx.data(), g, sv.x, B, H, W, /*accumulate_dx=*/true, later);
   else
     add_into(c, dx, g);
   const int64_t Cs = sv.skip_channels;

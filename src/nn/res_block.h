@@ -35,9 +35,10 @@ class ResBlock {
   Tensor forward(const Ctx& c, const Tensor& in, const Tensor& skip, int64_t H, int64_t W, const Tensor& temb,
                  Saved& saved, bool checkpoint) const;
   // Returns the gradient of `in`; with a skip, its gradient goes to *dskip. temb's gradient
-  // accumulates into dtemb [B, T], parameter gradients into their buffers. Consumes `saved`.
+  // accumulates into dtemb [B, T], parameter gradients into their buffers, or with `later` (a split
+  // backward, nn/deferred_weight_grads.h) they are left in it, which then holds dy. Consumes `saved`.
   Tensor backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W, const Tensor& temb, Tensor& dtemb,
-                  Saved& saved, Tensor* dskip = nullptr) const;
+                  Saved& saved, Tensor* dskip = nullptr, DeferredWeightGrads* later = nullptr) const;
 
  private:
   GroupNorm norm1_, norm2_;

@@ -81,7 +81,7 @@ Tensor Transformer2D::forward(const Ctx& c, const Tensor& x, int64_t H, int64_t 
 }
 
 Tensor Transformer2D::backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W, const Tensor& context,
-                               Saved& saved) const {
+                               Saved& saved, DeferredWeightGrads* later) const {
   const int64_t B = dy.size(0), HW = H * W, C = channels_, I = inner_;
   Saved& sv = saved;
   const bool recompute = sv.checkpointed;
@@ -90,30 +90,30 @@ Tensor Transformer2D::backward(const Ctx& c, const Tensor& dy, int64_t H, int64_
   if (linear_) {
     Tensor dyt = c.act({B * HW, C});
     ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, dyt.data(), dy.data(), B, C, HW);
-    proj_out_lin_.backward(c, dt.data(), dyt.data(), sv.p_out.data(), B * HW);
+    proj_out_lin_.backward(c, dt.data(), dyt, sv.p_out, B * HW, false, later);
   } else {
     Tensor du = c.act({B, I, H, W});
-    proj_out_conv_.backward(c, du.data(), dy.data(), sv.p_out.data(), B, H, W);
+    proj_out_conv_.backward(c, du.data(), dy, sv.p_out, B, H, W, false, later);
     ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, dt.data(), du.data(), B, I, HW);
   }
   sv.p_out = Tensor();
   for (size_t i = blocks_.size(); i-- > 0;) {
     if (recompute && i + 1 < blocks_.size()) blocks_[i].recompute(c, B, HW, context, sv.blocks[i]);
-    blocks_[i].backward(c, dt, B, HW, context, sv.blocks[i]);
+    blocks_[i].backward(c, dt, B, HW, context, sv.blocks[i], later);
   }
   if (recompute) normalise_input(c, B, HW, sv);
   Tensor da = c.act({B, C, H, W});
   if (linear_) {
     Tensor dat = c.act({B * HW, C});
-    proj_in_lin_.backward(c, dat.data(), dt.data(), sv.p_in.data(), B * HW);
+    proj_in_lin_.backward(c, dat.data(), dt, sv.p_in, B * HW, false, later);
     ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, da.data(), dat.data(), B, HW, C);
   } else {
     Tensor dp = c.act({B, I, H, W});
     ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, dp.data(), dt.data(), B, HW, I);
-    proj_in_conv_.backward(c, da.data(), dp.data(), sv.p_in.data(), B, H, W);
+    proj_in_conv_.backward(c, da.data(), dp, sv.p_in, B, H, W, false, later);
   }
   Tensor dx = c.act({B, C, H, W});
-  norm_.backward(c, dx.data(), da.data(), sv.x.data(), B, HW, sv.n);
+  norm_.backward(c, dx.data(), da.data(), sv.x.data(), B, HW, sv.n, later);
   ZP_KERNEL_CALL(c.dev, add, c.s, c.dt, dx.data(), dx.data(), dy.data(), dx.numel());
   sv = {};
   return dx;

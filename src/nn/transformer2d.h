@@ -36,8 +36,10 @@ class Transformer2D {
   // layer and of its blocks.
   Tensor forward(const Ctx& c, const Tensor& x, int64_t H, int64_t W, const Tensor& context, Saved& saved,
                  bool checkpoint) const;
-  // Returns the input gradient; parameter gradients accumulate. Consumes `saved`.
-  Tensor backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W, const Tensor& context, Saved& saved) const;
+  // Returns the input gradient; parameter gradients accumulate, or with `later` (a split backward,
+  // nn/deferred_weight_grads.h) are left in it, which then holds dy. Consumes `saved`.
+  Tensor backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W, const Tensor& context, Saved& saved,
+                  DeferredWeightGrads* later = nullptr) const;
 
  private:
   void normalise_input(const Ctx& c, int64_t B, int64_t HW, Saved& saved) const;

@@ -16,7 +16,8 @@ Tensor Upsample2D::forward(const Ctx& c, const Tensor& x, int64_t H, int64_t W, 
   return y;
 }
 
-Tensor Upsample2D::backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W, Saved& saved) const {
+Tensor Upsample2D::backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W, Saved& saved,
+                           DeferredWeightGrads* later) const {
   const int64_t B = dy.size(0), C = dy.size(1);
   Tensor up = saved.conv_in;
   if (saved.checkpointed) {
@@ -24,7 +25,7 @@ Tensor Upsample2D::backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W
     ZP_KERNEL_CALL(c.dev, upsample_nearest2x_forward, c.s, c.dt, up.data(), saved.conv_in.data(), B, C, H, W);
   }
   Tensor du = c.act({B, C, 2 * H, 2 * W});
-  conv_.backward(c, du.data(), dy.data(), up.data(), B, 2 * H, 2 * W);
+  conv_.backward(c, du.data(), dy, up, B, 2 * H, 2 * W, false, later);
   Tensor dx = c.act({B, C, H, W});
   ZP_KERNEL_CALL(c.dev, upsample_nearest2x_backward, c.s, c.dt, dx.data(), du.data(), B, C, H, W);
   saved = {};

@@ -20,8 +20,10 @@ class Upsample2D {
 
   // y[B, C, 2H, 2W] from x[B, C, H, W].
   Tensor forward(const Ctx& c, const Tensor& x, int64_t H, int64_t W, Saved& saved, bool checkpoint) const;
-  // Returns dx[B, C, H, W]; parameter gradients accumulate. Consumes `saved`.
-  Tensor backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W, Saved& saved) const;
+  // Returns dx[B, C, H, W]; parameter gradients accumulate, or with `later` (a split backward,
+  // nn/deferred_weight_grads.h) are left in it. Consumes `saved`.
+  Tensor backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W, Saved& saved,
+                  DeferredWeightGrads* later = nullptr) const;
 
  private:
   Conv2d conv_;

@@ -181,15 +181,17 @@ class DiffusionTask final : public TrainingTask, public PipelineStageModel {
     return Tensor();
   }
   Tensor backward(int chunk, int micro, Tensor output_grad) override {
+    return chunk_backward(chunk, micro, std::move(output_grad), /*split=*/false);
+  }
+  // ZB-H1: B leaves the down, mid and up blocks' weight gradients in the micro-batch's state (the
+  // stem's and the head's are computed in B: models::UNet::backward), W computes them.
+  Tensor backward_input(int chunk, int micro, Tensor output_grad) override {
+    return chunk_backward(chunk, micro, std::move(output_grad), /*split=*/true);
+  }
+  void backward_weight(int chunk, int micro) override {
     const models::UNet& m = *chunks_[size_t(chunk)];
-    InFlight& f = in_flight_.at({micro, chunk});
-    if (m.has_head()) {
-      output_grad = mse_gradient(f.pred, f.batch, f.loss_scale);
-      f.pred = Tensor();
-    }
-    Tensor din = m.backward(output_grad, f.acts);
+    m.backward_weights(in_flight_.at({micro, chunk}).later);
     if (!m.has_head()) in_flight_.erase({micro, chunk});  // the last chunk's loss is read later
-    return m.has_stem() ? Tensor() : din;
   }
   double loss(int micro) override {
     const std::pair<int, int> key{micro, int(chunks_.size()) - 1};
@@ -304,6 +306,20 @@ class DiffusionTask final : public TrainingTask, public PipelineStageModel {
     return sum / double(B_);
   }
 
+  // The backward of (micro, chunk), whole or (split) its B pass; the last chunk's starts from the
+  // objective's gradient.
+  Tensor chunk_backward(int chunk, int micro, Tensor output_grad, bool split) {
+    const models::UNet& m = *chunks_[size_t(chunk)];
+    InFlight& f = in_flight_.at({micro, chunk});
+    if (m.has_head()) {
+      output_grad = mse_gradient(f.pred, f.batch, f.loss_scale);
+      f.pred = Tensor();
+    }
+    Tensor din = m.backward(output_grad, f.acts, split ? &f.later : nullptr);
+    if (!split && !m.has_head()) in_flight_.erase({micro, chunk});  // the last chunk's loss is read later
+    return m.has_stem() ? Tensor() : din;
+  }
+
   // The model's part of a micro-batch: forward, weighted MSE, and the backward when training.
   // Returns the mean weighted loss, read after the backward is queued.
   double forward_backward(const DiffusionBatch& b, bool train_step, float loss_scale) {
@@ -366,17 +382,22 @@ class DiffusionTask final : public TrainingTask, public PipelineStageModel {
     float loss_scale = 1.f;
     models::UNetActivations acts = models::UNetActivations::inference();
     Tensor pred, losses;  // the last chunk: the prediction (training) and every sample's loss
+    models::UNetWeightGrads later;  // ZB-H1: from the micro-batch's B to its W
   };
   std::map<std::pair<int, int>, InFlight> in_flight_;
 };
 
 }  // namespace
 
+std::unique_ptr<TrainingTask> make_unet_task(const TrainConfig& cfg, const DiffusionConfig& diffusion,
+                                             const TrainingPlace& at) {
+  return std::make_unique<DiffusionTask>(cfg, diffusion, at);
+}
+
 TrainResult train_unet(const UNetTrainConfig& cfg, comm::Runtime& rt, MPI_Comm group, bool return_params) {
-  return run_training(cfg.common, rt, group, return_params,
-                      [&](const TrainConfig& placed, const TrainingPlace& at) {
-                        return std::make_unique<DiffusionTask>(placed, cfg.diffusion, at);
-                      });
+  return run_training(cfg.common, rt, group, return_params, [&](const TrainConfig& placed, const TrainingPlace& at) {
+    return make_unet_task(placed, cfg.diffusion, at);
+  });
 }
 
 }  // namespace zp::runtime

@@ -12,9 +12,13 @@
 #pragma once
 #include <mpi.h>
 
+#include <memory>
+
 #include "comm/bootstrap.h"
 #include "runtime/diffusion_config.h"
 #include "runtime/train_result.h"
+#include "runtime/training_place.h"
+#include "runtime/training_task.h"
 
 namespace zp::runtime {
 
@@ -22,5 +26,11 @@ namespace zp::runtime {
 // gets the final fp32 master weights (tests; small models only).
 TrainResult train_unet(const UNetTrainConfig& cfg, comm::Runtime& rt, MPI_Comm group = MPI_COMM_NULL,
                        bool return_params = false);
+
+// The UNet's task for the training driver (run_training) over `cfg` placed at `at` (both kept by
+// reference, as `diffusion`): for callers that build what the trainer builds (tests comparing it
+// with the planner's).
+std::unique_ptr<TrainingTask> make_unet_task(const TrainConfig& cfg, const DiffusionConfig& diffusion,
+                                             const TrainingPlace& at);
 
 }  // namespace zp::runtime

@@ -79,6 +79,13 @@ UNetChunks unet_chunks(const TrainConfig& cfg, models::UNet& whole, int64_t H, i
   return c;
 }
 
+int64_t pipeline_units(const TrainConfig& cfg, bool unet) {
+  std::string source;
+  const io::json hub = cfg.hub_config_json(source);
+  return unet ? models::UNetConfig::from_hub_json(hub, source).num_units()
+              : models::TransformerConfig::from_hub_json(hub, source).layers;
+}
+
 double stage_activation_bytes(const TrainConfig& cfg, int stage, int stages, const std::vector<double>& chunk_bytes) {
   if (stages == 1) return chunk_bytes.at(0);
   const parallel::PipelineScheduleKind kind = parallel::schedule_kind_from(cfg.pipeline_schedule, "pipeline.schedule");

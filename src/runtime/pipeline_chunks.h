@@ -33,6 +33,10 @@ LmChunks lm_chunks(const TrainConfig& cfg, const models::TransformerConfig& m, i
 UNetChunks unet_chunks(const TrainConfig& cfg, models::UNet& whole, int64_t H, int64_t W, int64_t L, int stage,
                        int stages);
 
+// The units a pipeline cuts the model of `cfg` into, from its config alone: a language model's
+// layers, or (`unet`) the UNet's down, mid and up blocks.
+int64_t pipeline_units(const TrainConfig& cfg, bool unet);
+
 // A stage's activations, an estimate: the most its schedule keeps in flight at once
 // (parallel::peak_in_flight_bytes) of its local chunks' bytes per micro-batch (`chunk_bytes`, in
 // local order); without a pipeline one micro-batch's.

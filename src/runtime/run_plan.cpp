@@ -82,11 +82,23 @@ PipelinePlan plan_pipeline(const TrainConfig& cfg, bool unet, int world, int ran
   const int64_t pad = parallel::shard_pad_multiple(out.data_size);
   const models::LoraSpec lora = lora_spec_of(cfg);
   std::string partition;
-  // A stage: its chunks' blocks and per-micro-batch activations, planned as the trainer plans it.
-  auto add_stage = [&](int stage, const std::vector<nn::ParamBlock*>& blocks, const std::vector<double>& chunk_bytes,
-                       std::string holds) {
+  // A stage of `chunks` (runtime/pipeline_chunks.h) planned as the trainer plans it: each local chunk
+  // laid out by make_chunk(span) (no memory), the blocks of them all, each one's activations per
+  // micro-batch (bytes_of(chunk, span)), and what the stage holds (holds_of(span)); `unit` names the
+  // partition's units.
+  auto add_stage = [&](int stage, const auto& chunks, const std::string& unit, auto make_chunk, auto bytes_of,
+                       auto holds_of) {
+    partition = parallel::partition_str(chunks.bounds, unit);
+    std::vector<decltype(make_chunk(chunks.local.front()))> parts;
+    std::vector<nn::ParamBlock*> blocks;
+    std::vector<double> chunk_bytes;
     StagePlan sp;
-    sp.holds = std::move(holds);
+    for (const auto& span : chunks.local) {
+      parts.push_back(make_chunk(span));
+      for (nn::ParamBlock* b : parts.back()->blocks()) blocks.push_back(b);
+      chunk_bytes.push_back(bytes_of(*parts.back(), span));
+      sp.holds += (sp.holds.empty() ? "" : ", ") + holds_of(span);
+    }
     sp.params = parameters_in(blocks);
     sp.plan = plan_run(blocks, policy, cfg, out.data_size, ranks_per_node,
                        stage_activation_bytes(cfg, stage, P, chunk_bytes), true, out.model);
@@ -108,48 +120,42 @@ PipelinePlan plan_pipeline(const TrainConfig& cfg, bool unet, int world, int ran
     std::snprintf(params, sizeof params, "UNet, %.2fB parameters, %lldx%lld latents",
                   double(whole.num_parameters()) / 1e9, (long long)H, (long long)W);
     out.model = params + lora_summary(lora, whole.blocks());
-    for (int stage = 0; stage < P; ++stage) {
-      const UNetChunks chunks = unet_chunks(cfg, whole, H, W, L, stage, P);
-      partition = parallel::partition_str(chunks.bounds, "UNet block");
-      std::vector<std::unique_ptr<models::UNet>> parts;
-      std::vector<nn::ParamBlock*> blocks;
-      std::vector<double> chunk_bytes;
-      std::string holds;
-      for (const models::UNetSpan& span : chunks.local) {
-        parts.push_back(std::make_unique<models::UNet>(mc, Device::cpu(), cfg.dtype, nullptr, pad, /*allocate=*/false,
-                                                       lora, span));
-        for (nn::ParamBlock* b : parts.back()->blocks()) blocks.push_back(b);
-        chunk_bytes.push_back(models::unet_activation_bytes(*parts.back(), cfg.micro_batch, H, W, L, cfg.dtype,
-                                                            cfg.activation_checkpointing));
-        holds += (holds.empty() ? "" : ", ") + span_str("UNet blocks", span.begin, span.end) +
-                 (span.begin == 0 ? " + stem" : "") + (span.end == mc.num_units() ? " + head" : "");
-      }
-      add_stage(stage, blocks, chunk_bytes, holds);
-    }
+    for (int stage = 0; stage < P; ++stage)
+      add_stage(
+          stage, unet_chunks(cfg, whole, H, W, L, stage, P), "UNet block",
+          [&](const models::UNetSpan& span) {
+            return std::make_unique<models::UNet>(mc, Device::cpu(), cfg.dtype, nullptr, pad, /*allocate=*/false, lora,
+                                                  span);
+          },
+          [&](models::UNet& chunk, const models::UNetSpan&) {
+            return models::unet_activation_bytes(chunk, cfg.micro_batch, H, W, L, cfg.dtype,
+                                                 cfg.activation_checkpointing);
+          },
+          [&](const models::UNetSpan& span) {
+            return span_str("UNet blocks", span.begin, span.end) + (span.begin == 0 ? " + stem" : "") +
+                   (span.end == mc.num_units() ? " + head" : "");
+          });
   } else {
     const models::TransformerConfig mc = models::TransformerConfig::from_hub_json(hub, source);
     models::Transformer whole(mc, Device::cpu(), cfg.dtype, nullptr, pad, /*allocate=*/false, {}, lora);
     std::snprintf(params, sizeof params, "%s, %.2fB parameters", mc.model_type.c_str(),
                   double(mc.num_parameters()) / 1e9);
     out.model = params + lora_summary(lora, whole.blocks());
-    for (int stage = 0; stage < P; ++stage) {
-      const LmChunks chunks = lm_chunks(cfg, mc, stage, P);
-      partition = parallel::partition_str(chunks.bounds);
-      std::vector<std::unique_ptr<models::Transformer>> parts;
-      std::vector<nn::ParamBlock*> blocks;
-      std::vector<double> chunk_bytes;
-      std::string holds;
-      for (const models::LayerSpan& span : chunks.local) {
-        parts.push_back(std::make_unique<models::Transformer>(mc, Device::cpu(), cfg.dtype, nullptr, pad,
-                                                              /*allocate=*/false, span, lora));
-        for (nn::ParamBlock* b : parts.back()->blocks()) blocks.push_back(b);
-        chunk_bytes.push_back(models::transformer_activation_bytes(mc, cfg.micro_batch, cfg.seq_len, cfg.dtype,
-                                                                   cfg.activation_checkpointing, span));
-        holds += (holds.empty() ? "" : ", ") + span_str("layers", span.begin, span.end) +
-                 (span.embedding ? " + embedding" : "") + (span.head ? " + head" : "");
-      }
-      add_stage(stage, blocks, chunk_bytes, holds);
-    }
+    for (int stage = 0; stage < P; ++stage)
+      add_stage(
+          stage, lm_chunks(cfg, mc, stage, P), "layer",
+          [&](const models::LayerSpan& span) {
+            return std::make_unique<models::Transformer>(mc, Device::cpu(), cfg.dtype, nullptr, pad,
+                                                         /*allocate=*/false, span, lora);
+          },
+          [&](models::Transformer&, const models::LayerSpan& span) {
+            return models::transformer_activation_bytes(mc, cfg.micro_batch, cfg.seq_len, cfg.dtype,
+                                                        cfg.activation_checkpointing, span);
+          },
+          [&](const models::LayerSpan& span) {
+            return span_str("layers", span.begin, span.end) + (span.embedding ? " + embedding" : "") +
+                   (span.head ? " + head" : "");
+          });
   }
   if (P > 1)
     out.layout = detail::cat(P, " stages (", cfg.pipeline_schedule, ", M = ", cfg.grad_accum, " micro-batches; ",

@@ -435,9 +435,6 @@ TrainConfig TrainConfig::read(io::ConfigReader& r, const std::string& model_type
 
   t.model_type = r.one_of("model.type", {model_type},
                           model_type == "unet" ? "diffusion training" : "or \"unet\" for diffusion training");
-  r.require(model_type != "unet" || t.pipeline_schedule != "zb-h1" || t.pipeline_stages == 1,
-            "pipeline.schedule = \"zb-h1\" is not implemented for model.type \"unet\" (its backward does not split "
-            "into input and weight gradients yet): use \"1f1b\" or \"interleaved\"");
   t.hub_config = r.value("model.config");
   t.hub_dir = r.string("model.hub_dir");
   if (r.require(t.hub_config.is_object() || t.hub_config.is_null(),

@@ -15,6 +15,7 @@
 #include "runtime/run_plan.h"
 #include "runtime/training_place.h"
 #include "runtime/training_task.h"
+#include "stage_plan_check.h"
 #include "training_runs.h"
 
 namespace zp::test {
@@ -333,24 +334,6 @@ TEST(Pipeline, ThePlanOfAStageIsWhatTheTrainerBuilds) {
   comm::Runtime rt;
   SharedDir dir("pipeline_plan");
   const std::string data = data_file(dir, "llama");
-  auto check = [&](const TrainingRun& r, MPI_Comm group, const std::string& what) {
-    const runtime::TrainConfig given = runtime::TrainConfig::from(user_config(data, r));
-    const runtime::TrainingPlace at = runtime::place_training(given, rt, group);
-    const runtime::TrainConfig cfg = given.resolve_for_place(at.data_size(), at.world(), at.dev);
-    const std::unique_ptr<runtime::TrainingTask> task = runtime::make_lm_task(cfg, at);
-    const std::vector<nn::ParamBlock*> blocks = task->lay_out_model(parallel::shard_pad_multiple(at.data_size()));
-    const runtime::RunPlan trainer = runtime::plan_run(blocks, runtime::sharding_policy(cfg), cfg, at.data_size(), 1,
-                                                       task->activation_bytes(), true, "");
-    const runtime::PipelinePlan planner = runtime::plan_pipeline(cfg, false, at.world(), 1);
-    ASSERT_EQ(planner.stages.size(), size_t(r.stages)) << what;
-    const runtime::RunPlan& mine = planner.stages[size_t(at.stage())].plan;
-    EXPECT_EQ(mine.states.params, trainer.states.params) << what;
-    EXPECT_EQ(mine.trained_params, trainer.trained_params) << what;
-    EXPECT_EQ(mine.states.world, at.data_size()) << what;
-    EXPECT_DOUBLE_EQ(mine.states.device_bytes(), trainer.states.device_bytes()) << what;
-    EXPECT_DOUBLE_EQ(mine.activation_bytes, trainer.activation_bytes) << what;
-    EXPECT_GT(mine.activation_bytes, 0.0) << what;
-  };
   const int P = world_size();
   for (const std::string schedule : {"1f1b", "zb-h1", "interleaved"})
     for (const io::json partition : {io::json("parameters"), io::json("compute"), io::json("uniform")}) {
@@ -362,21 +345,11 @@ TEST(Pipeline, ThePlanOfAStageIsWhatTheTrainerBuilds) {
       r.schedule = schedule;
       r.virtual_stages = schedule == "interleaved" ? 2 : 1;
       r.partition = partition;
-      check(r, MPI_COMM_WORLD, schedule + " " + partition.dump() + " P" + std::to_string(P) + " rank " +
-                                   std::to_string(world_rank()));
+      expect_stage_plan_is_the_trainers(data, r, rt, MPI_COMM_WORLD,
+                                        schedule + " " + partition.dump() + " P" + std::to_string(P) + " rank " +
+                                            std::to_string(world_rank()));
     }
-  if (P < 4) return;
-  MPI_Comm group = first_ranks(4);
-  if (group == MPI_COMM_NULL) return;
-  for (const io::json partition : {io::json("parameters"), io::json::array({1})}) {
-    TrainingRun r{"llama", 3, 4};
-    r.stages = 2;
-    r.grad_accum = 3;
-    r.layers = kLayers;
-    r.partition = partition;
-    check(r, group, "P2 x D2 ZeRO-3 " + partition.dump() + " rank " + std::to_string(world_rank()));
-  }
-  MPI_Comm_free(&group);
+  expect_p2_x_d2_stage_plans_are_the_trainers(data, "llama", kLayers, {"1f1b"}, rt);
 }
 
 TEST(PipelineGpu, StagesOnGpusFollowOneGpu) {

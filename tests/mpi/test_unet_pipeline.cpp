@@ -1,10 +1,13 @@
 // Pipeline parallelism (issue 12) for the diffusion UNet on the CPU backend: the demo tiny UNet
 // (5 units: two down blocks, the mid block, two up blocks) cut into P stages follows the single-rank
-// trajectory within 1e-5 (fp32) with ZeRO 1-3 inside each stage, 1F1B and interleaved (where the
-// units allow: P x 2 <= 5), activation checkpointing in one case, uneven partitions and two
-// data-parallel pipelines (P2 x D2), LoRA adapters; a pipelined checkpoint resumes data-parallel and
-// the reverse; more chunks than units, or a list that names no unit, are errors naming the keys.
+// trajectory within 1e-5 (fp32) with ZeRO 1-3 inside each stage, 1F1B, ZB-H1 and interleaved (where
+// the units allow: P x 2 <= 5), activation checkpointing with 1F1B and ZB-H1, uneven partitions and
+// two data-parallel pipelines (P2 x D2), LoRA adapters (also under ZB-H1, where they keep their
+// gradients in B); a pipelined checkpoint resumes data-parallel and
+// the reverse; more chunks than units, or a list that names no unit, are errors naming the keys;
+// `zeropipe plan`'s plan of each stage is what its trainer builds.
 #include "io/checkpoint_file.h"
+#include "stage_plan_check.h"
 #include "training_runs.h"
 
 namespace zp::test {
@@ -32,8 +35,9 @@ TrainingRun unet_stages_of_world(int zero) {
 
 }  // namespace
 
-// P = the world (2, 3 or 5) stages, ZeRO 1, 2 and 3 inside, 1F1B and (P2: 4 chunks) interleaved V2;
-// ZeRO 2 once more with activation checkpointing.
+// P = the world (2, 3 or 5) stages, ZeRO 1, 2 and 3 inside, 1F1B, ZB-H1 and (P2: 4 chunks)
+// interleaved V2; ZeRO 2 once more with activation checkpointing (1F1B, and ZB-H1, whose W passes
+// then hold the re-run activations).
 TEST(UNetPipeline, StagesFollowTheSingleRankTrajectory) {
   comm::Runtime rt;
   const int P = world_size();
@@ -41,14 +45,14 @@ TEST(UNetPipeline, StagesFollowTheSingleRankTrajectory) {
   const std::string data = data_file(dir, "unet");
   const runtime::TrainResult want = unet_reference(data, P, rt);
   for (int zero : {1, 2, 3})
-    for (const std::string schedule : {"1f1b", "interleaved"}) {
+    for (const std::string schedule : {"1f1b", "zb-h1", "interleaved"}) {
       if (schedule == "interleaved" && 2 * P > kUNetUnits) continue;
       TrainingRun r = unet_stages_of_world(zero);
       r.schedule = schedule;
       r.virtual_stages = schedule == "interleaved" ? 2 : 1;
       const std::string what = "unet P" + std::to_string(P) + " ZeRO " + std::to_string(zero) + " " + schedule;
       expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), want, what);
-      if (zero == 2 && schedule == "1f1b") {
+      if (zero == 2 && schedule != "interleaved") {
         r.activation_checkpointing = true;
         expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), want, what + ", activation checkpointing");
       }
@@ -56,7 +60,7 @@ TEST(UNetPipeline, StagesFollowTheSingleRankTrajectory) {
 }
 
 // LoRA adapters on the attention blocks (down block 0, the mid block, up block 1; none on the plain
-// blocks between) trained in P stages at ZeRO 2 and 3 follow one rank, so do adapters on convolutions
+// blocks between) trained in P stages at ZeRO 2 and 3 (and ZB-H1 at ZeRO 2) follow one rank, so do adapters on convolutions
 // (on every stage), and their checkpoint resumes data-parallel.
 TEST(UNetPipeline, LoraAdaptersFollowTheSingleRankTrajectory) {
   comm::Runtime rt;
@@ -71,6 +75,12 @@ TEST(UNetPipeline, LoraAdaptersFollowTheSingleRankTrajectory) {
     expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), want,
                            "unet LoRA P" + std::to_string(P) + " ZeRO " + std::to_string(zero));
   }
+  // ZB-H1: the adapters' gradients stay in B (W has nothing to do), and the run still follows.
+  TrainingRun zb = unet_stages_of_world(2);
+  zb.lora = lora;
+  zb.schedule = "zb-h1";
+  expect_same_trajectory(run(data, zb, rt, MPI_COMM_WORLD, true), want,
+                         "unet LoRA in " + std::to_string(P) + " zb-h1 stages, ZeRO 2");
   // Convolution adapters give every stage adapters, the plain blocks' ResBlocks and samplers too.
   const io::json conv_lora = {{"r", 4}, {"alpha", 8}, {"dropout", 0.0},
                               {"target_modules", {"to_q", "conv2", "conv_shortcut", "downsamplers.0.conv"}}};
@@ -98,8 +108,8 @@ TEST(UNetPipeline, LoraAdaptersFollowTheSingleRankTrajectory) {
 }
 
 // Two pipelines of two stages (P2 x D2) on the first four ranks (or one pipeline at np 2), three
-// micro-batches: an explicit uneven cut (down block 0 | the rest), and the "compute" and "uniform"
-// partitions; the optimizer offloaded to the CPU inside each stage.
+// micro-batches, 1F1B and ZB-H1: an explicit uneven cut (down block 0 | the rest), and the "compute"
+// and "uniform" partitions; the optimizer offloaded to the CPU inside each stage.
 TEST(UNetPipeline, DataParallelPipelinesUnevenCutsAndOffload) {
   comm::Runtime rt;
   if (world_size() < 4 && world_size() != 2) GTEST_SKIP() << "needs 2 or at least 4 ranks";
@@ -109,19 +119,21 @@ TEST(UNetPipeline, DataParallelPipelinesUnevenCutsAndOffload) {
   const runtime::TrainResult want = unet_reference(data, 3, rt);
   MPI_Comm group = first_ranks(world);
   if (group == MPI_COMM_NULL) return;
-  for (int zero : {1, 2, 3}) {
-    TrainingRun r{"unet", zero, world};
-    r.stages = 2;
-    r.grad_accum = 3;
-    r.partition = zero == 1 ? io::json::array({1}) : io::json(zero == 2 ? "compute" : "uniform");
-    const std::string what =
-        "unet P2 x D" + std::to_string(world / 2) + " ZeRO " + std::to_string(zero) + " partition " + r.partition.dump();
-    expect_same_trajectory(run(data, r, rt, group, true), want, what);
-    if (zero == 2) {
-      r.offload = "cpu";
-      expect_same_trajectory(run(data, r, rt, group, true), want, what + ", optimizer offloaded to the CPU");
+  for (int zero : {1, 2, 3})
+    for (const std::string schedule : {"1f1b", "zb-h1"}) {
+      TrainingRun r{"unet", zero, world};
+      r.stages = 2;
+      r.grad_accum = 3;
+      r.schedule = schedule;
+      r.partition = zero == 1 ? io::json::array({1}) : io::json(zero == 2 ? "compute" : "uniform");
+      const std::string what = "unet P2 x D" + std::to_string(world / 2) + " ZeRO " + std::to_string(zero) + " " +
+                               schedule + " partition " + r.partition.dump();
+      expect_same_trajectory(run(data, r, rt, group, true), want, what);
+      if (zero == 2 && schedule == "1f1b") {
+        r.offload = "cpu";
+        expect_same_trajectory(run(data, r, rt, group, true), want, what + ", optimizer offloaded to the CPU");
+      }
     }
-  }
   MPI_Comm_free(&group);
 }
 
@@ -158,6 +170,29 @@ TEST(UNetPipeline, CheckpointsReshardBetweenLayouts) {
   }
   resumes(staged, from_flat,
           "saved data-parallel at ZeRO 1, resumed by " + std::to_string(P) + " stages " + staged.schedule);
+}
+
+// The UNet's counterpart of Pipeline.ThePlanOfAStageIsWhatTheTrainerBuilds: for this rank's stage,
+// the planner's parameters, model states and in-flight activations (the skips a cut carries
+// included) are those of the trainer's start-up check, for each schedule and partition with every
+// rank a stage, and (4 ranks or more) as P2 x D2 with ZeRO-3 sharding within each stage.
+TEST(UNetPipeline, ThePlanOfAStageIsWhatTheTrainerBuilds) {
+  comm::Runtime rt;
+  SharedDir dir("unet_pipeline_plan");
+  const std::string data = data_file(dir, "unet");
+  const int P = world_size();
+  const std::string rank = " rank " + std::to_string(world_rank());
+  for (const std::string schedule : {"1f1b", "zb-h1", "interleaved"})
+    for (const io::json partition : {io::json("parameters"), io::json("compute"), io::json("uniform")}) {
+      if (schedule == "interleaved" && 2 * P > kUNetUnits) continue;
+      TrainingRun r = unet_stages_of_world(2);
+      r.schedule = schedule;
+      r.virtual_stages = schedule == "interleaved" ? 2 : 1;
+      r.partition = partition;
+      expect_stage_plan_is_the_trainers(data, r, rt, MPI_COMM_WORLD,
+                                        "unet " + schedule + " " + partition.dump() + " P" + std::to_string(P) + rank);
+    }
+  expect_p2_x_d2_stage_plans_are_the_trainers(data, "unet", 0, {"1f1b", "zb-h1"}, rt);
 }
 
 TEST(UNetPipeline, BadCutsAreErrorsNamingTheKeys) {
