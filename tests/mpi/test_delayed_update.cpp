@@ -17,7 +17,7 @@
 //    published, and the run goes on as the reference does;
 //  - a checkpoint of a delayed run holds the state after every update of its steps plus the weights
 //    the next step computes with, and a run resumed from it continues bit for bit like the
-//    uninterrupted delayed run (fp32 on the CPU).
+//    uninterrupted delayed run (fp32 on the CPU; fp16 saved after skipped and after applied steps).
 // Every rank takes the same branches: no rank is ever left alone in a collective.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -402,10 +402,44 @@ TEST(DelayedUpdate, ResumesBitForBitMidRun) {
     }
 }
 
+// fp16: a checkpoint written at the end of any step, skipped (no update in flight, the last one's
+// weights just installed) or not (one in flight), resumes bit for bit, the loss scaler's state
+// included: Llama at stage 2 with the optimizer in host memory, saved after each of steps 1 to 5.
+TEST(DelayedUpdate, Fp16ResumesBitForBitAfterSkippedAndAppliedSteps) {
+  comm::Runtime rt;
+  const int world = world_size();
+  SharedDir dir("delayed_fp16_resume");
+  const std::string data = data_file(dir, "llama");
+  TrainingRun r{"llama", 2, world};
+  r.offload = "cpu";
+  r.delayed_update = true;
+  r.fp16 = fp16_section();
+  r.lr = kFp16Lr;
+  const runtime::TrainResult straight = run(data, r, rt, MPI_COMM_WORLD, true);
+  // Two overflows in six steps: at least one of them among the saved steps 1 to 5.
+  ASSERT_GE(straight.skipped_steps, 2) << "too few overflows to resume across";
+  for (int at = 1; at < kSteps; ++at) {
+    const std::string what = "saved after step " + std::to_string(at) + " world " + std::to_string(world);
+    TrainingRun first = r;
+    first.max_steps = at;
+    first.save_every = at;
+    first.dir = dir / ("ckpt_" + std::to_string(at));
+    run(data, first, rt, MPI_COMM_WORLD);
+    TrainingRun second = r;
+    second.dir = first.dir;
+    second.resume = "latest";
+    const runtime::TrainResult resumed = run(data, second, rt, MPI_COMM_WORLD, true);
+    EXPECT_EQ(resumed.first_step, at) << what;
+    EXPECT_EQ(resumed.losses, tail(straight.losses, size_t(at))) << what;
+    EXPECT_EQ(resumed.skipped_steps, straight.skipped_steps) << what;
+    EXPECT_EQ(resumed.final_params, straight.final_params) << what << ": final parameters";
+  }
+}
+
 // On GPUs the update runs on the host thread through the staging ring and the device double buffers.
 // fp32: against the reference on the same GPUs (its AdamW is the CUDA one, the delayed run's the
-// CPU's: 1e-5, as for the other offload tiers). bf16: the compute weights are rounded to bf16 on
-// both sides, at different places of each AdamW: within bf16's resolution.
+// CPU's: 1e-5, as for the other offload tiers). bf16 and fp16: the compute weights are rounded to
+// 16 bits on both sides, at different places of each AdamW: within bf16's resolution.
 TEST(DelayedUpdateGpu, FollowsTheDelayedTrajectoryOnGpus) {
   if (!every_rank_has_a_gpu()) GTEST_SKIP() << "needs one GPU per rank";
   expect_delayed_runs_follow_the_reference("cuda", Precision::Fp32, 1e-5, 1e-5);
