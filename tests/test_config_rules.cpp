@@ -400,7 +400,7 @@ TEST(ConfigRules, OffloadKeysAreDeepSpeeds) {
 }
 
 // The delayed update (ours: zero_optimization.offload_optimizer.delayed_update) is read where the
-// optimizer runs on the CPU and refused, naming the keys, where it cannot work.
+// optimizer runs on the CPU, with fp32, bf16 or fp16, and refused, naming the keys, where it cannot work.
 TEST(ConfigRules, DelayedUpdateNeedsAnOffloadedOptimizerAndOneUpdatePerStep) {
   const std::string opt = "zero_optimization.offload_optimizer.", key = opt + "delayed_update";
   EXPECT_FALSE(with_sets({"zero_optimization.stage=2", opt + "device=cpu"}).offload_optimizer_delayed_update);
@@ -416,8 +416,18 @@ TEST(ConfigRules, DelayedUpdateNeedsAnOffloadedOptimizerAndOneUpdatePerStep) {
   expect_error([&] { with_sets({"zero_optimization.stage=2", opt + "device=cpu", key + "=true",
                                 "optimizer.step_in_backward=true", "gradient_clipping=0"}); },
                {key + " and optimizer.step_in_backward cannot both be true"});
-  expect_error([&] { with_sets({"zero_optimization.stage=2", opt + "device=cpu", key + "=true", "fp16.enabled=true"}); },
-               {key + " cannot be combined with fp16.enabled", "use bf16.enabled or fp32"});
+  // fp16 with dynamic loss scaling: an overflowed step skips its delayed update (parallel/delayed_update.h).
+  const runtime::TrainConfig fp16 =
+      with_sets({"zero_optimization.stage=2", opt + "device=cpu", key + "=true", "fp16.enabled=true"});
+  EXPECT_TRUE(fp16.offload_optimizer_delayed_update && fp16.fp16 && fp16.dtype == DType::F16);
+  EXPECT_TRUE(with_sets({"zero_optimization.stage=3", opt + "device=nvme", opt + "nvme_path=/tmp", key + "=true",
+                         "fp16.enabled=true", "fp16.loss_scale=128"})
+                  .offload_optimizer_delayed_update)
+      << "a fixed loss scale skips non-finite steps too";
+  // Still refused with fp16: the optimizer in the backward, which cannot skip (named by either key).
+  expect_error([&] { with_sets({"zero_optimization.stage=2", opt + "device=cpu", key + "=true", "fp16.enabled=true",
+                                "optimizer.step_in_backward=true", "gradient_clipping=0"}); },
+               {"optimizer.step_in_backward"});
   expect_error([&] { with_sets({"zero_optimization.stage=2", opt + "device=cpu", key + "=1"}); }, {key});
 }
 

@@ -60,35 +60,48 @@ void DelayedUpdate::run_update() noexcept {
   }
 }
 
-bool DelayedUpdate::step(std::span<const RangeUpdate> updates, const kernels::AdamWConfig& cfg,
-                         std::span<Tensor* const> weight_tensors) {
-  ZP_CHECK(updates.size() == spare_.size(), "DelayedUpdate::step: ", updates.size(), " updates for ", spare_.size(),
+bool DelayedUpdate::install(std::span<const RangeUpdate> updates, std::span<Tensor* const> weight_tensors) {
+  ZP_CHECK(updates.size() == spare_.size(), "DelayedUpdate: ", updates.size(), " updates for ", spare_.size(),
            " ranges");
-  ZP_CHECK(weight_tensors.empty() || weight_tensors.size() == updates.size(), "DelayedUpdate::step: ",
+  ZP_CHECK(weight_tensors.empty() || weight_tensors.size() == updates.size(), "DelayedUpdate: ",
            weight_tensors.size(), " weight tensors for ", updates.size(), " updates");
   wait();
-  const bool install = pending_;
+  for (const RangeUpdate& u : updates)
+    ZP_CHECK(u.range < spare_.size(), "DelayedUpdate: range ", u.range, " of ", spare_.size());
+  if (!pending_) return false;
+  pending_ = false;
   // Host-side copies (the parameter tier's shards) must not run ahead of the step that reads them.
-  if (install && weights_dev_.is_cpu() && dev_.is_cuda()) stream_synchronize(s_);
+  if (weights_dev_.is_cpu() && dev_.is_cuda()) stream_synchronize(s_);
   const size_t esz = dtype_size(dt_);
-  for (const RangeUpdate& u : updates) {
-    ZP_CHECK(u.range < spare_.size(), "DelayedUpdate::step: range ", u.range, " of ", spare_.size());
+  for (size_t j = 0; j < updates.size(); ++j) {
+    const RangeUpdate& u = updates[j];
     const int64_t n = opt_.ranges()[u.range].size();
-    Tensor* whole = weight_tensors.empty() ? nullptr : weight_tensors[size_t(&u - updates.data())];
+    Tensor* whole = weight_tensors.empty() ? nullptr : weight_tensors[j];
     Tensor& spare = weights_[u.range];
-    if (install && whole && whole->data() == u.weights_out && whole->numel() == n && whole->dtype() == dt_ &&
+    if (whole && whole->data() == u.weights_out && whole->numel() == n && whole->dtype() == dt_ &&
         whole->device() == spare.device()) {
       // The step that read the old weights has ended (host weights: the wait above) or comes before
       // the next update's writes (device weights: the host thread's stream waits for ready_).
       std::swap(*whole, spare);
       spare_[u.range].weights_out = spare.data();
-    } else if (install) {
+    } else {
       copy_bytes_async(u.weights_out, weights_dev_, spare.data(), weights_dev_, size_t(n) * esz, s_);
     }
-    copy_bytes_async(grads_[u.range].data(), dev_, u.grad, dev_, size_t(n) * sizeof(float), s_);
   }
-  pending_ = false;
-  if (spare_.empty()) return install;
+  return true;
+}
+
+bool DelayedUpdate::skip(std::span<const RangeUpdate> updates, std::span<Tensor* const> weight_tensors) {
+  return install(updates, weight_tensors);
+}
+
+bool DelayedUpdate::step(std::span<const RangeUpdate> updates, const kernels::AdamWConfig& cfg,
+                         std::span<Tensor* const> weight_tensors) {
+  const bool installed = install(updates, weight_tensors);
+  for (const RangeUpdate& u : updates)
+    copy_bytes_async(grads_[u.range].data(), dev_, u.grad, dev_, size_t(opt_.ranges()[u.range].size()) * sizeof(float),
+                     s_);
+  if (spare_.empty()) return installed;
   cfg_ = cfg;
   if (stream_) {  // the host thread's stream (and the staging ring behind it) starts when the copies are done
     ready_->record(s_);
@@ -96,7 +109,7 @@ bool DelayedUpdate::step(std::span<const RangeUpdate> updates, const kernels::Ad
   }
   thread_ = std::thread([this] { run_update(); });
   pending_ = true;
-  return install;
+  return installed;
 }
 
 void DelayedUpdate::stage_master_weights() {

@@ -17,6 +17,15 @@
 // On a GPU the copies of steps 2 and 3 are device-to-device (milliseconds); the PCIe traffic of
 // update k (gradients down, weights up, through the store's staging ring) overlaps step k+1.
 //
+// fp16 (dynamic loss scaling): the caller knows whether step k's gradients overflowed (their global
+// norm, the same on every rank) before it calls step() or skip(), so an overflow never reaches the
+// host thread. A skipped step k runs skip(): steps 1 and 2 above (update k-1's weights are that
+// update's, and holding them back would put step k+1 two updates behind), then nothing; the step
+// counter (ShardedAdamW::next_config, bias correction) is not advanced. So step k+1 computes with
+// w_{k-1}, and so does step k+2: no update k publishes weights. The gradient scale of update k
+// (1/loss scale, times the clipping factor) is fixed in `cfg` when step() starts it: the loss scale
+// may change before the host thread runs, the update uses the one its gradients were made with.
+//
 // Whoever reads or writes the optimizer state (checkpoints, gather_master, the next update, the
 // destructor) calls wait() first: the state is then that after k updates, while the compute weights
 // stay w_{k-1} until the next step installs w_k. A checkpoint keeps both (runtime/checkpoint.h), so
@@ -53,6 +62,10 @@ class DelayedUpdate {
   // copy is a host memcpy of every owned weight between two steps, which the GPU waits for.
   bool step(std::span<const RangeUpdate> updates, const kernels::AdamWConfig& cfg,
             std::span<Tensor* const> weight_tensors = {});
+  // The end of a step that takes no update (an fp16 overflow; semantics above): installs the previous
+  // update's weights as step() does and starts none. The updates' gradients are not read. Returns
+  // whether weights were installed.
+  bool skip(std::span<const RangeUpdate> updates, std::span<Tensor* const> weight_tensors = {});
   // Waits for the update in flight, if any, and rethrows its failure. Its weights stay pending.
   void wait();
   // Whether new compute weights wait for the next step to install them.
@@ -72,6 +85,8 @@ class DelayedUpdate {
 
  private:
   void run_update() noexcept;
+  // Steps 1 and 2 of the semantics: waits for the update in flight and installs its weights, if any.
+  bool install(std::span<const RangeUpdate> updates, std::span<Tensor* const> weight_tensors);
 
   ShardedAdamW& opt_;
   Device dev_;            // the blocks' device: gradients and (unless weights_on_host) weights

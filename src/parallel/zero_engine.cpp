@@ -252,16 +252,12 @@ void ZeroEngine::step(float grad_scale, const ScheduledHyper& sched) {
     gatherer_->drop_prefetches();
     gatherer_->release_kept();
   }
-  updates_.clear();
   if (delayed_) {
-    for (size_t i = 0; i < blocks_.size(); ++i) updates_.push_back({i, reducer_->gradient(i), weights_out(i)});
-    // ZeRO-3 shards are whole tensors the delayed update may exchange with its spares.
-    std::vector<Tensor*> shards;
-    if (gatherer_ && gatherer_->tier() != StateTier::Nvme)
-      for (size_t i = 0; i < blocks_.size(); ++i) shards.push_back(&gatherer_->shard(gathered_index_[i]));
+    const std::vector<Tensor*> shards = delayed_ranges();
     if (delayed_->step(updates_, opt_->next_config(grad_scale, sched), shards)) all_gather_compute_weights();
     return;
   }
+  updates_.clear();
   // One update of every block, in the groups the parameter tier can take new weights for at once
   // (all blocks unless the shards are on NVMe).
   const kernels::AdamWConfig cfg = opt_->next_config(grad_scale, sched);
@@ -271,6 +267,27 @@ void ZeroEngine::step(float grad_scale, const ScheduledHyper& sched) {
     opt_->update_with(updates_, cfg, s_);
   });
   all_gather_compute_weights();
+}
+
+std::vector<Tensor*> ZeroEngine::delayed_ranges() {
+  updates_.clear();
+  for (size_t i = 0; i < blocks_.size(); ++i) updates_.push_back({i, reducer_->gradient(i), weights_out(i)});
+  // ZeRO-3 shards are whole tensors the delayed update may exchange with its spares.
+  std::vector<Tensor*> shards;
+  if (gatherer_ && gatherer_->tier() != StateTier::Nvme)
+    for (size_t i = 0; i < blocks_.size(); ++i) shards.push_back(&gatherer_->shard(gathered_index_[i]));
+  return shards;
+}
+
+void ZeroEngine::skip_step() {
+  ZP_CHECK(!hyper_.step_in_backward, "ZeroEngine::skip_step with optimizer.step_in_backward (the backward updates)");
+  if (!delayed_ || !delayed_->pending()) return;  // nothing changes: the weights stay what they are
+  if (gatherer_) {  // they hold the weights before the installed update
+    gatherer_->drop_prefetches();
+    gatherer_->release_kept();
+  }
+  const std::vector<Tensor*> shards = delayed_ranges();
+  if (delayed_->skip(updates_, shards)) all_gather_compute_weights();
 }
 
 std::vector<float> ZeroEngine::gather_master() {

@@ -27,8 +27,9 @@
 // price: no clipping by the global norm, which is only known after the last block).
 // With zero_optimization.offload_optimizer.delayed_update (policy.delays_update()) step() starts the
 // CPU update on a host thread and returns; the next step computes with the weights of the update
-// before (parallel/delayed_update.h says exactly which). Everything that reads or writes the
-// optimizer state (gather_master, visit_state, the next step, the destructor) waits for it first.
+// before (parallel/delayed_update.h says exactly which; a step skipped for an fp16 overflow calls
+// skip_step(), which still installs the previous update's weights). Everything that reads or writes
+// the optimizer state (gather_master, visit_state, the next step, the destructor) waits for it first.
 // Averaging over the data group makes the result independent of the world size for the same
 // global batch: the trajectories of stages 0-3 at any world size agree to rounding.
 // A frozen block (nn::ParamBlock::freeze, a LoRA run's base) is placed like any other (replicated, or
@@ -110,6 +111,10 @@ class ZeroEngine : public nn::BlockAccess {
   // previous update's weights (all-gathered where replicated) and starts this one in the background.
   // `sched`: the learning rate (and betas) the schedule gives this update; unset, the configured ones.
   void step(float grad_scale, const ScheduledHyper& sched = {});
+  // A step that takes no update (an fp16 overflow: finish_step's scaler decided, alike on every
+  // rank): the optimizer's state and step count stay. With the delayed update the previous update's
+  // weights are still installed (all-gathered where replicated), as step() would, and none starts.
+  void skip_step();
   bool delays_update() const { return delayed_ != nullptr; }
   int64_t optimizer_steps() const { return opt_->steps(); }
   // A loaded checkpoint's count (bias correction and the LR schedule follow it).
@@ -155,6 +160,9 @@ class ZeroEngine : public nn::BlockAccess {
   void write_new_weights(std::span<const size_t> trained, StreamHandle s, const NewWeights& write);
   void update_in_backward(size_t i, const Tensor& grad, StreamHandle cs);
   void refresh_compute_weights();
+  // The delayed update's arguments: every range's gradients and weights into updates_, and the ZeRO-3
+  // shards it may exchange with its spares.
+  std::vector<Tensor*> delayed_ranges();
   size_t index_of(const nn::ParamBlock& b) const;
   void all_gather_compute_weights();
   // Where weights_out() points: the blocks' device, or host memory for the parameter tier's shards.

@@ -64,10 +64,14 @@ StepUpdate finish_step(parallel::ZeroEngine& engine, LossScaler& scaler, const L
   u.skipped = scaler.update(!std::isfinite(u.grad_norm));
   const parallel::ScheduledHyper sched = scheduled_hyper(schedule, engine.optimizer_steps());
   u.lr = sched.lr;
-  if (!u.skipped) {
-    const double clip = grad_clip > 0 && u.grad_norm > grad_clip ? grad_clip / u.grad_norm : 1.0;
-    engine.step(float(clip / loss_scale), sched);
+  if (u.skipped) {
+    engine.skip_step();  // with the delayed update: still publishes the previous update's weights
+    return u;
   }
+  // `loss_scale` is the one this step's gradients were made with (the scaler may have changed its
+  // own since): a delayed update keeps this factor for when it runs.
+  const double clip = grad_clip > 0 && u.grad_norm > grad_clip ? grad_clip / u.grad_norm : 1.0;
+  engine.step(float(clip / loss_scale), sched);
   return u;
 }
 

@@ -2,8 +2,9 @@
 // micro-step the engine learns whether its backward completes the step (ZeRO 0/1 reduce then) and,
 // with optimizer.step_in_backward, the update each block gets as its gradients complete. At the end:
 // average the gradients over the data group, take their global norm, skip the update on an fp16
-// overflow (the scaler decides), clip to `grad_clip`, and run AdamW at the schedule's learning rate
-// (and, with OneCycle's momentum cycling, its betas).
+// overflow (the scaler decides, from the norm every rank shares; ZeroEngine::skip_step, which with
+// the delayed update still publishes the previous update's weights), clip to `grad_clip`, and run
+// AdamW at the schedule's learning rate (and, with OneCycle's momentum cycling, its betas).
 #pragma once
 #include "parallel/zero_engine.h"
 #include "runtime/loss_scaler.h"

@@ -178,8 +178,6 @@ void read_offload(io::ConfigReader& r, TrainConfig& t) {
               "(it overlaps the CPU's optimizer step with the next step), got \"none\"");
     r.require(!t.step_in_backward, opt + "delayed_update and optimizer.step_in_backward cannot both be true: stepping "
               "in the backward updates each block at once, there is no step-long update to delay");
-    r.require(!t.fp16, opt + "delayed_update cannot be combined with fp16.enabled: skipping an overflowed step is "
-              "not implemented with the update delayed (use bf16.enabled or fp32)");
   }
   if (t.offload_param == "nvme")
     r.require(!t.offload_param_nvme_path.empty(), par + "device = \"nvme\" needs " + par + "nvme_path");
@@ -562,9 +560,6 @@ TrainConfig TrainConfig::resolve_for_place(int data_parallel_size, int world_siz
   if (t.fp16 && t.fp16_auto) {
     ZP_REQUIRE(!t.step_in_backward, "fp16.enabled = \"auto\" chose fp16 on ", device.str(), " (no bf16), which "
                "optimizer.step_in_backward cannot run with (it cannot skip an overflow step): set fp16.enabled false");
-    ZP_REQUIRE(!t.offload_optimizer_delayed_update, "fp16.enabled = \"auto\" chose fp16 on ", device.str(),
-               " (no bf16), which zero_optimization.offload_optimizer.delayed_update cannot run with: set fp16.enabled "
-               "false");
   }
   t.bf16_auto = t.fp16_auto = false;
   return t;

@@ -92,6 +92,7 @@ struct TrainingRun {
   bool async_save = false;       // checkpoint.async
   int global_batch = kGlobalBatch;
   std::string data_format = "tokens";  // data.format: "instruct" for instruction_data_file()'s records
+  io::json fp16;                 // the fp16 section (null: none, so bf16 or fp32 as above)
   // New fields go last: suites build runs with positional initialisers.
 };
 
@@ -117,6 +118,7 @@ inline io::Config user_config(const std::string& data, const TrainingRun& r) {
   if (r.delayed_update) user["zero_optimization"]["offload_optimizer"]["delayed_update"] = true;
   if (r.async_save) user["checkpoint"]["async"] = true;
   if (r.bf16) user["bf16"] = {{"enabled", true}};
+  if (!r.fp16.is_null()) user["fp16"] = r.fp16;
   if (r.data_format != "tokens") user["data"]["format"] = r.data_format;
   if (!r.lora.is_null()) user["lora"] = r.lora;
   user["model"]["init_std"] = r.init_std;
