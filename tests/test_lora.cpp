@@ -548,6 +548,33 @@ TEST(LoraTransformer, MergedWeightsGiveTheSameLogitsAndAdapterGradientsAreExact)
   }
 }
 
+TEST(LoraTransformer, TrainingFlopsCountTheFrozenBaseFourTimesAndTheAdaptersSixTimes) {
+  const int64_t T = 8;
+  // tiny llama: C 16, F 24, 4 heads of 4, 2 key/value heads, 2 layers, vocab 50, untied head.
+  // One layer's weights: q 16x16, k 8x16, v 8x16, o 16x16, gate, up 24x16, down 16x24 = 1920;
+  // attention 6 T C = 768; the head 50x16 = 800.
+  const models::TransformerConfig llama = tiny("llama");
+  models::Transformer full(llama, Device::cpu(), DType::F32, nullptr, 1, false);
+  EXPECT_DOUBLE_EQ(full.flops_per_token(T), 2 * (6.0 * 1920 + 768) + 6.0 * 800);
+  // q_proj and v_proj only, r 2: A and B of q 2x(16+16) = 64, of v 2x(16+8) = 48 per layer.
+  const models::LoraSpec qv{2, 4, 0, {"q_proj", "v_proj"}, false};
+  models::Transformer lora(llama, Device::cpu(), DType::F32, nullptr, 1, false, {}, qv);
+  EXPECT_DOUBLE_EQ(lora.flops_per_token(T), 2 * (4.0 * 1920 + 6.0 * (64 + 48) + 768) + 4.0 * 800);
+  int64_t adapter_params = 0;
+  for (nn::Parameter* p : nn::parameters_of(lora.trainable_blocks())) adapter_params += p->numel();
+  EXPECT_EQ(adapter_params, 2 * (64 + 48)) << "the count's adapters are the model's";
+  // A pipeline stage holding one layer counts the whole model.
+  models::Transformer stage(llama, Device::cpu(), DType::F32, nullptr, 1, false, {1, 2, false, true}, qv);
+  EXPECT_DOUBLE_EQ(stage.flops_per_token(T), lora.flops_per_token(T));
+
+  // tiny GPT-2: C 16, F 64, tied head. One layer: c_attn 48x16, attn.c_proj 16x16, c_fc 64x16,
+  // mlp.c_proj 16x64 = 3072. "c_proj" adapts both projections: 2x(16+16) + 2x(64+16) = 224.
+  const models::TransformerConfig gpt2 = tiny("gpt2");
+  const models::LoraSpec proj{2, 4, 0, {"c_proj"}, false};
+  models::Transformer g(gpt2, Device::cpu(), DType::F32, nullptr, 1, false, {}, proj);
+  EXPECT_DOUBLE_EQ(g.flops_per_token(T), 2 * (4.0 * 3072 + 6.0 * 224 + 768) + 4.0 * 800);
+}
+
 TEST(LoraTransformer, TargetsThatNameNoModuleAreRefused) {
   models::LoraSpec l;
   l.r = 4;
