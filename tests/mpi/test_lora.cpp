@@ -1,6 +1,7 @@
 // LoRA in the training loop (issue 14), at any world size (mpirun -np 1, 2, 3, 5):
 //  - the adapters' trajectory (losses and final adapter weights) at ZeRO stages 0-3, with the
-//    optimizer in host memory and at stage 3 the frozen base's shards in host memory too, with
+//    optimizer in host memory and at stage 3 the frozen base's shards in host memory too (and both
+//    on the NVMe tier), with
 //    accumulation and activation checkpointing, follows one rank at stage 0 to 1e-5, for Llama,
 //    GPT-2 and the demo UNet, with dropout (its masks follow a sample's global position, not the rank
 //    or micro-step that runs it: nn/context.h);
@@ -75,6 +76,10 @@ TEST(Lora, StagesAndTiersFollowOneRank) {
         r.offload = "cpu";
         if (stage == 3) r.offload_param = "cpu";
         expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), ref, what + " offloaded");
+      }
+      if (stage == 3) {  // the NVMe tier: the adapters' optimizer state and the frozen base's shards in swap files
+        r.offload = r.offload_param = "nvme";
+        expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), ref, what + " on NVMe");
       }
     }
   }
