@@ -548,6 +548,33 @@ TEST(LoraTransformer, MergedWeightsGiveTheSameLogitsAndAdapterGradientsAreExact)
   }
 }
 
+TEST(LoraTransformer, TrainingFlopsCountTheFrozenBaseFourTimesAndTheAdaptersSixTimes) {
+  const int64_t T = 8;
+  // tiny llama: C 16, F 24, 4 heads of 4, 2 key/value heads, 2 layers, vocab 50, untied head.
+  // One layer's weights: q 16x16, k 8x16, v 8x16, o 16x16, gate, up 24x16, down 16x24 = 1920;
+  // attention 6 T C = 768; the head 50x16 = 800.
+  const models::TransformerConfig llama = tiny("llama");
+  models::Transformer full(llama, Device::cpu(), DType::F32, nullptr, 1, false);
+  EXPECT_DOUBLE_EQ(full.flops_per_token(T), 2 * (6.0 * 1920 + 768) + 6.0 * 800);
+  // q_proj and v_proj only, r 2: A and B of q 2x(16+16) = 64, of v 2x(16+8) = 48 per layer.
+  const models::LoraSpec qv{2, 4, 0, {"q_proj", "v_proj"}, false};
+  models::Transformer lora(llama, Device::cpu(), DType::F32, nullptr, 1, false, {}, qv);
+  EXPECT_DOUBLE_EQ(lora.flops_per_token(T), 2 * (4.0 * 1920 + 6.0 * (64 + 48) + 768) + 4.0 * 800);
+  int64_t adapter_params = 0;
+  for (nn::Parameter* p : nn::parameters_of(lora.trainable_blocks())) adapter_params += p->numel();
+  EXPECT_EQ(adapter_params, 2 * (64 + 48)) << "the count's adapters are the model's";
+  // A pipeline stage holding one layer counts the whole model.
+  models::Transformer stage(llama, Device::cpu(), DType::F32, nullptr, 1, false, {1, 2, false, true}, qv);
+  EXPECT_DOUBLE_EQ(stage.flops_per_token(T), lora.flops_per_token(T));
+
+  // tiny GPT-2: C 16, F 64, tied head. One layer: c_attn 48x16, attn.c_proj 16x16, c_fc 64x16,
+  // mlp.c_proj 16x64 = 3072. "c_proj" adapts both projections: 2x(16+16) + 2x(64+16) = 224.
+  const models::TransformerConfig gpt2 = tiny("gpt2");
+  const models::LoraSpec proj{2, 4, 0, {"c_proj"}, false};
+  models::Transformer g(gpt2, Device::cpu(), DType::F32, nullptr, 1, false, {}, proj);
+  EXPECT_DOUBLE_EQ(g.flops_per_token(T), 2 * (4.0 * 3072 + 6.0 * 224 + 768) + 4.0 * 800);
+}
+
 TEST(LoraTransformer, TargetsThatNameNoModuleAreRefused) {
   models::LoraSpec l;
   l.r = 4;
@@ -659,13 +686,19 @@ models::UNetInputs unet_inputs(const models::UNetConfig& cfg, int64_t B, int64_t
 
 }  // namespace
 
-TEST(LoraUNet, ConvolutionAdaptersEqualTheMergedWeightsAndTheirGradientsAreExact) {
-  const models::UNetConfig cfg = models::UNetConfig::from_hub_json(
-      io::read_json_file(golden_path("unet-sd-tiny/config.json")), "unet-sd-tiny/config.json");
-  // Every convolution kind of the blocks, the 1x1 projections among them, and one linear module.
-  const models::LoraSpec lora{2, 3, 0, {"conv1", "conv2", "conv_shortcut", "proj_in", "proj_out", "downsamplers.0.conv",
-                                        "upsamplers.0.conv", "to_q"}, false};
-  models::UNet m(cfg, Device::cpu(), DType::F64, nullptr, 1, true, lora), plain(cfg, Device::cpu(), DType::F64);
+namespace {
+
+// The tiny SD 1.x UNet of the golden models.
+models::UNetConfig sd_tiny() {
+  return models::UNetConfig::from_hub_json(io::read_json_file(golden_path("unet-sd-tiny/config.json")),
+                                           "unet-sd-tiny/config.json");
+}
+
+// `m`'s adapters filled with non-zero values (B too, so that they change the output) and its other
+// weights with `plain`'s values, then the adapters merged into `plain` (io::add_lora_update: W +=
+// scale B A, a convolution's A flattened): the dense formulation `m` must equal. Returns how many
+// adapter tensors there are and how many of them are 4-d.
+std::pair<size_t, size_t> fill_and_merge(models::UNet& m, models::UNet& plain, const models::LoraSpec& lora) {
   for (nn::Parameter* p : plain.parameters()) nn::init_normal(*p, 11, 0.2);
   io::LoraAdapter adapter;
   adapter.config = lora;
@@ -676,21 +709,33 @@ TEST(LoraUNet, ConvolutionAdaptersEqualTheMergedWeightsAndTheirGradientsAreExact
       nn::init_normal(*p, 11, 0.2);
       continue;
     }
-    fill(*p, 500 + filled++, 0.3);  // B non-zero: the adapters change the output
+    fill(*p, 500 + filled++, 0.3);
     adapter.tensors[p->name] = p->value;
     convs += p->shape.size() == 4;
   }
+  for (const std::string& module : adapter.modules()) {
+    nn::Parameter* w = plain.find(module + ".weight");
+    EXPECT_TRUE(w) << module;
+    if (w) io::add_lora_update(adapter, module, w->value.data<double>(), w->shape);
+  }
+  return {filled, convs};
+}
+
+}  // namespace
+
+TEST(LoraUNet, ConvolutionAdaptersEqualTheMergedWeightsAndTheirGradientsAreExact) {
+  const models::UNetConfig cfg = sd_tiny();
+  // Every convolution kind of the blocks, the 1x1 projections among them, and one linear module.
+  const models::LoraSpec lora{2, 3, 0, {"conv1", "conv2", "conv_shortcut", "proj_in", "proj_out", "downsamplers.0.conv",
+                                        "upsamplers.0.conv", "to_q"}, false};
+  models::UNet m(cfg, Device::cpu(), DType::F64, nullptr, 1, true, lora), plain(cfg, Device::cpu(), DType::F64);
+  const auto [filled, convs] = fill_and_merge(m, plain, lora);
   // down 0: resnet conv1, conv2, proj_in, proj_out, downsampler, to_q x 2 (attn1, attn2); down 1: conv1,
   // conv2, conv_shortcut; mid: 2 x (conv1, conv2), proj_in, proj_out, 2 x to_q; up 0: 2 x (conv1, conv2,
   // conv_shortcut), upsampler; up 1: 2 x (conv1, conv2, conv_shortcut, proj_in, proj_out, 2 x to_q).
   EXPECT_EQ(filled, 2u * (7 + 3 + 8 + 7 + 14));
   EXPECT_EQ(convs, 2u * (5 + 3 + 6 + 7 + 10));
   EXPECT_EQ(m.trainable_blocks().size(), 5u);  // the adapters of every down and up block and the mid block
-  for (const std::string& module : adapter.modules()) {
-    nn::Parameter* w = plain.find(module + ".weight");
-    ASSERT_TRUE(w) << module;
-    io::add_lora_update(adapter, module, w->value.data<double>(), w->shape);
-  }
   const int64_t B = 2, S = 8, L = 3;
   const models::UNetInputs x = unet_inputs(cfg, B, S, L);
   // The gradients of the convolution adapters: SD's attn1.to_q adapter gradients here are ~1e-6, at
@@ -698,11 +743,44 @@ TEST(LoraUNet, ConvolutionAdaptersEqualTheMergedWeightsAndTheirGradientsAreExact
   expect_merged_and_exact(m, plain, x, 2, /*convolutions_only=*/true);
 }
 
+// conv_in and conv_out, which kohya-ss and some diffusers files adapt: 3x3 convolutions from and to
+// the latent channels, their adapters in blocks of their own beside the frozen stem and head.
+TEST(LoraUNet, StemAndHeadConvolutionAdaptersEqualTheMergedWeightsAndTheirGradientsAreExact) {
+  const models::UNetConfig cfg = sd_tiny();
+  const models::LoraSpec lora{2, 3, 0, {"conv_in", "conv_out"}, false};
+  models::UNet m(cfg, Device::cpu(), DType::F64, nullptr, 1, true, lora), plain(cfg, Device::cpu(), DType::F64);
+  const auto [filled, convs] = fill_and_merge(m, plain, lora);
+  EXPECT_EQ(filled, 4u);
+  EXPECT_EQ(convs, 4u);
+  ASSERT_TRUE(m.find("conv_in.lora_A.weight") && m.find("conv_out.lora_B.weight"));
+  EXPECT_EQ(m.find("conv_in.lora_A.weight")->shape, (Shape{2, cfg.in_channels, 3, 3}));
+  EXPECT_EQ(m.find("conv_in.lora_B.weight")->shape, (Shape{cfg.block_out[0], 2, 1, 1}));
+  EXPECT_EQ(m.find("conv_out.lora_A.weight")->shape, (Shape{2, cfg.block_out[0], 3, 3}));
+  EXPECT_EQ(m.find("conv_out.lora_B.weight")->shape, (Shape{cfg.out_channels, 2, 1, 1}));
+  std::vector<std::string> trained;
+  for (nn::ParamBlock* b : m.trainable_blocks()) trained.push_back(b->name());
+  EXPECT_EQ(trained, (std::vector<std::string>{"stem.lora", "head.lora"}));
+  // The blocks' order is the forward's (the stem's adapters after the stem, the head's after the head),
+  // and the adapter blocks belong to the stem's and the head's places in a pipeline.
+  const std::vector<nn::ParamBlock*> all = m.blocks();
+  EXPECT_EQ(all[1]->name(), "stem.lora");
+  EXPECT_EQ(all.back()->name(), "head.lora");
+  EXPECT_EQ(cfg.unit_of_block("stem.lora"), -1);
+  EXPECT_EQ(cfg.unit_of_block("head.lora"), cfg.num_units());
+  expect_merged_and_exact(m, plain, unet_inputs(cfg, 2, 8, 3), 8);
+
+  // Pipeline chunks: the first holds the stem's adapters, the last the head's.
+  models::UNet first(cfg, Device::cpu(), DType::F64, nullptr, 1, false, lora, {0, 1});
+  models::UNet last(cfg, Device::cpu(), DType::F64, nullptr, 1, false, lora, {1, cfg.num_units()});
+  EXPECT_TRUE(first.find("conv_in.lora_A.weight") && !first.find("conv_out.lora_A.weight"));
+  EXPECT_TRUE(last.find("conv_out.lora_A.weight") && !last.find("conv_in.lora_A.weight"));
+}
+
 TEST(LoraUNet, TargetsTheModelLacksAreRefusedNamingThem) {
   const models::UNetConfig sd = models::UNetConfig::from_hub_json(tiny_unet_config(false), "tiny_unet_config");
-  models::LoraSpec lora{4, 4, 0, {"to_q", "conv_in"}, false};  // the stem trains no adapters
+  models::LoraSpec lora{4, 4, 0, {"to_q", "linear_1"}, false};  // the time embedding trains no adapters
   expect_error([&] { models::UNet m(sd, Device::cpu(), DType::F32, nullptr, 1, false, lora); },
-               {"'conv_in' names no module of a UNet block"});
+               {"'linear_1' names no module of a UNet block"});
   // One block: no downsampler, no upsampler, so a sampler conv names nothing in this model.
   nlohmann::json one = tiny_unet_config(false);
   one["block_out_channels"] = {16};

@@ -413,6 +413,20 @@ TEST(ConvertLora, UnetCheckpointToDiffusersFolder) {
   write_lora_checkpoint(d / "lora.h5", a, "unet", golden_path("unet-sd-tiny"));
   ASSERT_EQ(convert(d / "lora.h5", d / "out"), 0);
   expect_same_adapter(a, read_diffusers_lora(d / "out", unet_known_names("unet-sd-tiny")));
+
+  // The stem's conv_in and the head's conv_out: 3x3 convolutions' adapters under diffusers' names.
+  a.tensors["conv_in.lora_A.weight"] = random_tensor({4, 4, 3, 3}, 71);
+  a.tensors["conv_in.lora_B.weight"] = random_tensor({16, 4, 1, 1}, 72);
+  a.tensors["conv_out.lora_A.weight"] = random_tensor({4, 16, 3, 3}, 73);
+  a.tensors["conv_out.lora_B.weight"] = random_tensor({4, 4, 1, 1}, 74);
+  a.config.target_modules = a.modules();
+  write_lora_checkpoint(d / "stem_head.h5", a, "unet", golden_path("unet-sd-tiny"));
+  ASSERT_EQ(convert(d / "stem_head.h5", d / "stem_head"), 0);
+  SafetensorsFile f(d / "stem_head/pytorch_lora_weights.safetensors");
+  for (const char* name : {"unet.conv_in.lora_A.weight", "unet.conv_in.lora_B.weight", "unet.conv_out.lora_A.weight",
+                           "unet.conv_out.lora_B.weight"})
+    EXPECT_TRUE(f.contains(name)) << name;
+  expect_same_adapter(a, read_diffusers_lora(d / "stem_head", {}));
 }
 
 TEST(ConvertLora, RefusesAnAdapterThatDoesNotFitTheBase) {
@@ -521,21 +535,25 @@ TEST(ConvertLora, MergesDiffusersAndKohyaIntoAUnet) {
   ScratchDir d("merge_unet");
   const std::string unet = golden_path("unet-sd-tiny");
   // Convolutions, as PEFT's LoRA Conv2d: A [r, in, kh, kw] with the base's kernel, B [out, r, 1, 1]:
-  // proj_in of the SD UNet (1x1), a ResBlock's 3x3 conv1, the strided downsampler, a 1x1 shortcut.
+  // proj_in of the SD UNet (1x1), a ResBlock's 3x3 conv1, the strided downsampler, a 1x1 shortcut,
+  // and the stem's and the head's 3x3 conv_in (from the 4 latent channels) and conv_out (to them).
   // Their update is B A with A flattened to [r, in * kh * kw], the layout of the weight's rows.
   std::vector<Module> mods = unet_modules();
   LoraAdapter a = make_adapter(mods, 4, 8, false, 101);
   const std::vector<std::pair<Module, int64_t>> convs = {{{"down_blocks.0.attentions.0.proj_in", 16, 16}, 1},
                                                          {{"down_blocks.0.resnets.0.conv1", 16, 16}, 3},
                                                          {{"down_blocks.0.downsamplers.0.conv", 16, 16}, 3},
-                                                         {{"down_blocks.1.resnets.0.conv_shortcut", 32, 16}, 1}};
+                                                         {{"down_blocks.1.resnets.0.conv_shortcut", 32, 16}, 1},
+                                                         {{"conv_in", 16, 4}, 3},
+                                                         {{"conv_out", 4, 16}, 3}};
   uint64_t seed = 7;
   for (const auto& [m, k] : convs) {
     a.tensors[m.path + kLoraASuffix] = random_tensor({4, m.in, k, k}, seed++);
     a.tensors[m.path + kLoraBSuffix] = random_tensor({m.out, 4, 1, 1}, seed++);
     mods.push_back({m.path, m.out, m.in * k * k});
   }
-  a.config.target_modules = {"to_q", "to_k", "to_out.0", "to_v", "proj_in", "conv1", "conv", "conv_shortcut"};
+  a.config.target_modules = {"to_q",  "to_k", "to_out.0",      "to_v",   "proj_in",
+                             "conv1", "conv", "conv_shortcut", "conv_in", "conv_out"};
   write_diffusers_lora(d / "lora", a);
   ASSERT_EQ(convert(unet, d / "merged", d / "lora"), 0);
   SafetensorsFile base(unet + "/diffusion_pytorch_model.safetensors");

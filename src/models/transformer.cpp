@@ -127,10 +127,37 @@ bool TransformerConfig::hub_transposed(const std::string& name) const {
 
 int64_t TransformerConfig::num_parameters() const { return count_parameters<int64_t>(*this); }
 
+std::vector<LayerLinear> layer_linears(const TransformerConfig& c) {
+  const int64_t C = c.hidden, F = c.ffn, q = c.heads * c.head_dim, kv = c.kv_heads * c.head_dim;
+  if (c.model_type == "gpt2")
+    return {{"attn.c_attn", 3 * C, C}, {"attn.c_proj", C, C}, {"mlp.c_fc", F, C}, {"mlp.c_proj", C, F}};
+  return {{"self_attn.q_proj", q, C}, {"self_attn.k_proj", kv, C}, {"self_attn.v_proj", kv, C},
+          {"self_attn.o_proj", C, q}, {"mlp.gate_proj", F, C},     {"mlp.up_proj", F, C},
+          {"mlp.down_proj", C, F}};
+}
+
 std::vector<std::string> lora_modules_of(const std::string& model_type) {
-  if (model_type == "gpt2") return {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"};
-  return {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-          "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+  TransformerConfig c;  // the names do not depend on the sizes
+  c.model_type = model_type;
+  std::vector<std::string> names;
+  for (const LayerLinear& l : layer_linears(c)) names.push_back(l.module);
+  return names;
+}
+
+LmTrainFlops lm_train_flops_per_token(const TransformerConfig& cfg, const LoraSpec& lora, int64_t T) {
+  const bool frozen_base = lora.r > 0;
+  const double base = frozen_base ? 4.0 : 6.0;  // no weight gradient for a frozen weight
+  LmTrainFlops f;
+  for (const LayerLinear& l : layer_linears(cfg)) {
+    f.layer += base * double(l.out) * double(l.in);
+    // The same test as the model's (LoraAttacher), on a layer's module name.
+    if (frozen_base && lora_targets(lora.target_modules, "layer." + l.module))
+      f.layer += 6.0 * double(lora.r) * double(l.in + l.out);
+  }
+  // Scores and weighted values: 2 * 2 * T * (Hq * D) forward, x3 with the backward, halved by the causal mask.
+  f.layer += 6.0 * double(T) * double(cfg.heads * cfg.head_dim);
+  f.head = base * double(cfg.vocab) * double(cfg.hidden);
+  return f;
 }
 
 
@@ -288,13 +315,8 @@ void Transformer::init_block_random(ParamBlock& b, uint64_t seed, double std) {
 }
 
 double Transformer::flops_per_token(int64_t T) const {
-  const int64_t C = cfg_.hidden, D = cfg_.head_dim;
-  int64_t matmul_params = cfg_.num_parameters() - (cfg_.learned_positions ? cfg_.max_positions * C : 0);
-  if (!cfg_.tied) matmul_params -= cfg_.vocab * C;  // the untied input embedding is a lookup
-  // Scores and weighted values: 2 * 2 * T * (Hq * D) per layer and token forward, x3 with the backward,
-  // halved by the causal mask.
-  const double attention = 6.0 * double(cfg_.layers) * double(T) * double(cfg_.heads * D);
-  return 6.0 * double(matmul_params) + attention;
+  const LmTrainFlops f = lm_train_flops_per_token(cfg_, lora_, T);
+  return double(cfg_.layers) * f.layer + f.head;
 }
 
 void Transformer::load(const io::WeightSource& files) {

@@ -79,6 +79,28 @@ struct LayerSpan {
 // The module names a layer of `model_type` offers to LoRA (without the layer prefix).
 std::vector<std::string> lora_modules_of(const std::string& model_type);
 
+// One layer's linear modules, in the layer's order: the name without the layer prefix (as
+// lora_modules_of) and the weight's [out, in].
+struct LayerLinear {
+  std::string module;
+  int64_t out = 0, in = 0;
+};
+std::vector<LayerLinear> layer_linears(const TransformerConfig& cfg);
+
+// Training FLOPs (forward + backward) per token at sequence length T, for the progress line's MFU,
+// the benchmarks and the pipeline's "compute" partition: every matrix multiply's weight (2-d; the
+// lookups of the embeddings, norms, biases and elementwise ops are not counted) 2x for the forward,
+// 2x for the input gradient and, unless it is frozen (a LoRA run's base), 2x for its weight
+// gradient; LoRA's adapters (A [r, in] and B [out, r] of every targeted module) are weights that
+// train: 6x. Causal attention's scores and weighted values: 2 x 2 x T x (heads x head_dim) per
+// layer forward, x3 with the backward, halved by the mask. What the backward recomputes
+// (checkpointed layers) is not counted. The same rule as models/unet_flops.h.
+struct LmTrainFlops {
+  double layer = 0;  // one layer's (every layer alike)
+  double head = 0;   // the head's GEMM
+};
+LmTrainFlops lm_train_flops_per_token(const TransformerConfig& cfg, const LoraSpec& lora, int64_t T);
+
 // What a forward keeps for the backward.
 enum class ForwardMode {
   Train,              // every layer's activations
@@ -185,8 +207,8 @@ class Transformer {
   void load(const io::WeightSource& files);
   void load_block(const io::WeightSource& files, nn::ParamBlock& b);
 
-  // FLOPs of one training step (forward + backward) per token at sequence length T, counting the
-  // matrix multiplies (6 per parameter used in one) and causal attention (half the score matrix).
+  // The whole model's training FLOPs per token at sequence length T (lm_train_flops_per_token, with
+  // this model's LoRA), whatever span this stage holds.
   double flops_per_token(int64_t T) const;
 
   // ids: device int32 [B*T] (B sequences of T tokens). Fills `acts` (dropping whatever it held) with

@@ -226,9 +226,9 @@ std::string UNetConfig::unit_name(int64_t u) const {
 }
 
 int64_t UNetConfig::unit_of_block(const std::string& block) const {
-  if (block == "stem") return -1;
-  if (block == "head") return num_units();
   const std::string unit = block.ends_with(".lora") ? block.substr(0, block.size() - 5) : block;
+  if (unit == "stem") return -1;
+  if (unit == "head") return num_units();
   for (int64_t u = 0; u < num_units(); ++u)
     if (unit == unit_name(u)) return u;
   throw Error("UNet: '" + block + "' is not a block of this model");
@@ -575,13 +575,13 @@ UNetActivations::~UNetActivations() = default;
 
 UNet::~UNet() = default;
 
-// The modules of a down, mid or up block that LoRA can adapt (the stem's and the head's, conv_in,
-// conv_out and the time embedding, train no adapters).
+// The modules LoRA can adapt: those of a down, mid or up block, and the stem's conv_in and the
+// head's conv_out (which kohya-ss and some diffusers files adapt); the time embedding trains none.
 static std::vector<std::string> unet_lora_modules() {
   return {"attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_k",
           "attn2.to_v", "attn2.to_out.0", "ff.net.0.proj", "ff.net.2", "proj_in", "proj_out",
           "resnets.0.conv1", "resnets.0.conv2", "resnets.0.conv_shortcut", "downsamplers.0.conv",
-          "upsamplers.0.conv"};
+          "upsamplers.0.conv", "conv_in", "conv_out"};
 }
 
 UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t pad_multiple, bool allocate,
@@ -599,20 +599,21 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
   ctx_.dt = dt;
   const int64_t n = cfg.num_blocks(), T = cfg.time_embed_dim, C0 = cfg.block_out[0];
 
-  // With LoRA: a stage's adapters go into a block of their own, placed after the stage's (frozen) one.
-  auto adapters_of = [&](Stage& st) -> std::optional<LoraAttacher> {
+  // With LoRA: a block's adapters (a stage's, the stem's, the head's) go into a block of their own,
+  // placed after the (frozen) block; none when the block has no targeted module.
+  auto adapters_of = [&](ParamBlock& block, std::unique_ptr<ParamBlock>& adapters) -> std::optional<LoraAttacher> {
     if (lora_.r <= 0) return std::nullopt;
-    st.block->freeze();
-    st.adapters = std::make_unique<ParamBlock>(st.block->name() + ".lora");
-    return LoraAttacher(lora_, *st.adapters);
+    block.freeze();
+    adapters = std::make_unique<ParamBlock>(block.name() + ".lora");
+    return LoraAttacher(lora_, *adapters);
   };
   std::set<std::string> targets_used;
-  auto place_adapters = [&](Stage& st, const std::optional<LoraAttacher>& attacher) {
+  auto place_adapters = [&](std::unique_ptr<ParamBlock>& adapters, const std::optional<LoraAttacher>& attacher) {
     if (attacher) targets_used.insert(attacher->targets_used().begin(), attacher->targets_used().end());
     if (attacher && attacher->attached() > 0)
-      place(*st.adapters);
+      place(*adapters);
     else
-      st.adapters.reset();
+      adapters.reset();
   };
   if (span_.end < 0) span_.end = cfg.num_units();
   ZP_CHECK(span_.begin >= 0 && span_.begin < span_.end && span_.end <= cfg.num_units(), "UNet span [", span_.begin,
@@ -622,9 +623,9 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
 
   if (has_stem()) {
     stem_ = std::make_unique<ParamBlock>("stem");
-    if (lora_.r > 0) stem_->freeze();
-    conv_in_ =
-        add_conv(*stem_, "conv_in", cfg.in_channels, C0, cfg.conv_in_kernel, 1, (cfg.conv_in_kernel - 1) / 2);
+    std::optional<LoraAttacher> lora_here = adapters_of(*stem_, stem_adapters_);
+    conv_in_ = add_conv(*stem_, "conv_in", cfg.in_channels, C0, cfg.conv_in_kernel, 1, (cfg.conv_in_kernel - 1) / 2,
+                        lora_here ? &*lora_here : nullptr);
     time_1_ = add_linear(*stem_, "time_embedding.linear_1", C0, T);
     time_2_ = add_linear(*stem_, "time_embedding.linear_2", T, T);
     if (cfg.text_time) {
@@ -632,13 +633,14 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
       add_2_ = add_linear(*stem_, "add_embedding.linear_2", T, T);
     }
     place(*stem_);
+    place_adapters(stem_adapters_, lora_here);
   }
 
   for (int64_t i = 0; i < n; ++i) {
     if (!held(i)) continue;
     const std::string p = cfg.unit_name(i);
     auto st = std::make_unique<Stage>(Stage::Kind::Down, p);
-    std::optional<LoraAttacher> lora_here = adapters_of(*st);
+    std::optional<LoraAttacher> lora_here = adapters_of(*st->block, st->adapters);
     const int64_t cin = cfg.block_out[size_t(i == 0 ? 0 : i - 1)], cout = cfg.block_out[size_t(i)];
     for (int64_t l = 0; l < cfg.layers[size_t(i)]; ++l) {
       const std::string ls = std::to_string(l);
@@ -653,14 +655,14 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
       st->downsampler = Downsample2D(
           add_conv(*st->block, p + ".downsamplers.0.conv", cout, cout, 3, 2, 1, lora_here ? &*lora_here : nullptr));
     place(*st->block);
-    place_adapters(*st, lora_here);
+    place_adapters(st->adapters, lora_here);
     units_[size_t(i)] = std::move(st);
   }
 
   if (held(n)) {
     const int64_t C = cfg.block_out.back();
     auto mid = std::make_unique<Stage>(Stage::Kind::Mid, "mid_block");
-    std::optional<LoraAttacher> lora_here = adapters_of(*mid);
+    std::optional<LoraAttacher> lora_here = adapters_of(*mid->block, mid->adapters);
     mid->resnets.push_back(add_res_block(*mid->block, "mid_block.resnets.0", C, C, cfg, cfg.mid_scale,
                                          lora_here ? &*lora_here : nullptr));
     mid->attentions.push_back(add_transformer2d(*mid->block, "mid_block.attentions.0", C, cfg.heads.back(),
@@ -669,7 +671,7 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
     mid->resnets.push_back(add_res_block(*mid->block, "mid_block.resnets.1", C, C, cfg, cfg.mid_scale,
                                          lora_here ? &*lora_here : nullptr));
     place(*mid->block);
-    place_adapters(*mid, lora_here);
+    place_adapters(mid->adapters, lora_here);
     units_[size_t(n)] = std::move(mid);
   }
 
@@ -678,7 +680,7 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
     const size_t r = size_t(n - 1 - i);  // the down block this up block mirrors
     const std::string p = cfg.unit_name(n + 1 + i);
     auto st = std::make_unique<Stage>(Stage::Kind::Up, p);
-    std::optional<LoraAttacher> lora_here = adapters_of(*st);
+    std::optional<LoraAttacher> lora_here = adapters_of(*st->block, st->adapters);
     const int64_t out = cfg.block_out[r], prev = i == 0 ? out : cfg.block_out[r + 1],
                   in = cfg.block_out[r == 0 ? 0 : r - 1];
     const int64_t num = cfg.layers[r] + 1;
@@ -698,17 +700,18 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
       st->upsampler = Upsample2D(
           add_conv(*st->block, p + ".upsamplers.0.conv", out, out, 3, 1, 1, lora_here ? &*lora_here : nullptr));
     place(*st->block);
-    place_adapters(*st, lora_here);
+    place_adapters(st->adapters, lora_here);
     units_[size_t(n + 1 + i)] = std::move(st);
   }
 
   if (has_head()) {
     head_ = std::make_unique<ParamBlock>("head");
-    if (lora_.r > 0) head_->freeze();
+    std::optional<LoraAttacher> lora_here = adapters_of(*head_, head_adapters_);
     norm_out_ = add_group_norm(*head_, "conv_norm_out", C0, cfg.groups, cfg.norm_eps, true);
-    conv_out_ =
-        add_conv(*head_, "conv_out", C0, cfg.out_channels, cfg.conv_out_kernel, 1, (cfg.conv_out_kernel - 1) / 2);
+    conv_out_ = add_conv(*head_, "conv_out", C0, cfg.out_channels, cfg.conv_out_kernel, 1,
+                         (cfg.conv_out_kernel - 1) / 2, lora_here ? &*lora_here : nullptr);
     place(*head_);
+    place_adapters(head_adapters_, lora_here);
   }
   // A target that the static list offers but this model lacks (conv_shortcut where no width changes,
   // a sampler of a one-block UNet): a chunk sees only its own stages, so only the whole model tells.
@@ -722,13 +725,14 @@ UNet::UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s, int64_t 
 
 std::vector<ParamBlock*> UNet::blocks() {
   std::vector<ParamBlock*> b;
-  if (stem_) b.push_back(stem_.get());
-  for (auto& st : units_) {
-    if (!st) continue;
-    b.push_back(st->block.get());
-    if (st->adapters) b.push_back(st->adapters.get());
-  }
-  if (head_) b.push_back(head_.get());
+  auto add = [&](const std::unique_ptr<ParamBlock>& block, const std::unique_ptr<ParamBlock>& adapters) {
+    if (block) b.push_back(block.get());
+    if (adapters) b.push_back(adapters.get());
+  };
+  add(stem_, stem_adapters_);
+  for (auto& st : units_)
+    if (st) add(st->block, st->adapters);
+  add(head_, head_adapters_);
   return b;
 }
 
@@ -842,7 +846,7 @@ Tensor UNet::forward(const UNetInputs& in, UNetActivations& acts, const Tensor& 
   if (has_stem()) {
     st.sample = in.sample;
     // The stem's parameters serve the time embedding here and conv_in below.
-    ParamsInUse stem_use(access_, *stem_);
+    nn::AdaptedBlockInUse stem_use(access_, *stem_, stem_adapters_.get());
 
     // Time embedding (+ SDXL's added text/time embedding).
     std::vector<float> ts = in.timesteps;
@@ -947,7 +951,7 @@ Tensor UNet::forward(const UNetInputs& in, UNetActivations& acts, const Tensor& 
   st.o = c.saved({B, C0, H, W});
   Tensor y = c.act({B, cfg.out_channels, H, W});
   {
-    ParamsInUse use(access_, *head_);
+    nn::AdaptedBlockInUse use(access_, *head_, head_adapters_.get());
     norm_out_.forward(c, st.o.data(), h.data(), B, H * W, st.n_out);
     conv_out_.forward(c, y.data(), st.o.data(), B, H, W);
   }
@@ -976,9 +980,7 @@ Tensor UNet::backward(const Tensor& dout, UNetActivations& acts, UNetWeightGrads
                cfg.out_channels, ", ", H, ", ", W, "] in ", dtype_name(c.dt), " on ", c.dev.str());
     dtemb = Tensor::zeros({B, T}, c.dt, c.dev, "activations", c.s);
     g = c.act({B, C0, H, W});
-    ParamsInUse use(access_, *head_);
-    std::optional<GradsInUse> grads;
-    if (!head_->frozen()) grads.emplace(access_, *head_);
+    nn::AdaptedBlockInUse use(access_, *head_, head_adapters_.get(), /*grads=*/true);
     Tensor dout_o = c.act({B, C0, H, W});
     conv_out_.backward(c, dout_o.data(), dout.data(), st.o.data(), B, H, W);
     norm_out_.backward(c, g.data(), dout_o.data(), st.h_last.data(), B, H * W, st.n_out);
@@ -1010,9 +1012,7 @@ Tensor UNet::backward(const Tensor& dout, UNetActivations& acts, UNetWeightGrads
     return din;
   }
   add_into(c, g, dskips[0]);
-  ParamsInUse stem_use(access_, *stem_);
-  std::optional<GradsInUse> stem_grads;
-  if (!stem_->frozen()) stem_grads.emplace(access_, *stem_);
+  nn::AdaptedBlockInUse stem_use(access_, *stem_, stem_adapters_.get(), /*grads=*/true);
   Tensor dsample = c.act({B, cfg.in_channels, H, W});
   conv_in_.backward(c, dsample.data(), g.data(), st.sample.data(), B, H, W);
 

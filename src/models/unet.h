@@ -97,8 +97,8 @@ struct UNetConfig {
   int64_t num_units() const { return 2 * num_blocks() + 1; }
   // "down_blocks.<i>", "mid_block" or "up_blocks.<i>": unit u's block name (diffusers' prefix).
   std::string unit_name(int64_t u) const;
-  // The unit block `block` (a ParamBlock's name: a unit's, or its LoRA adapters' "<unit>.lora")
-  // belongs to: -1 for the stem, num_units() for the head. Throws zp::Error for another name.
+  // The unit block `block` (a ParamBlock's name: a unit's, the stem's or the head's, or its LoRA
+  // adapters' "<block>.lora") belongs to: -1 for the stem, num_units() for the head. Throws zp::Error for another name.
   int64_t unit_of_block(const std::string& block) const;
   // What crosses the cut before unit `cut` (0 < cut < num_units()) for B samples of H x W latents,
   // in the order the boundary tensor packs them: the hidden state [B, C, h, w], the live skip
@@ -171,8 +171,9 @@ class UNet {
   // lora (issue 14): adapters on the named modules of the down, mid and up blocks (diffusers' names:
   // to_q, to_k, to_v, to_out.0 of attn1 and attn2, ff.net.0.proj, ff.net.2, proj_in / proj_out (linear
   // in SDXL, 1x1 convolutions in SD 1.x), the ResBlocks' conv1, conv2, conv_shortcut, and the
-  // samplers' conv), one adapter block per block with a target ("<block>.lora"); every other block is
-  // frozen. Throws zp::Error for a target that names no module of this model.
+  // samplers' conv), and on the stem's conv_in and the head's conv_out; one adapter block per block
+  // with a target ("<block>.lora": "down_blocks.0.lora", "stem.lora", "head.lora"); every other block
+  // is frozen. Throws zp::Error for a target that names no module of this model.
   // span (pipeline chunks): the model holds only those units' blocks, and the stem and the head where
   // the span has them; blocks(), parameters(), loading and initialisation see only those.
   UNet(const UNetConfig& cfg, Device dev, DType dt, StreamHandle s = nullptr, int64_t pad_multiple = 1,
@@ -232,6 +233,8 @@ class UNet {
   UNetSpan span_;
   nn::BlockAccess* access_ = nullptr;
   std::unique_ptr<nn::ParamBlock> stem_, head_;  // null where the span lacks them
+  // LoRA's adapters of conv_in ("stem.lora") and conv_out ("head.lora"), or null
+  std::unique_ptr<nn::ParamBlock> stem_adapters_, head_adapters_;
   nn::Conv2d conv_in_, conv_out_;
   nn::Linear time_1_, time_2_, add_1_, add_2_;
   nn::GroupNorm norm_out_;

@@ -6,6 +6,7 @@
 #include "models/unet_flops.h"
 #include "parallel/pipeline_partition.h"
 #include "parallel/pipeline_schedule.h"
+#include "runtime/lora_run.h"
 
 namespace zp::runtime {
 
@@ -44,10 +45,9 @@ LmChunks lm_chunks(const TrainConfig& cfg, const models::TransformerConfig& m, i
     if (cfg.pipeline_partition == "parameters")
       return parallel::LayerCosts{std::vector<double>(size_t(m.layers), layer_params),
                                   vocab_rows + (m.learned_positions ? double(m.max_positions) * C : 0.0), vocab_rows};
-    // "compute": FLOPs per token; the lookup costs nothing, the head its GEMM
-    const double attention = 6.0 * double(cfg.seq_len) * double(m.heads * m.head_dim);
-    return parallel::LayerCosts{std::vector<double>(size_t(m.layers), 6.0 * layer_params + attention), 0.0,
-                                6.0 * vocab_rows};
+    // "compute": FLOPs per token (a LoRA run's too); the lookup costs nothing, the head its GEMM
+    const models::LmTrainFlops flops = models::lm_train_flops_per_token(m, lora_spec_of(cfg), cfg.seq_len);
+    return parallel::LayerCosts{std::vector<double>(size_t(m.layers), flops.layer), 0.0, flops.head};
   });
   const int last = int(c.bounds.size()) - 2;
   for (int g : local_chunks(cfg, stage, stages))

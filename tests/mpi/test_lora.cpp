@@ -1,6 +1,7 @@
 // LoRA in the training loop (issue 14), at any world size (mpirun -np 1, 2, 3, 5):
 //  - the adapters' trajectory (losses and final adapter weights) at ZeRO stages 0-3, with the
-//    optimizer in host memory and at stage 3 the frozen base's shards in host memory too, with
+//    optimizer in host memory and at stage 3 the frozen base's shards in host memory too (and both
+//    on the NVMe tier), with
 //    accumulation and activation checkpointing, follows one rank at stage 0 to 1e-5, for Llama,
 //    GPT-2 and the demo UNet, with dropout (its masks follow a sample's global position, not the rank
 //    or micro-step that runs it: nn/context.h);
@@ -9,17 +10,19 @@
 //    another base (naming both), a run with other LoRA settings and a full-training run;
 //  - lora.init_from starts a run's adapters from a LoRA checkpoint or a PEFT folder, exactly, and
 //    refuses an adapter whose rank, scale or modules differ from the run's;
-//  - the UNet's convolution adapters, with dropout, follow one rank at ZeRO 2 and 3, and their PEFT and diffusers
-//    exports start a run exactly where the saved one ended.
+//  - the UNet's convolution adapters (conv_in and conv_out too), with dropout, follow one rank at ZeRO 2
+//    and 3, and their PEFT, diffusers and kohya-ss exports start a run exactly where the saved one ended.
 // Every rank takes the same branches: no rank is ever left alone in a collective.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "io/checkpoint_file.h"
 #include "io/h5file.h"
 #include "io/lora_adapter_files.h"
+#include "io/safetensors.h"
 #include "training_runs.h"
 
 namespace zp::test {
@@ -73,6 +76,10 @@ TEST(Lora, StagesAndTiersFollowOneRank) {
         r.offload = "cpu";
         if (stage == 3) r.offload_param = "cpu";
         expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), ref, what + " offloaded");
+      }
+      if (stage == 3) {  // the NVMe tier: the adapters' optimizer state and the frozen base's shards in swap files
+        r.offload = r.offload_param = "nvme";
+        expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), ref, what + " on NVMe");
       }
     }
   }
@@ -214,9 +221,9 @@ TEST(Lora, InitFromAnAdapterStartsThere) {
 }
 
 // Convolution adapters (PEFT's LoRA Conv2d on the ResBlocks' 3x3 conv1 / conv2, the 1x1 shortcuts
-// and projections, the strided downsampler) at ZeRO 2 and 3 follow one rank at stage 0, and the
-// adapter a run saves, exported in PEFT's and diffusers' layouts (4-d tensors), starts another run
-// exactly where it ended.
+// and projections, the strided downsampler, the stem's conv_in and the head's conv_out) at ZeRO 2 and
+// 3 follow one rank at stage 0, and the adapter a run saves, exported in PEFT's, diffusers' and
+// kohya-ss's layouts (4-d tensors), starts another run exactly where it ended.
 TEST(Lora, ConvolutionAdaptersFollowOneRankAndTheirExportsLoadBack) {
   comm::Runtime rt;
   const int world = world_size();
@@ -224,7 +231,7 @@ TEST(Lora, ConvolutionAdaptersFollowOneRankAndTheirExportsLoadBack) {
   const std::string data = data_file(dir, "unet");
   const io::json lora = {{"r", 4}, {"alpha", 8}, {"dropout", 0.1},
                          {"target_modules", {"conv1", "conv2", "conv_shortcut", "proj_in", "proj_out",
-                                             "downsamplers.0.conv", "to_q"}}};
+                                             "downsamplers.0.conv", "to_q", "conv_in", "conv_out"}}};
   TrainingRun one{"unet", 0, 1};
   one.lora = lora;
   const runtime::TrainResult ref = single_rank_reference(data, one, rt);
@@ -240,7 +247,7 @@ TEST(Lora, ConvolutionAdaptersFollowOneRankAndTheirExportsLoadBack) {
   trained.lora = lora;
   const runtime::TrainResult first = run(data, trained, rt, MPI_COMM_WORLD, true);
   ASSERT_EQ(first.saved.size(), 1u);
-  const std::string peft = dir / "peft", diffusers = dir / "diffusers";
+  const std::string peft = dir / "peft", diffusers = dir / "diffusers", kohya = dir / "kohya.safetensors";
   if (world_rank() == 0) {
     const io::LoraAdapter a = io::read_lora_checkpoint(first.saved[0]);
     EXPECT_EQ(a.a("down_blocks.0.resnets.0.conv1").shape(), (Shape{4, 16, 3, 3}));
@@ -248,12 +255,28 @@ TEST(Lora, ConvolutionAdaptersFollowOneRankAndTheirExportsLoadBack) {
     EXPECT_EQ(a.a("down_blocks.0.downsamplers.0.conv").shape(), (Shape{4, 16, 3, 3}));
     EXPECT_EQ(a.a("down_blocks.0.attentions.0.proj_in").shape(), (Shape{4, 16, 1, 1}));
     EXPECT_EQ(a.b("down_blocks.1.resnets.0.conv_shortcut").shape(), (Shape{32, 4, 1, 1}));
+    EXPECT_EQ(a.a("conv_in").shape(), (Shape{4, 4, 3, 3}));  // from the 4 latent channels
+    EXPECT_EQ(a.b("conv_in").shape(), (Shape{16, 4, 1, 1}));
+    EXPECT_EQ(a.a("conv_out").shape(), (Shape{4, 16, 3, 3}));
+    EXPECT_EQ(a.b("conv_out").shape(), (Shape{4, 4, 1, 1}));  // to the 4 latent channels
     io::write_peft_adapter(peft, a);
     io::write_diffusers_lora(diffusers, a);
+    // kohya-ss's names: lora_unet_conv_in.lora_down.weight, ..., and each module's alpha.
+    std::vector<std::pair<std::string, Tensor>> t;
+    for (const std::string& m : a.modules()) {
+      std::string k = "lora_unet_" + m;
+      std::replace(k.begin(), k.end(), '.', '_');
+      t.emplace_back(k + ".lora_down.weight", a.a(m));
+      t.emplace_back(k + ".lora_up.weight", a.b(m));
+      Tensor alpha = Tensor::empty({}, DType::F32, Device::cpu());
+      alpha.data<float>()[0] = float(a.config.alpha);
+      t.emplace_back(k + ".alpha", alpha);
+    }
+    io::write_safetensors(kohya, t);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   // One step at lr 1e-30 keeps the initial adapters (as in InitFromAnAdapterStartsThere).
-  for (const std::string& adapter : {peft, diffusers}) {
+  for (const std::string& adapter : {peft, diffusers, kohya}) {
     TrainingRun r{"unet", 2, world, 1, 0, "", ""};
     r.lora = lora;
     r.lora["init_from"] = adapter;

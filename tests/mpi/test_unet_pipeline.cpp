@@ -60,8 +60,9 @@ TEST(UNetPipeline, StagesFollowTheSingleRankTrajectory) {
 }
 
 // LoRA adapters on the attention blocks (down block 0, the mid block, up block 1; none on the plain
-// blocks between) trained in P stages at ZeRO 2 and 3 (and ZB-H1 at ZeRO 2) follow one rank, so do adapters on convolutions
-// (on every stage), and their checkpoint resumes data-parallel.
+// blocks between) trained in P stages at ZeRO 2 and 3 (and ZB-H1 at ZeRO 2) follow one rank, so do
+// adapters on convolutions (on every stage, conv_in and conv_out included), and their checkpoint
+// resumes data-parallel.
 TEST(UNetPipeline, LoraAdaptersFollowTheSingleRankTrajectory) {
   comm::Runtime rt;
   const int P = world_size();
@@ -81,9 +82,13 @@ TEST(UNetPipeline, LoraAdaptersFollowTheSingleRankTrajectory) {
   zb.schedule = "zb-h1";
   expect_same_trajectory(run(data, zb, rt, MPI_COMM_WORLD, true), want,
                          "unet LoRA in " + std::to_string(P) + " zb-h1 stages, ZeRO 2");
-  // Convolution adapters give every stage adapters, the plain blocks' ResBlocks and samplers too.
-  const io::json conv_lora = {{"r", 4}, {"alpha", 8}, {"dropout", 0.0},
-                              {"target_modules", {"to_q", "conv2", "conv_shortcut", "downsamplers.0.conv"}}};
+  // Convolution adapters give every stage adapters, the plain blocks' ResBlocks and samplers too, and
+  // the first and last stages the stem's conv_in and the head's conv_out adapters.
+  const io::json conv_lora = {
+      {"r", 4},
+      {"alpha", 8},
+      {"dropout", 0.0},
+      {"target_modules", {"to_q", "conv2", "conv_shortcut", "downsamplers.0.conv", "conv_in", "conv_out"}}};
   TrainingRun conv = unet_stages_of_world(3);
   conv.lora = conv_lora;
   expect_same_trajectory(run(data, conv, rt, MPI_COMM_WORLD, true), unet_reference(data, P, rt, conv_lora),

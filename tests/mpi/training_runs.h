@@ -93,6 +93,10 @@ struct TrainingRun {
   int global_batch = kGlobalBatch;
   std::string data_format = "tokens";  // data.format: "instruct" for instruction_data_file()'s records
   io::json fp16;                 // the fp16 section (null: none, so bf16 or fp32 as above)
+  // Validation: training.eval_every (0: none) and eval_batches (per data rank), on data.val_files
+  // = {val_file} (the training data when empty).
+  int64_t eval_every = 0, eval_batches = 4;
+  std::string val_file;
   // New fields go last: suites build runs with positional initialisers.
 };
 
@@ -114,12 +118,17 @@ inline io::Config user_config(const std::string& data, const TrainingRun& r) {
                    {"checkpoint", {{"dir", r.dir}, {"save_every", r.save_every}, {"keep_last", 0}}},
                    {"pipeline", {{"stages", r.stages}, {"schedule", r.schedule}, {"virtual_stages", r.virtual_stages},
                                  {"partition", r.partition}, {"keep_gathered", r.keep_gathered}}},
-                   {"training", {{"max_steps", r.max_steps}, {"device", r.device}, {"eval_every", 0}}}};
+                   {"training",
+                    {{"max_steps", r.max_steps},
+                     {"device", r.device},
+                     {"eval_every", r.eval_every},
+                     {"eval_batches", r.eval_batches}}}};
   if (r.delayed_update) user["zero_optimization"]["offload_optimizer"]["delayed_update"] = true;
   if (r.async_save) user["checkpoint"]["async"] = true;
   if (r.bf16) user["bf16"] = {{"enabled", true}};
   if (!r.fp16.is_null()) user["fp16"] = r.fp16;
   if (r.data_format != "tokens") user["data"]["format"] = r.data_format;
+  if (r.eval_every > 0) user["data"]["val_files"] = {r.val_file.empty() ? data : r.val_file};
   if (!r.lora.is_null()) user["lora"] = r.lora;
   user["model"]["init_std"] = r.init_std;
   if (!r.scheduler.is_null()) user["scheduler"] = r.scheduler;
