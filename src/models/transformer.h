@@ -184,6 +184,11 @@ class Transformer {
   // mis-shaped is an error naming the tensor).
   void load(const io::WeightSource& files);
   void load_block(const io::WeightSource& files, nn::ParamBlock& b);
+  // Elements [first, first + slice.numel()) of block b's flat values, as load_block would fill them,
+  // into `slice` (host memory, b's dtype, zeroed by the caller: gaps and padding stay as given),
+  // reading only the part of each tensor inside the range (a sharded rank's slice: WeightSource::
+  // read_range). The block needs no buffer bound.
+  void load_block_slice(const io::WeightSource& files, const nn::ParamBlock& b, int64_t first, Tensor& slice) const;
 
   // FLOPs of one training step (forward + backward) per token at sequence length T, counting the
   // matrix multiplies (6 per parameter used in one) and causal attention (half the score matrix).
