@@ -33,13 +33,10 @@ class SafetensorsWeights final : public WeightSource {
   }
   Tensor read(const std::string& name, DType dt, bool hub_transposed) const override {
     Tensor t = files_.file_of(name).read_as(name, dt);
-    if (!hub_transposed) {
-      bytes_read_ += int64_t(entry(name).end - entry(name).begin);
-      return t;
-    }
+    bytes_read_ += int64_t(entry(name).end - entry(name).begin);
+    if (!hub_transposed) return t;
     ZP_REQUIRE(t.dim() == 2, files_.file_of(name).path(), ": tensor '", name, "' is stored transposed but has shape ",
                shape_str(t.shape()));
-    bytes_read_ += int64_t(entry(name).end - entry(name).begin);
     Tensor out = Tensor::empty(swapped(t.shape()), dt, Device::cpu(), "load");
     kernels::cpu::transpose_batched(nullptr, dt, out.data(), t.data(), 1, t.size(0), t.size(1));
     return out;
