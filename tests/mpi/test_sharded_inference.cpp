@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "app/chat_command.h"
+#include "app/convert.h"
 #include "comm/bootstrap.h"
 #include "mpi_test_util.h"
 #include "parallel/zero_engine.h"
@@ -132,6 +133,39 @@ TEST(MpiShardedInferenceGpu, GeneratesTheResidentTokens) {
       }
     }
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// From a weights file (zeropipe convert, bf16 on disk, so every slice read converts) each rank reads
+// its slices through HDF5 selections and makes the tokens of a resident model loaded from that file;
+// no rank reads the whole file, and the ranks together read all of it.
+TEST(MpiShardedInference, ReadsItsSlicesFromAWeightsFile) {
+  SharedDir dir("sharded_inference_h5");
+  const std::string h5 = dir / "llama-tiny.h5";
+  int converted = 0;
+  if (world_rank() == 0) {
+    try {
+      app::ConvertOptions c;
+      c.from = golden("llama-tiny");
+      c.to = h5;
+      c.dtype = "bf16";
+      converted = app::run_convert(c) == 0;
+    } catch (const Error& e) {
+      ADD_FAILURE() << e.what();
+    }
+  }
+  MPI_Bcast(&converted, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  ASSERT_TRUE(converted);
+  InferenceModel resident({h5, "", "cpu", "fp32"});
+  InferenceModelOptions o{h5, "", "cpu", "fp32"};
+  o.shard_weights = true;
+  InferenceModel m(o);
+  const int64_t read_all = resident.weight_bytes_read(), read_mine = m.weight_bytes_read();
+  int64_t read_sum = 0;
+  MPI_Allreduce(&read_mine, &read_sum, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_GE(read_sum, read_all);
+  EXPECT_LT(read_mine, read_all) << "rank " << world_rank();
+  const std::vector<int64_t> which = my_requests(5);
+  EXPECT_EQ(generate(m, which), generate(resident, which)) << "rank " << world_rank();
 }
 
 TEST(MpiShardedInference, RanksWithoutRequestsJoinUntilTheOthersFinish) {
