@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <numeric>
@@ -274,15 +275,11 @@ BENCHMARK(BM_CrossEntropy)->ArgNames({"N", "bwd"})->Args({32768, 0})->Args({3276
 
 // --- Token sampling over Llama 3's vocabulary (128256, bf16): greedy (one pass over the logits) and
 // top-p 0.9 at temperature 1 (radix-select passes and the draw). Bytes = the logits read once.
-void BM_SampleTokens(benchmark::State& st) {
-  const int64_t S = st.range(0), V = 128256;
-  const bool top_p = st.range(1);
-  Tensor logits = dev_rand(S * V, DType::BF16, 8.f);
-  std::vector<SamplingParams> hp(static_cast<size_t>(S));
-  for (int64_t i = 0; i < S; ++i) {
-    if (top_p) hp[size_t(i)].temperature = 1.f, hp[size_t(i)].top_p = 0.9f;
-    hp[size_t(i)].seed = uint64_t(i);
-  }
+constexpr int64_t kLlama3Vocab = 128256;
+
+// Times cuda::sample_tokens over the rows of `logits` (bf16 [S, kLlama3Vocab]) with params `hp`.
+void time_sampling(benchmark::State& st, const Tensor& logits, const std::vector<SamplingParams>& hp) {
+  const int64_t S = int64_t(hp.size()), V = kLlama3Vocab;
   Tensor params = Tensor::empty({S * int64_t(sizeof(SamplingParams))}, DType::U8, Device::cuda(), "bench");
   ZP_CHECK(cudaMemcpy(params.data(), hp.data(), hp.size() * sizeof(SamplingParams), cudaMemcpyHostToDevice) ==
            cudaSuccess);
@@ -293,9 +290,69 @@ void BM_SampleTokens(benchmark::State& st) {
                         nullptr);
   });
 }
+
+void BM_SampleTokens(benchmark::State& st) {
+  const int64_t S = st.range(0);
+  const bool top_p = st.range(1);
+  std::vector<SamplingParams> hp(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) {
+    if (top_p) hp[size_t(i)].temperature = 1.f, hp[size_t(i)].top_p = 0.9f;
+    hp[size_t(i)].seed = uint64_t(i);
+  }
+  time_sampling(st, dev_rand(S * kLlama3Vocab, DType::BF16, 8.f), hp);
+}
 BENCHMARK(BM_SampleTokens)->ArgNames({"S", "top_p"})
     ->Args({64, 0})->Args({64, 1})->Args({256, 0})->Args({256, 1})
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// --- Top-p over Llama 3's vocabulary (128256, bf16) at batch 64, by top_p (in thousandths), on two
+// distributions: "peaked" (normal logits of scale 3: a language model's few hundred plausible tokens)
+// and "flat" (uniform in [-4, 4): tens of thousands kept). The CUDA sampler selects thresholds by
+// radix passes (no sort at any top_p); bytes = the logits read once.
+std::vector<float> top_p_logits(int64_t n, bool peaked) {
+  std::mt19937_64 g(7);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  std::uniform_real_distribution<float> flat(-4.f, 4.f);
+  std::vector<float> h(static_cast<size_t>(n));
+  for (auto& v : h) v = peaked ? normal(g) : flat(g);
+  return h;
+}
+
+void BM_TopP(benchmark::State& st) {
+  const int64_t S = st.range(0), n = S * kLlama3Vocab;
+  const std::vector<float> h = top_p_logits(n, st.range(2) != 0);
+  Tensor f = Tensor::empty({n}, DType::F32, Device::cuda(), "bench");
+  ZP_CHECK(cudaMemcpy(f.data(), h.data(), h.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+  Tensor logits = Tensor::empty({n}, DType::BF16, Device::cuda(), "bench");
+  cuda::cast(nullptr, DType::BF16, logits.data(), DType::F32, f.data(), n);
+  std::vector<SamplingParams> hp(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) {
+    hp[size_t(i)].temperature = 1.f;
+    hp[size_t(i)].top_p = float(st.range(1)) / 1000.f;
+    hp[size_t(i)].seed = uint64_t(i);
+  }
+  time_sampling(st, logits, hp);
+}
+BENCHMARK(BM_TopP)->ArgNames({"S", "top_p", "peaked"})
+    ->Args({64, 500, 1})->Args({64, 900, 1})->Args({64, 999, 1})->Args({64, 900, 0})->Args({64, 999, 0})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// The CPU reference's top-p threshold for one row (host time): the heaviest kTopPCandidates sorted
+// first (candidates = 1) against the whole vocabulary sorted (candidates = 0, the CPU before).
+void BM_TopPCpu(benchmark::State& st) {
+  const int64_t V = kLlama3Vocab;
+  const int64_t candidates = st.range(0) ? kTopPCandidates : V;
+  const float top_p = float(st.range(1)) / 1000.f;
+  const std::vector<float> l = top_p_logits(V, st.range(2) != 0);
+  const float mx = *std::max_element(l.begin(), l.end());
+  std::vector<double> w(l.size());
+  double z = 0;
+  for (size_t c = 0; c < l.size(); ++c) z += w[c] = std::exp(double(l[c]) - mx);
+  for (auto _ : st) benchmark::DoNotOptimize(cpu::top_p_threshold(w, z, top_p, candidates));
+}
+BENCHMARK(BM_TopPCpu)->ArgNames({"candidates", "top_p", "peaked"})
+    ->Args({1, 900, 1})->Args({0, 900, 1})->Args({1, 999, 1})->Args({0, 999, 1})->Args({1, 900, 0})->Args({0, 900, 0})
+    ->Unit(benchmark::kMicrosecond);
 
 // --- AdamW over GPT-2 124M's parameters in 148 tensors (fp32 master, moments, bf16 copy).
 void BM_AdamW(benchmark::State& st) {

@@ -19,11 +19,17 @@
 // >= top_p - kTopPSlack, so that a top_p such as 0.8 over probabilities that add up to 0.8 keeps them
 // however the float 0.8f and the sums round (fp64 sums on the CPU, exact integer sums on CUDA).
 #pragma once
+#include <span>
+
 #include "kernels/kernel.h"
 
 namespace zp::kernels {
 
 inline constexpr double kTopPSlack = 1e-6;
+// How many of the most probable tokens the CPU's top-p sorts first (cpu::top_p_threshold): a
+// language model's kept set is usually smaller, and then 128k tokens cost ~5x less than sorted whole
+// (BM_TopPCpu); a larger kept set costs up to ~1.3x a full sort.
+inline constexpr int64_t kTopPCandidates = 1024;
 
 // One row's settings (HF's GenerationConfig names).
 struct SamplingParams {
@@ -52,6 +58,14 @@ double sampling_uniform(uint64_t seed, uint64_t draw);
 // and ignored on CUDA (which cannot report it); the CPU also throws for a row's bad params. logprobs (fp32 [S], may be nullptr) = log softmax of the row's
 // logits as they came in (before any processing) at the chosen token.
 // Every array is on the logits' device.
+namespace cpu {
+// The CPU's top-p threshold over the kept tokens' unnormalised weights (any order; z their sum): the
+// weight of the lightest run of equal weights that the walk from the heaviest down keeps (see the
+// top). `candidates`: how many of the heaviest to sort first; the result is the same for every value
+// (the full sort's), only the cost differs.
+double top_p_threshold(std::span<const double> kept_weights, double z, float top_p, int64_t candidates);
+}  // namespace cpu
+
 ZP_KERNEL(void sample_tokens(StreamHandle s, DType dt, int32_t* tokens, float* logprobs, void* logits, int64_t S,
                              int64_t V, int64_t ld, const SamplingParams* params, const int32_t* history,
                              const int64_t* history_starts))

@@ -340,7 +340,7 @@ TEST(GreedyGenerationGpu, MatchesTransformers) {
 // Greedy outputs of a few ragged prompts, the model loaded with `offload` ("none" | "cpu").
 std::vector<std::vector<int32_t>> greedy_outputs(const std::string& device, const std::string& dtype,
                                                  const std::string& offload, int64_t max_graph_seqs = 0,
-                                                 int64_t* graph_steps = nullptr) {
+                                                 runtime::GenerationStats* stats = nullptr, int64_t max_graphs = 0) {
   // From NVMe: a swap file under a fresh folder, read through two buffers so that blocks come from
   // the file on every forward, not only from the buffers.
   test::ScratchFolder swap("weight_streaming_nvme");
@@ -355,6 +355,7 @@ std::vector<std::vector<int32_t>> greedy_outputs(const std::string& device, cons
   o.block_size = 8;
   o.kv_cache_bytes = 1 << 22;
   o.max_graph_seqs = max_graph_seqs;
+  o.max_graphs = max_graphs;
   runtime::GenerationEngine engine(m.model(), nullptr, o);
   engine.set_before_forward(m.forward_hook());
   for (int64_t n : {3, 11, 1, 25}) {
@@ -363,7 +364,8 @@ std::vector<std::vector<int32_t>> greedy_outputs(const std::string& device, cons
     engine.submit(r);
   }
   engine.run();
-  if (graph_steps) *graph_steps = engine.stats().graph_steps;
+  if (stats) *stats = engine.stats();
+  if (max_graphs > 0) EXPECT_LE(engine.cached_graphs(), max_graphs);
   std::vector<std::vector<int32_t>> out;
   for (int64_t i = 0; i < 4; ++i) out.push_back(engine.output(i).ids);
   return out;
@@ -389,9 +391,24 @@ TEST(WeightStreamingGpu, SameTokensAsResidentWeights) {
 TEST(DecodeGraphsGpu, SameTokensAsEagerSteps) {
   ZP_SKIP_WITHOUT_GPU();
   for (const char* dt : {"fp32", "bf16"}) {
-    int64_t replayed = 0;
-    EXPECT_EQ(greedy_outputs("cuda", dt, "none", 64, &replayed), greedy_outputs("cuda", dt, "none", 0)) << dt;
-    EXPECT_GT(replayed, 20) << dt;
+    runtime::GenerationStats stats;
+    EXPECT_EQ(greedy_outputs("cuda", dt, "none", 64, &stats), greedy_outputs("cuda", dt, "none", 0)) << dt;
+    EXPECT_GT(stats.graph_steps, 20) << dt;
+    EXPECT_EQ(stats.graphs_evicted, 0) << dt << ": the derived capacity holds this job's few shapes";
+  }
+}
+
+// With room for one graph, every change of shape (rows 4, 2, 1; block tables widening as contexts
+// grow) evicts the previous graph, and a shape that comes back is captured again: the tokens stay
+// those of eager steps.
+TEST(DecodeGraphsGpu, EvictedGraphsGiveTheSameTokens) {
+  ZP_SKIP_WITHOUT_GPU();
+  for (const char* dt : {"fp32", "bf16"}) {
+    runtime::GenerationStats stats;
+    EXPECT_EQ(greedy_outputs("cuda", dt, "none", 64, &stats, /*max_graphs=*/1), greedy_outputs("cuda", dt, "none", 0))
+        << dt;
+    EXPECT_GT(stats.graphs_evicted, 0) << dt;
+    EXPECT_GT(stats.graph_steps, 0) << dt;
   }
 }
 

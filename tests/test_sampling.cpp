@@ -219,6 +219,52 @@ TEST(SamplingCpu, TopPKeepsTheSmallestSetReachingTheMass) {
   EXPECT_EQ(counts[0], 200);
 }
 
+namespace {
+
+// Random rows of several shapes for top-p: smooth (wide and narrow softmax), ties (a few levels
+// only), near-uniform (a kept set far above kTopPCandidates) and one dominant token.
+std::vector<float> top_p_row(int kind, int64_t V, uint64_t seed) {
+  std::vector<float> row = randn(size_t(V), seed, kind == 0 ? 1.f : kind == 1 ? 4.f : 0.05f);
+  if (kind == 3)
+    for (float& x : row) x = std::round(x * 40.f) / 8.f;  // ~20 levels: long runs of equal weights
+  if (kind == 4) row[size_t(seed % uint64_t(V))] = 30.f;
+  return row;
+}
+
+}  // namespace
+
+// cpu::top_p_threshold sorts only the heaviest candidates first; any number of candidates must give
+// the full sort's threshold (the walk before candidates existed) to the bit, including where the
+// candidates end inside a run of ties and where the kept set is larger than the candidates.
+TEST(SamplingCpu, TopPFromTheHeaviestCandidatesEqualsTheFullSort) {
+  const std::vector<float> top_ps = {1e-6f, 0.01f, 0.3f, 0.5f, 0.8f, 0.9f, 0.95f, 0.999f, 0.9999f,
+                                     std::nextafter(1.f, 0.f)};
+  int64_t cases = 0, beyond_candidates = 0;
+  for (int64_t V : {1, 2, 7, 300, 5000, 128256}) {
+    for (int kind = 0; kind < 5; ++kind) {
+      const std::vector<float> row = top_p_row(kind, V, uint64_t(V * 10 + kind));
+      const double mx = *std::max_element(row.begin(), row.end());
+      std::vector<double> w(row.size());
+      double z = 0;
+      for (size_t c = 0; c < row.size(); ++c) z += w[c] = row[c] == mx ? 1.0 : std::exp(double(row[c]) - mx);
+      for (float top_p : top_ps) {
+        const double full = cpu::top_p_threshold(w, z, top_p, V);
+        int64_t kept = 0;
+        for (double x : w) kept += x >= full;
+        beyond_candidates += kept > kTopPCandidates;
+        for (int64_t candidates : {int64_t(1), int64_t(2), int64_t(3), int64_t(64), kTopPCandidates}) {
+          EXPECT_EQ(cpu::top_p_threshold(w, z, top_p, candidates), full)
+              << "V " << V << " kind " << kind << " top_p " << top_p << " candidates " << candidates;
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_GT(beyond_candidates, 0) << "no case needed more than the first candidates";
+  std::printf("%lld thresholds compared, %lld kept sets beyond %lld candidates\n", (long long)cases,
+              (long long)beyond_candidates, (long long)kTopPCandidates);
+}
+
 TEST(SamplingCpu, TopKThenTopPThenTemperatureOrder) {
   // Temperature applies before top-p: at T = 0.2 the probabilities sharpen (0.918 for token 0) so
   // top_p = 0.9 keeps one token; at T = 1 it would keep three.
@@ -408,6 +454,33 @@ TEST(SamplingGpu, MatchesCpu) {
       EXPECT_EQ(run(nullptr), got) << "without logprobs, and deterministic";
       EXPECT_EQ(download(g_logits), round_to(b.logits, dt)) << "the logits are left as they were";
     }
+  }
+}
+
+// Top-p over Llama 3's vocabulary at the extremes of top_p and with runs of tied logits: the CUDA
+// radix selection keeps what the CPU's (candidate-sorting) walk keeps, token for token.
+TEST(SamplingGpu, TopPMatchesCpuOnALargeVocabulary) {
+  ZP_SKIP_WITHOUT_GPU();
+  const int64_t V = 128256;
+  const std::vector<float> top_ps = {1e-6f, 0.01f, 0.5f, 0.9f, 0.999f, 0.9999f};
+  for (DType dt : {DType::F32, DType::BF16}) {
+    Batch b(V, V);
+    for (int kind = 0; kind < 5; ++kind)
+      for (size_t i = 0; i < top_ps.size(); ++i) {
+        SamplingParams p = sampled(kind == 2 ? 1.f : 0.7f, 77 + uint64_t(kind) * 13 + i, i);
+        p.top_p = top_ps[i];
+        b.add(round_to(top_p_row(kind, V, uint64_t(kind * 100 + int(i))), dt), p);
+      }
+    const std::vector<int32_t> ref = cpu_sample(b, DType::F32);
+    Tensor g_logits = upload(b.logits, dt);
+    Tensor g_params = upload_bytes(b.params.data(), b.params.size() * sizeof(SamplingParams));
+    Tensor g_tokens = Tensor::empty({b.S()}, DType::I32, Device::cuda());
+    cuda::sample_tokens(nullptr, dt, g_tokens.data<int32_t>(), nullptr, g_logits.data(), b.S(), V, V,
+                        static_cast<const SamplingParams*>(g_params.data()), nullptr, nullptr);
+    const std::vector<float> got = download(g_tokens);
+    for (int64_t r = 0; r < b.S(); ++r)
+      EXPECT_EQ(int32_t(got[size_t(r)]), ref[size_t(r)])
+          << dtype_name(dt) << " row " << r << " top_p " << b.params[size_t(r)].top_p;
   }
 }
 

@@ -1,11 +1,13 @@
 // The reference sampler: one row at a time in double, with the sorts a reader expects (top-k by
-// nth_element, top-p by walking the kept tokens from the most probable down), so that the CUDA
+// nth_element, top-p by walking the kept tokens from the most probable down, sorting only as many of
+// the most probable as the walk needs: top_p_threshold), so that the CUDA
 // version, which finds the same thresholds by radix selection, has something plain to be checked
 // against. The only subtle point is the draw: it walks the kept tokens in vocabulary order, not in
 // probability order, so that the CUDA version can find the same token with one prefix sum.
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "kernels/sampling.h"
@@ -27,6 +29,33 @@ void check_sampling_params(const SamplingParams& p) {
 double sampling_uniform(uint64_t seed, uint64_t draw) { return sampling_uniform_bits(seed, draw); }
 
 namespace cpu {
+
+// Runs of equal weight are added from the heaviest down until their mass reaches top_p; the last run
+// added sets the threshold, so it is kept whole. Only the `candidates` heaviest weights are sorted
+// (nth_element, then a sort of those): their order is the full sort's first `candidates`, so the
+// walk adds the same numbers in the same order and finds the same threshold when it stops among them
+// (also in a run that the candidates cut: if its part reaches top_p, all of it does, and the run's
+// level is the threshold either way). When their mass falls short, eight times as many are tried,
+// then (from half the row on) all of them: a flat distribution pays two partial selections more.
+double top_p_threshold(std::span<const double> kept_weights, double z, float top_p, int64_t candidates) {
+  ZP_CHECK(!kept_weights.empty() && candidates > 0, "top_p_threshold: ", kept_weights.size(), " weights, ",
+           candidates, " candidates");
+  const int64_t n = int64_t(kept_weights.size());
+  std::vector<double> sorted(kept_weights.begin(), kept_weights.end());
+  for (int64_t c = std::min(candidates, n);; c = c * 8 >= n / 2 ? n : c * 8) {
+    if (c < n) std::nth_element(sorted.begin(), sorted.begin() + (c - 1), sorted.end(), std::greater<double>());
+    std::sort(sorted.begin(), sorted.begin() + c, std::greater<double>());
+    double mass = 0, thr = 0;
+    for (int64_t i = 0; i < c;) {
+      const double level = sorted[size_t(i)];
+      for (; i < c && sorted[size_t(i)] == level; ++i) mass += level / z;
+      thr = level;
+      if (mass >= double(top_p) - kTopPSlack) return thr;
+    }
+    if (c == n) return thr;  // within rounding of all the mass: every token stays
+  }
+}
+
 namespace {
 
 // The lowest index among the largest values (NaN was turned into -inf by the caller).
@@ -93,20 +122,11 @@ int32_t sample_row(const T* x, int64_t V, const SamplingParams& p, const int32_t
     z += w[size_t(c)];
   }
 
-  // Top-p: add runs of equal probability from the most probable down until their mass reaches top_p;
-  // the last run added sets the threshold, so it is kept whole.
   if (p.top_p < 1.f) {
-    std::vector<int64_t> order;
+    std::vector<double> kept_w;
     for (int64_t c = 0; c < V; ++c)
-      if (keep[size_t(c)]) order.push_back(c);
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return w[size_t(a)] > w[size_t(b)]; });
-    double mass = 0, thr = 0;
-    for (size_t i = 0; i < order.size();) {
-      const double level = w[size_t(order[i])];
-      for (; i < order.size() && w[size_t(order[i])] == level; ++i) mass += level / z;
-      thr = level;
-      if (mass >= double(p.top_p) - kTopPSlack) break;
-    }
+      if (keep[size_t(c)]) kept_w.push_back(w[size_t(c)]);
+    const double thr = top_p_threshold(kept_w, z, p.top_p, kTopPCandidates);
     z = 0;
     for (int64_t c = 0; c < V; ++c) {
       if (keep[size_t(c)] && w[size_t(c)] < thr) keep[size_t(c)] = false;

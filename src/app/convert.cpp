@@ -37,6 +37,20 @@ using json = nlohmann::json;
 namespace {
 
 constexpr int64_t kPieceBytes = int64_t(64) << 20;  // largest buffer of one streamed piece
+// Largest checksum slice of a weights file: a rank of sharded inference reads only its part of a
+// tensor, widened to the checksum slices that part touches (io/checkpoint_file.h), so small slices
+// keep what it reads close to its share.
+constexpr int64_t kChecksumSliceBytes = int64_t(4) << 20;
+
+// w.write of elements [offset, offset + count) of dataset `ds` (stored as `dt`, from `dt`), in pieces
+// of at most kChecksumSliceBytes, each its own checksum slice.
+void write_in_checksum_slices(io::CheckpointWriter& w, const std::string& ds, DType dt, const Shape& shape,
+                              const void* data, int64_t offset, int64_t count) {
+  const int64_t esize = int64_t(dtype_size(dt)), step = std::max<int64_t>(1, kChecksumSliceBytes / esize);
+  if (count == 0) w.write(ds, dt, shape, dt, data, offset, 0);
+  for (int64_t at = 0; at < count; at += step)
+    w.write(ds, dt, shape, dt, static_cast<const char*>(data) + at * esize, offset + at, std::min(step, count - at));
+}
 
 struct Family {
   const char* name;  // model_family attribute
@@ -229,7 +243,7 @@ void hub_to_weights(const ConvertOptions& o, std::optional<DType> want) {
         transpose(t, a, e.shape[0], e.shape[1], src_size);
         void* c = reserve(converted, n * int64_t(dst_size));
         convert_elements(c, dt, t, e.dtype, n);
-        w.write(ds, dt, {e.shape[1], e.shape[0]}, dt, c, 0, n);
+        write_in_checksum_slices(w, ds, dt, {e.shape[1], e.shape[0]}, c, 0, n);
         w.file().set_attr_int(ds, "hub_transposed", 1);
       } else {
         const int64_t piece = std::max<int64_t>(1, kPieceBytes / int64_t(std::max(src_size, dst_size)));
@@ -240,7 +254,7 @@ void hub_to_weights(const ConvertOptions& o, std::optional<DType> want) {
           const int64_t cnt = std::min(piece, n - off);
           std::memcpy(a, src + size_t(off) * src_size, size_t(cnt) * src_size);
           convert_elements(c, dt, a, e.dtype, cnt);
-          w.write(ds, dt, e.shape, dt, c, off, cnt);
+          write_in_checksum_slices(w, ds, dt, e.shape, c, off, cnt);
         }
       }
     } catch (const Error& err) {
@@ -438,7 +452,7 @@ void h5_to_weights(const ConvertOptions& o, std::optional<DType> want, const io:
         std::vector<uint64_t> out;
         void* dst = reserve(out, n * int64_t(dtype_size(t.out_dt)));
         merge_module(*merge, it->second, base.data(), t.file_shape, dst, t.out_dt);
-        w.write(t.ds, t.out_dt, t.file_shape, t.out_dt, dst, 0, n);
+        write_in_checksum_slices(w, t.ds, t.out_dt, t.file_shape, dst, 0, n);
         if (t.transposed) w.file().set_attr_int(t.ds, "hub_transposed", 1);
         merged_weight.erase(it);
         continue;
@@ -446,7 +460,7 @@ void h5_to_weights(const ConvertOptions& o, std::optional<DType> want, const io:
       const int64_t piece = std::max<int64_t>(1, kPieceBytes / int64_t(std::max(dtype_size(t.file_dt), dtype_size(t.out_dt))));
       if (shape_numel(t.file_shape) == 0) w.write(t.ds, t.out_dt, t.file_shape, t.out_dt, nullptr, 0, 0);
       r.stream(t.ds, t.out_dt, piece, [&](const void* data, int64_t offset, int64_t count) {
-        w.write(t.ds, t.out_dt, t.file_shape, t.out_dt, data, offset, count);
+        write_in_checksum_slices(w, t.ds, t.out_dt, t.file_shape, data, offset, count);
       });
       if (t.transposed) w.file().set_attr_int(t.ds, "hub_transposed", 1);
     } catch (const Error& err) {

@@ -565,6 +565,7 @@ void CheckpointReader::read(const std::string& name, const Shape& expected_shape
              " in the file, expected ", shape_str(expected_shape));
   if (!checksummed_) {
     file_.read_slice(n, mem_dtype, data, offset, count);
+    bytes_read_ += count * int64_t(dtype_size(info.dtype));
     return;
   }
   ZP_REQUIRE(mem_dtype == info.dtype || (dtype_is_float(mem_dtype) && dtype_is_float(info.dtype)), path(),
@@ -588,6 +589,7 @@ void CheckpointReader::read(const std::string& name, const Shape& expected_shape
     problem = e.what();
   }
   const size_t esize = dtype_size(info.dtype), msize = dtype_size(mem_dtype);
+  if (problem.empty() && count > 0) bytes_read_ += (hi - lo) * int64_t(esize);
   if (problem.empty() || file_.parallel()) {
     const std::string scanned =
         scan(n, info, problem.empty() ? lo : 0, problem.empty() ? hi : 0, int64_t(kPieceBytes / esize),
@@ -627,11 +629,13 @@ void CheckpointReader::stream(const std::string& name, DType mem_dtype, int64_t 
       const int64_t c = std::min(piece, info.numel() - at);
       buf.resize(size_t(c) * dtype_size(info.dtype));
       file_.read_slice(n, info.dtype, buf.data(), at, c);
+      bytes_read_ += c * int64_t(dtype_size(info.dtype));
       hand_out(buf.data(), at, c);
     }
     return;
   }
   const std::string problem = scan(n, info, 0, info.numel(), piece, hand_out);
+  bytes_read_ += info.numel() * int64_t(dtype_size(info.dtype));
   if (!problem.empty()) throw DamagedFileError(problem);
 }
 

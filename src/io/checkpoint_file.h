@@ -168,6 +168,9 @@ class CheckpointReader {
   // made of them (convert writes to a temporary file).
   void stream(const std::string& name, DType mem_dtype, int64_t piece,
               const std::function<void(const void* data, int64_t offset, int64_t count)>& consume) const;
+  // Bytes of dataset data read from the file so far by read() and stream(), as stored: a read's
+  // widening to the checksum slices included.
+  int64_t bytes_read() const { return bytes_read_; }
 
  private:
   using Slice = SliceChecksum;
@@ -185,6 +188,7 @@ class CheckpointReader {
   mutable std::map<std::string, std::vector<Slice>> slices_;
   mutable std::unique_ptr<DirectFile> data_;  // the data path (io/direct_file.h), opened at the first read
   int copy_threads_ = 1;                      // read()'s threads for copy and CRC
+  mutable int64_t bytes_read_ = 0;
 };
 
 struct ChecksumReport {

@@ -34,6 +34,8 @@ class LoraMergedWeights final : public WeightSource {
     return base_->shape(name, hub_transposed);
   }
   Tensor read(const std::string& name, DType dt, bool hub_transposed) const override;
+  // read_range stays WeightSource's: the base weight is read whole, merged, and the range kept.
+  int64_t bytes_read() const override { return base_->bytes_read(); }
 
   const LoraAdapter& adapter() const { return adapter_; }
   // Adapter modules whose weight nobody has read yet: after a model has loaded, any left were not

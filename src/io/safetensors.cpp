@@ -201,6 +201,24 @@ Tensor SafetensorsFile::read_as(const std::string& name, DType as) const {
   return t;
 }
 
+void SafetensorsFile::read_range_as(const std::string& name, DType as, int64_t first, int64_t count, void* out) const {
+  const SafetensorsEntry& e = entry(name);
+  const int64_t n = shape_numel(e.shape);
+  ZP_REQUIRE(first >= 0 && count >= 0 && first <= n - count, path_, ": tensor '", name, "': elements [", first, ", ",
+             first + count, ") outside its ", n);
+  ZP_REQUIRE(e.dtype == as || (dtype_is_float(e.dtype) && dtype_is_float(as)), path_, ": tensor '", name, "' is ",
+             dtype_name(e.dtype), " and cannot be converted to ", dtype_name(as));
+  const size_t esize = dtype_size(e.dtype);
+  const char* src = data_ + e.begin + size_t(first) * esize;
+  if (e.dtype == as) {
+    std::memcpy(out, src, size_t(count) * esize);
+    return;
+  }
+  std::vector<char> aligned(size_t(count) * esize);  // the data section need not be aligned for the dtype
+  std::memcpy(aligned.data(), src, aligned.size());
+  kernels::cpu::cast(nullptr, as, out, e.dtype, aligned.data(), count);
+}
+
 SafetensorsCollection SafetensorsCollection::open_dir(const std::string& dir, const std::string& stem) {
   SafetensorsCollection c;
   fs::path single = fs::path(dir) / (stem + ".safetensors");

@@ -40,6 +40,10 @@ class SafetensorsFile {
   // A fresh CPU tensor holding a copy of the data, converted to `as` when given (float types only).
   Tensor read(const std::string& name) const;
   Tensor read_as(const std::string& name, DType as) const;
+  // Elements [first, first + count) of the stored (row-major) data, converted to `as` as read_as
+  // does, into `out`: only those bytes of the mapping are touched. Throws naming file and tensor for
+  // a range outside the tensor.
+  void read_range_as(const std::string& name, DType as, int64_t first, int64_t count, void* out) const;
 
  private:
   void release();  // unmaps and closes (also on a failed constructor)

@@ -1,5 +1,6 @@
 #include "io/weight_source.h"
 
+#include <cstring>
 #include <filesystem>
 #include <optional>
 
@@ -32,6 +33,7 @@ class SafetensorsWeights final : public WeightSource {
   }
   Tensor read(const std::string& name, DType dt, bool hub_transposed) const override {
     Tensor t = files_.file_of(name).read_as(name, dt);
+    bytes_read_ += int64_t(entry(name).end - entry(name).begin);
     if (!hub_transposed) return t;
     ZP_REQUIRE(t.dim() == 2, files_.file_of(name).path(), ": tensor '", name, "' is stored transposed but has shape ",
                shape_str(t.shape()));
@@ -39,9 +41,38 @@ class SafetensorsWeights final : public WeightSource {
     kernels::cpu::transpose_batched(nullptr, dt, out.data(), t.data(), 1, t.size(0), t.size(1));
     return out;
   }
+  void read_range(const std::string& name, DType dt, bool hub_transposed, int64_t first, int64_t count,
+                  void* out) const override {
+    const SafetensorsFile& f = files_.file_of(name);
+    const SafetensorsEntry& e = entry(name);
+    const int64_t stored_element = int64_t(dtype_size(e.dtype));
+    if (!hub_transposed) {
+      f.read_range_as(name, dt, first, count, out);
+      bytes_read_ += count * stored_element;
+      return;
+    }
+    ZP_REQUIRE(e.shape.size() == 2, f.path(), ": tensor '", name, "' is stored transposed but has shape ",
+               shape_str(e.shape));
+    // Engine row r (of `cols` elements) is stored column r: read the stored columns of the engine
+    // rows the range touches, [rows, cols) of them, and transpose that block back.
+    const int64_t rows = e.shape[1], cols = e.shape[0];
+    ZP_REQUIRE(first >= 0 && count >= 0 && first <= rows * cols - count, f.path(), ": tensor '", name,
+               "': elements [", first, ", ", first + count, ") outside its ", rows * cols);
+    if (count == 0) return;
+    const int64_t r0 = first / cols, r1 = (first + count - 1) / cols + 1, nr = r1 - r0;
+    const size_t esize = dtype_size(dt);
+    std::vector<char> stored(size_t(cols * nr) * esize), engine(stored.size());
+    for (int64_t c = 0; c < cols; ++c) f.read_range_as(name, dt, c * rows + r0, nr, stored.data() + size_t(c * nr) * esize);
+    bytes_read_ += cols * nr * stored_element;
+    kernels::cpu::transpose_batched(nullptr, dt, engine.data(), stored.data(), 1, cols, nr);
+    std::memcpy(out, engine.data() + size_t(first - r0 * cols) * esize, size_t(count) * esize);
+  }
+  int64_t bytes_read() const override { return bytes_read_; }
 
  private:
+  const SafetensorsEntry& entry(const std::string& name) const { return files_.file_of(name).entry(name); }
   SafetensorsCollection files_;
+  mutable int64_t bytes_read_ = 0;
 };
 
 // /model of a weights file (hub names, the hub config in "config") or of a checkpoint (the engine's
@@ -75,6 +106,14 @@ class H5Weights final : public WeightSource {
     reader_.read(ds, info.shape, dt, t.data(), 0, info.numel());
     return t;
   }
+  // An HDF5 file holds every tensor in the engine layout: the flat range is the dataset's.
+  void read_range(const std::string& name, DType dt, bool hub_transposed, int64_t first, int64_t count,
+                  void* out) const override {
+    check_layout(name, hub_transposed);
+    const std::string ds = "/model/" + name;
+    reader_.read(ds, reader_.info(ds).shape, dt, out, first, count);
+  }
+  int64_t bytes_read() const override { return reader_.bytes_read(); }
 
  private:
   std::string string_attr(const std::string& name) const {
@@ -99,6 +138,15 @@ class H5Weights final : public WeightSource {
 };
 
 }  // namespace
+
+void WeightSource::read_range(const std::string& name, DType dt, bool hub_transposed, int64_t first, int64_t count,
+                              void* out) const {
+  const Tensor whole = read(name, dt, hub_transposed);
+  ZP_REQUIRE(first >= 0 && count >= 0 && first <= whole.numel() - count, path_, ": tensor '", name, "': elements [",
+             first, ", ", first + count, ") outside its ", whole.numel());
+  const size_t esize = dtype_size(dt);
+  std::memcpy(out, static_cast<const char*>(whole.data()) + size_t(first) * esize, size_t(count) * esize);
+}
 
 bool is_h5_path(const std::string& path) {
   std::error_code ec;

@@ -5,6 +5,12 @@
 // in the engine's layout, so a weight the hub stores transposed (GPT-2's Conv1D, [in, out]) is
 // transposed on its way out of safetensors, while an HDF5 file already holds it as [out, in]
 // (marked hub_transposed = 1). Reads from HDF5 are verified against the file's checksums.
+//
+// Range reads (read_range) serve a rank that keeps only its slice of each block (sharded inference):
+// they read the bytes of the elements asked for, not the tensor's: an HDF5 selection of that flat
+// range (a checksummed file widens it to the checksum slices it touches, to verify them), the byte
+// range of a safetensors tensor (memory-mapped, so only those pages come from the disk; a transposed
+// weight reads the stored columns of the rows asked for). bytes_read() counts what came off the files.
 #pragma once
 #include <memory>
 #include <string>
@@ -31,6 +37,14 @@ class WeightSource {
   virtual Shape shape(const std::string& name, bool hub_transposed) const = 0;
   // Tensor `name` on the CPU as `dt` (float types convert) in the engine layout.
   virtual Tensor read(const std::string& name, DType dt, bool hub_transposed) const = 0;
+  // Elements [first, first + count) of tensor `name` flattened in the engine layout, as `dt`, into
+  // `out` (count elements of dt, host memory): equal to that range of read(name, dt, hub_transposed).
+  // Throws zp::Error naming the path and tensor for a range outside it. This default reads the whole
+  // tensor (a source whose values need all of it, as a merged LoRA update does).
+  virtual void read_range(const std::string& name, DType dt, bool hub_transposed, int64_t first, int64_t count,
+                          void* out) const;
+  // Bytes of tensor data read from the files so far (as stored, before any conversion).
+  virtual int64_t bytes_read() const = 0;
 
  protected:
   explicit WeightSource(std::string path) : path_(std::move(path)) {}

@@ -1,5 +1,6 @@
 #include "models/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -323,14 +324,39 @@ void Transformer::load(const io::WeightSource& files) {
   for (ParamBlock* b : trains_adapters() ? frozen_blocks() : blocks()) load_block(files, *b);
 }
 
+namespace {
+
+void require_loadable(const io::WeightSource& files, const Parameter& p) {
+  ZP_REQUIRE(files.contains(p.name), files.path(), ": model weights: tensor '", p.name, "' is missing");
+  const Shape have = files.shape(p.name, p.file_transposed);
+  ZP_REQUIRE(have == p.shape, files.path(), ": tensor '", p.name, "' has shape ", shape_str(have),
+             " (in the engine's layout), the config needs ", shape_str(p.shape));
+}
+
+}  // namespace
+
 void Transformer::load_block(const io::WeightSource& files, ParamBlock& b) {
   for (auto& owned : b.params()) {
     Parameter* p = owned.get();
-    ZP_REQUIRE(files.contains(p->name), files.path(), ": model weights: tensor '", p->name, "' is missing");
-    const Shape have = files.shape(p->name, p->file_transposed);
-    ZP_REQUIRE(have == p->shape, files.path(), ": tensor '", p->name, "' has shape ", shape_str(have),
-               " (in the engine's layout), the config needs ", shape_str(p->shape));
+    require_loadable(files, *p);
     p->value.copy_from(files.read(p->name, ctx_.dt, p->file_transposed), ctx_.s);
+  }
+}
+
+void Transformer::load_block_slice(const io::WeightSource& files, const ParamBlock& b, int64_t first,
+                                   Tensor& slice) const {
+  ZP_CHECK(slice.device().is_cpu() && slice.dtype() == ctx_.dt && first >= 0 && first + slice.numel() <= b.padded(),
+           "block ", b.name(), ": a slice of ", slice.numel(), " elements at ", first, " of its ", b.padded());
+  const int64_t last = first + slice.numel();
+  const size_t esize = dtype_size(ctx_.dt);
+  for (const auto& owned : b.params()) {
+    const Parameter& p = *owned;
+    // Every tensor is checked, also those outside the slice: each rank refuses a wrong file alike.
+    require_loadable(files, p);
+    const int64_t from = std::max(first, p.offset), to = std::min(last, p.offset + p.numel());
+    if (from >= to) continue;
+    files.read_range(p.name, ctx_.dt, p.file_transposed, from - p.offset, to - from,
+                     static_cast<char*>(slice.data()) + size_t(from - first) * esize);
   }
 }
 

@@ -206,6 +206,11 @@ class Transformer {
   // mis-shaped is an error naming the tensor).
   void load(const io::WeightSource& files);
   void load_block(const io::WeightSource& files, nn::ParamBlock& b);
+  // Elements [first, first + slice.numel()) of block b's flat values, as load_block would fill them,
+  // into `slice` (host memory, b's dtype, zeroed by the caller: gaps and padding stay as given),
+  // reading only the part of each tensor inside the range (a sharded rank's slice: WeightSource::
+  // read_range). The block needs no buffer bound.
+  void load_block_slice(const io::WeightSource& files, const nn::ParamBlock& b, int64_t first, Tensor& slice) const;
 
   // The whole model's training FLOPs per token at sequence length T (lm_train_flops_per_token, with
   // this model's LoRA), whatever span this stage holds.

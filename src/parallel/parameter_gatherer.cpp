@@ -22,27 +22,36 @@ ParameterGatherer::~ParameterGatherer() {
 
 void ParameterGatherer::add(nn::ParamBlock& b) {
   ZP_CHECK(b.values().defined(), "block ", b.name(), ": sharding needs its values bound");
+  const int64_t shard_size = b.padded() / world_;
+  add_slice(b, b.values().flat(rank_ * shard_size, shard_size));
+  b.bind_values(Tensor());  // frees the full buffer before the next block is filled
+}
+
+void ParameterGatherer::add_slice(nn::ParamBlock& b, const Tensor& slice) {
   ZP_CHECK(gather_order_.empty() && this_step_order_.empty(), "block ", b.name(), " added after blocks were acquired");
   ZP_CHECK(b.padded() % (int64_t(world_) * nn::ParamBlock::kAlign) == 0, "block ", b.name(), " is padded to ",
            b.padded(), ", not a multiple of ", int64_t(world_) * nn::ParamBlock::kAlign);
   Sharded u{&b, b.padded() / world_, {}, 0, 0, false, {}, {}};
+  ZP_CHECK(slice.numel() == u.shard_size && slice.dtype() == b.dtype() &&
+               (slice.device().is_cpu() || slice.device() == b.device()),
+           "block ", b.name(), ": a slice of ", slice.numel(), " ", dtype_name(slice.dtype()), " elements, not ",
+           u.shard_size, " ", dtype_name(b.dtype()));
   if (tier_ == StateTier::Nvme) {
     if (!nvme_) nvme_ = std::make_unique<NvmeParameterShards>(nvme_settings_, b.device().is_cuda(), pinned_);
-    u.nvme_index = nvme_->add(b.name(), b.values().flat(rank_ * u.shard_size, u.shard_size).data(), b.device(),
-                              u.shard_size, b.dtype(), s_);
+    u.nvme_index = nvme_->add(b.name(), slice.data(), slice.device(), u.shard_size, b.dtype(), s_);
   } else if (shards_on_host() && !b.device().is_cpu()) {
     u.shard = host_buffer(u.shard_size, b.dtype(), pinned_, "host_params", "the parameter shards");
-    copy_bytes(u.shard.data(), Device::cpu(), b.values().flat(rank_ * u.shard_size, u.shard_size).data(), b.device(),
-               u.shard.nbytes(), s_);  // waits: the full buffer is freed next
+    copy_bytes(u.shard.data(), Device::cpu(), slice.data(), slice.device(), u.shard.nbytes(),
+               s_);  // waits: the caller frees the slice next
   } else {
     u.shard = Tensor::empty({u.shard_size}, b.dtype(), b.device(), "params", s_);
-    u.shard.copy_from(b.values().flat(rank_ * u.shard_size, u.shard_size), s_);
+    u.shard.copy_from(slice, s_);
+    if (slice.device().is_cpu() && b.device().is_cuda()) stream_synchronize(s_);  // the caller frees the slice next
   }
   if (shards_on_host() && !b.device().is_cpu() && !upload_) {
     upload_ = std::make_unique<Stream>(b.device());
     upload_ready_ = std::make_unique<Event>();
   }
-  b.bind_values(Tensor());  // frees the full buffer before the next block is filled
   blocks_.push_back(std::move(u));
 }
 

@@ -44,6 +44,13 @@ class ParameterGatherer : public nn::BlockAccess {
   // shard_pad_multiple(world)) and unbinds the full buffer, which frees it. Blocks are numbered in
   // the order they are added.
   void add(nn::ParamBlock& b);
+  // Shards `b` from this rank's slice alone (`slice`: elements [rank x n, (rank + 1) x n) of its
+  // padded values, n = padded() / world, on the CPU or b's device), as sharded loading reads it: the
+  // block's full buffer is never made. `slice` may be freed once this returns.
+  void add_slice(nn::ParamBlock& b, const Tensor& slice);
+  // This rank's slice of every block: [rank() x padded / world, ...).
+  int rank() const { return rank_; }
+  int world() const { return world_; }
   size_t size() const { return blocks_.size(); }
   // Block i's owned slice of the compute weights, in memory (not with the shards on NVMe).
   Tensor& shard(size_t i);

@@ -58,6 +58,19 @@ GenerationEngine::GenerationEngine(models::Transformer& model, const io::BpeToke
                                    const GenerationOptions& o)
     : GenerationEngine(model, tokenizer, o, kv_cache_blocks(model, o)) {}
 
+namespace {
+
+// GenerationOptions::max_graphs, 0 derived: two per power of two up to max_graph_seqs.
+int64_t decode_graph_capacity(const GenerationOptions& o) {
+  ZP_REQUIRE(o.max_graphs >= 0, "max_graphs ", o.max_graphs, " must be >= 0 (0: derived from max_graph_seqs)");
+  if (o.max_graphs > 0) return o.max_graphs;
+  int64_t row_counts = 1;
+  for (int64_t p = 1; p < o.max_graph_seqs; p *= 2) ++row_counts;
+  return 2 * row_counts;
+}
+
+}  // namespace
+
 // The block count is worked out once, before the cache takes its memory.
 GenerationEngine::GenerationEngine(models::Transformer& model, const io::BpeTokenizer* tokenizer,
                                    const GenerationOptions& o, int64_t blocks)
@@ -65,6 +78,7 @@ GenerationEngine::GenerationEngine(models::Transformer& model, const io::BpeToke
       cache_(model.config().layers, blocks, o.block_size, model.config().kv_heads, model.config().head_dim,
              model.ctx().dt, model.ctx().dev, model.ctx().s),
       sched_({o.block_size, blocks, o.max_batch_tokens, o.max_seqs, model.config().max_positions}, tokenizer),
+      graphs_(decode_graph_capacity(o)),
       max_graph_seqs_(model.ctx().dev.is_cuda() && model.ctx().s ? o.max_graph_seqs : 0) {}
 
 GenerationEngine::~GenerationEngine() = default;
@@ -169,7 +183,10 @@ std::vector<int64_t> GenerationEngine::step(const TokenCallback& on_token) {
   std::memcpy(host_args_.data(), pack.bytes().data(), bytes);
   char* d = static_cast<char*>(dev_args_.data());
   if (graph) {
-    DecodeGraph& g = graphs_[{rows, p.max_blocks}];
+    // Evicting a graph here is safe: the previous step ended waiting for its tokens, so no replay
+    // is in flight.
+    DecodeGraph& g = graphs_.get({rows, p.max_blocks});
+    stats_.graphs_evicted = graphs_.evictions();
     if (!g.args.defined()) g.args = Tensor::empty({int64_t(bytes)}, DType::U8, c.dev, "generation", c.s);
     d = static_cast<char*>(g.args.data());
     copy_bytes_async(d, c.dev, host_args_.data(), Device::cpu(), bytes, c.s);

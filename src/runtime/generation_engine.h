@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/cuda_graph.h"
+#include "core/lru_cache.h"
 #include "models/transformer.h"
 #include "nn/paged_kv_cache.h"
 #include "runtime/generation_scheduler.h"
@@ -30,6 +31,11 @@ struct GenerationOptions {
   // Not with streamed or sharded weights (a before-forward hook) or a repetition penalty, and never
   // for steps with prompts.
   int64_t max_graph_seqs = 64;
+  // How many decode graphs stay cached (each holds its executable and its argument buffer on the
+  // GPU); beyond it the least recently used shape's graph is dropped, to be captured again if the
+  // shape comes back. 0: two per row count (a power of two up to max_graph_seqs), so each row count
+  // keeps its current block-table width and the next one up as contexts grow into it.
+  int64_t max_graphs = 0;
 };
 
 struct GenerationOutput {
@@ -44,6 +50,7 @@ struct GenerationStats {
   int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, preemptions = 0;
   int64_t peak_blocks_used = 0;
   int64_t graph_steps = 0, graphs_captured = 0;  // decode steps replayed from CUDA graphs
+  int64_t graphs_evicted = 0;                    // graphs dropped for the cache's capacity
   double prefill_step_ms = 0, decode_step_ms = 0;  // wall time of steps with / without prompts
   double occupancy_sum = 0;                        // sum over steps of running sequences / max_seqs
 };
@@ -70,6 +77,9 @@ class GenerationEngine {
   const GenerationScheduler& scheduler() const { return sched_; }
   int64_t cache_blocks() const { return cache_.num_blocks(); }
   int64_t cache_bytes() const { return cache_.bytes_per_token() * cache_.block_size() * cache_.num_blocks(); }
+  // Decode graphs cached now (at most GenerationOptions::max_graphs, as derived).
+  int64_t cached_graphs() const { return graphs_.size(); }
+  int64_t graph_capacity() const { return graphs_.capacity(); }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -92,7 +102,7 @@ class GenerationEngine {
     CudaGraph graph;
     int64_t uses = 0;
   };
-  std::map<std::pair<int64_t, int64_t>, DecodeGraph> graphs_;
+  LruCache<std::pair<int64_t, int64_t>, DecodeGraph> graphs_;  // by (rows, block-table width)
   int64_t max_graph_seqs_ = 0;
   std::function<void()> before_forward_;
   std::vector<Clock::time_point> submitted_;

@@ -94,8 +94,8 @@ InferenceModel::InferenceModel(const InferenceModelOptions& o) : source_(o.model
   if (o.offload_param == "none" && !o.shard_weights) {
     model_ = std::make_unique<models::Transformer>(cfg, dev_, dt_, s_);
   } else {
-    // One block at a time: loaded in full on the device, then only this rank's slice of it (on the
-    // device, in pinned host memory or in its extent of the swap file) is kept.
+    // One block at a time, and of each block only this rank's slice is read from the files, then
+    // kept on the device, in pinned host memory or in its extent of the swap file.
     model_ = std::make_unique<models::Transformer>(cfg, dev_, dt_, s_, parallel::shard_pad_multiple(weight_shards_),
                                                    /*allocate=*/false);
     collective_ = std::make_unique<parallel::CollectiveStream>(world_.get(), s_);
@@ -119,12 +119,19 @@ InferenceModel::InferenceModel(const InferenceModelOptions& o) : source_(o.model
   for (const nn::ParamBlock* b : model_->blocks()) model_bytes += block_bytes(*b);
   ProgressMeter progress("loading " + o.model, model_bytes, "GB");
   for (nn::ParamBlock* b : model_->blocks()) {
-    if (gatherer_) b->bind_values(Tensor::zeros({b->padded()}, b->dtype(), b->device(), "params", s_));
-    model_->load_block(*weights, *b);
-    if (gatherer_) gatherer_->add(*b);
+    if (gatherer_) {
+      // Only this rank's slice of the block is read from the files (and only it is ever in memory).
+      const int64_t n = b->padded() / gatherer_->world();
+      Tensor slice = Tensor::zeros({n}, b->dtype(), Device::cpu(), "load");
+      model_->load_block_slice(*weights, *b, gatherer_->rank() * n, slice);
+      gatherer_->add_slice(*b, slice);
+    } else {
+      model_->load_block(*weights, *b);
+    }
     loaded_bytes += block_bytes(*b);
     progress.update(loaded_bytes);
   }
+  weight_bytes_read_ = weights->bytes_read();
   if (gatherer_) model_->set_block_access(gatherer_.get());
   if (o.shard_weights) {
     const char* where = o.offload_param == "nvme"                    ? "a swap file per rank"

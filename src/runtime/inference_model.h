@@ -22,8 +22,9 @@
 // Sharded weights (shard_weights, `--shard-weights`; ZeRO-3 inference): every rank of the mpirun
 // keeps only its 1/N slice of every block, as ZeRO-3 training does, and the gatherer all-gathers each
 // block over the world for its use (prefetching the next on a GPU), so the model needs 1/N of its
-// weights per rank plus two gathered blocks. Loading fills one block at a time and keeps only this
-// rank's slice of it (training's start-up: no rank holds more than its shards and one block). The
+// weights per rank plus two gathered blocks. Loading reads only this rank's slice of each block from
+// the files (io::WeightSource::read_range), so a rank reads about 1/N of the model from the disk and
+// never holds more than its shards and one slice. The
 // shards live on the device, or with offload_param "cpu" / "nvme" in pinned host memory / a swap file
 // per rank, the gathers then copying each shard up first. The ranks still share the requests, but
 // every forward is now a collective: each one starts with a vote on a control communicator
@@ -87,6 +88,8 @@ class InferenceModel {
   // Bytes of weights this rank holds: its shards (on their tier) when streamed or sharded, else the
   // whole model.
   int64_t resident_weight_bytes() const;
+  // Bytes of tensor data read from the weight files while loading (io::WeightSource::bytes_read).
+  int64_t weight_bytes_read() const { return weight_bytes_read_; }
   // Bytes one forward copies up from host memory (a streamed model's weights; 0 otherwise).
   int64_t streamed_bytes_per_forward() const;
   // Before each forward: a streamed model's prefetch follows the previous forward's block order.
@@ -119,6 +122,7 @@ class InferenceModel {
   // Whether any rank still runs a forward of its own (an MPI_LOR over control_), this rank's `mine`.
   bool any_rank_forwarding(bool mine);
   int weight_shards_ = 1;
+  int64_t weight_bytes_read_ = 0;
   std::unique_ptr<comm::Communicator> world_;  // the weights' data group, with shard_weights
   MPI_Comm control_ = MPI_COMM_NULL;            // the forwards' votes, apart from every other message
   std::unique_ptr<parallel::CollectiveStream> collective_;

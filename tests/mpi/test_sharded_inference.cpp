@@ -4,7 +4,7 @@
 // rank's tokens must equal those of a resident one-rank model given the same requests (the same batch
 // layout, so the comparison is exact and about the weights alone), evaluation must equal a resident
 // model's on one rank, nothing may deadlock when ranks hold unequal numbers or lengths of requests,
-// and each rank must hold about 1/N of the weight bytes.
+// and each rank must hold, and read from the files, about 1/N of the weight bytes.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "app/chat_command.h"
+#include "app/convert.h"
 #include "comm/bootstrap.h"
 #include "mpi_test_util.h"
 #include "parallel/zero_engine.h"
@@ -91,6 +92,18 @@ TEST(MpiShardedInference, GeneratesTheResidentTokens) {
       EXPECT_GE(mine * world_size(), all) << name << " " << offload;
       EXPECT_LE(mine * world_size(), all + slack) << name << " " << offload;
       EXPECT_LT(mine, all) << name << " " << offload;
+      // Each rank read its slices from the files, about 1/N of the model: at most a row more at either
+      // end of a tensor its slice cuts (a transposed weight reads whole stored rows), and the ranks
+      // together read all of it.
+      int64_t row_slack = 0;
+      for (const nn::ParamBlock* b : m.model().blocks())
+        for (const auto& p : b->params()) row_slack += 2 * p->shape.back() * 4;
+      const int64_t read_all = resident.weight_bytes_read(), read_mine = m.weight_bytes_read();
+      int64_t read_sum = 0;
+      MPI_Allreduce(&read_mine, &read_sum, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+      EXPECT_GE(read_sum, read_all) << name << " " << offload;
+      EXPECT_LE(read_mine * world_size(), read_all + row_slack) << name << " " << offload;
+      if (world_size() > 1) EXPECT_LT(read_mine, read_all * 3 / 4) << name << " " << offload;
       // 7 requests: unequal counts and lengths on 2 and 3 ranks.
       const std::vector<int64_t> which = my_requests(7);
       EXPECT_EQ(generate(m, which), generate(resident, which)) << name << " offload " << offload << " rank "
@@ -120,6 +133,39 @@ TEST(MpiShardedInferenceGpu, GeneratesTheResidentTokens) {
       }
     }
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// From a weights file (zeropipe convert, bf16 on disk, so every slice read converts) each rank reads
+// its slices through HDF5 selections and makes the tokens of a resident model loaded from that file;
+// no rank reads the whole file, and the ranks together read all of it.
+TEST(MpiShardedInference, ReadsItsSlicesFromAWeightsFile) {
+  SharedDir dir("sharded_inference_h5");
+  const std::string h5 = dir / "llama-tiny.h5";
+  int converted = 0;
+  if (world_rank() == 0) {
+    try {
+      app::ConvertOptions c;
+      c.from = golden("llama-tiny");
+      c.to = h5;
+      c.dtype = "bf16";
+      converted = app::run_convert(c) == 0;
+    } catch (const Error& e) {
+      ADD_FAILURE() << e.what();
+    }
+  }
+  MPI_Bcast(&converted, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  ASSERT_TRUE(converted);
+  InferenceModel resident({h5, "", "cpu", "fp32"});
+  InferenceModelOptions o{h5, "", "cpu", "fp32"};
+  o.shard_weights = true;
+  InferenceModel m(o);
+  const int64_t read_all = resident.weight_bytes_read(), read_mine = m.weight_bytes_read();
+  int64_t read_sum = 0;
+  MPI_Allreduce(&read_mine, &read_sum, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_GE(read_sum, read_all);
+  EXPECT_LT(read_mine, read_all) << "rank " << world_rank();
+  const std::vector<int64_t> which = my_requests(5);
+  EXPECT_EQ(generate(m, which), generate(resident, which)) << "rank " << world_rank();
 }
 
 TEST(MpiShardedInference, RanksWithoutRequestsJoinUntilTheOthersFinish) {
