@@ -13,7 +13,6 @@
 #include "models/unet.h"
 #include "models/unet_flops.h"
 #include "models/unet_init.h"
-#include "nn/init.h"
 #include "parallel/pipeline_partition.h"
 #include "runtime/base_fingerprint.h"
 #include "runtime/diffusion_draws.h"
@@ -278,11 +277,8 @@ class DiffusionTask final : public TrainingTask, public PipelineStageModel {
   }
 
 
-  // LoRA's dropout masks: keyed by (seed, step), the rows by each sample's global position, so a
-  // sample's masks do not depend on the rank, micro-step or pipeline chunk that runs it.
   nn::DropoutDraw lora_dropout(int64_t step, int64_t first) const {
-    if (lora_.r == 0 || lora_.dropout == 0) return {};
-    return {nn::splitmix64(cfg_.seed ^ nn::splitmix64(0x4C6F5241ull + uint64_t(step))) | 1, first, B_};
+    return lora_dropout_draw(lora_, cfg_.seed, step, first, B_);
   }
 
   // Every sample's weighted MSE of the prediction against the batch's target: f32 [B] on the device.

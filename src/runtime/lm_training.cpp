@@ -14,7 +14,6 @@
 #include "models/activation_estimate.h"
 #include "models/transformer.h"
 #include "parallel/pipeline_partition.h"
-#include "nn/init.h"
 #include "runtime/base_fingerprint.h"
 #include "runtime/causal_lm_loss.h"
 #include "runtime/lora_run.h"
@@ -344,11 +343,8 @@ class LmTask final : public TrainingTask, public PipelineStageModel {
   }
 
  private:
-  // LoRA's dropout masks: keyed by (seed, step), the rows by the micro-batch's global position, so a
-  // sample's masks do not depend on the rank or micro-step that runs it.
   nn::DropoutDraw dropout_draw(int64_t step, int64_t first) const {
-    if (lora_.r == 0 || lora_.dropout == 0) return {};
-    return {nn::splitmix64(cfg_.seed ^ nn::splitmix64(0x4C6F5241ull + uint64_t(step))) | 1, first, cfg_.micro_batch};
+    return lora_dropout_draw(lora_, cfg_.seed, step, first, cfg_.micro_batch);
   }
   std::vector<nn::ParamBlock*> all_blocks() const {
     std::vector<nn::ParamBlock*> b;

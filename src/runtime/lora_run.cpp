@@ -1,6 +1,7 @@
 #include "runtime/lora_run.h"
 
 #include "core/error.h"
+#include "nn/init.h"
 #include "nn/trained_blocks.h"
 
 namespace zp::runtime {
@@ -34,6 +35,12 @@ void set_lora_identity(CheckpointModel& m, const models::LoraSpec& lora, const T
   m.base_model = base_from_hub ? cfg.hub_dir
                                : detail::cat("random initialisation (seed ", cfg.seed, ", std ", cfg.init_std, ")");
   m.base_fingerprint = fingerprint;
+}
+
+nn::DropoutDraw lora_dropout_draw(const models::LoraSpec& lora, uint64_t seed, int64_t step, int64_t first,
+                                  int64_t samples) {
+  if (lora.r == 0 || lora.dropout == 0) return {};
+  return {nn::splitmix64(seed ^ nn::splitmix64(0x4C6F5241ull + uint64_t(step))) | 1, first, samples};
 }
 
 }  // namespace zp::runtime

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "models/lora_modules.h"
+#include "nn/context.h"
 #include "nn/parameter.h"
 #include "runtime/checkpoint.h"
 #include "runtime/train_config.h"
@@ -21,6 +22,11 @@ int64_t trained_parameters(const std::vector<nn::ParamBlock*>& blocks);
 std::string lora_summary(const models::LoraSpec& lora, const std::vector<nn::ParamBlock*>& blocks);
 // The LoRA fields of a checkpoint's model identity: the settings, the base's path (model.hub_dir, or
 // its random initialisation's seed and std) and fingerprint. Nothing without LoRA.
+// LoRA dropout's draw for one micro-batch of `samples` samples starting at global sample `first`: the
+// key depends only on (seed, step), so every sample's masks are the same whatever rank, micro-step or
+// pipeline chunk runs it. No draw (key 0) without LoRA or without dropout.
+nn::DropoutDraw lora_dropout_draw(const models::LoraSpec& lora, uint64_t seed, int64_t step, int64_t first,
+                                  int64_t samples);
 void set_lora_identity(CheckpointModel& m, const models::LoraSpec& lora, const TrainConfig& cfg, bool base_from_hub,
                        const std::string& fingerprint);
 
