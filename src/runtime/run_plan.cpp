@@ -174,7 +174,7 @@ size_t PipelinePlan::worst_stage() const {
   size_t worst = 0;
   auto need = [&](size_t s) {
     const RunPlan& p = stages[s].plan;
-    return p.gpu ? p.gpu_bytes() : p.pinned_host_bytes() + p.pageable_host_bytes();
+    return p.gpu ? p.gpu_bytes() : p.host_bytes();
   };
   for (size_t s = 1; s < stages.size(); ++s)
     if (need(s) > need(worst)) worst = s;
@@ -198,7 +198,7 @@ double fullest_node(const PipelinePlan& p, const std::function<double(const RunP
 }  // namespace
 
 double PipelinePlan::host_bytes_per_node() const {
-  return fullest_node(*this, [](const RunPlan& p) { return p.pinned_host_bytes() + p.pageable_host_bytes(); });
+  return fullest_node(*this, [](const RunPlan& p) { return p.host_bytes(); });
 }
 
 double PipelinePlan::nvme_bytes_per_node() const {
@@ -301,7 +301,7 @@ std::string plan_report(const PipelinePlan& p, const NodeResources& have) {
                   double(st.params) / 1e6, double(st.plan.trained_params) / 1e6,
                   format_bytes(st.plan.states.device_bytes()).c_str(), format_bytes(st.plan.activation_bytes).c_str(),
                   format_bytes(st.plan.gpu_bytes()).c_str(),
-                  format_bytes(st.plan.pinned_host_bytes() + st.plan.pageable_host_bytes()).c_str(),
+                  format_bytes(st.plan.host_bytes()).c_str(),
                   format_bytes(st.plan.states.nvme_bytes()).c_str());
     r += buf;
   }

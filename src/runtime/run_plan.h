@@ -34,7 +34,8 @@ struct RunPlan {
   double gpu_bytes() const;         // per rank: states on the device + activations + the allowance
   double pinned_host_bytes() const;    // per rank
   double pageable_host_bytes() const;  // per rank
-  double host_bytes_per_node() const { return (pinned_host_bytes() + pageable_host_bytes()) * ranks_per_node; }
+  double host_bytes() const { return pinned_host_bytes() + pageable_host_bytes(); }  // per rank, both kinds
+  double host_bytes_per_node() const { return host_bytes() * ranks_per_node; }
   double nvme_bytes_per_node() const { return states.nvme_bytes() * ranks_per_node; }
 };
 
