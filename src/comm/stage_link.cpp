@@ -1,6 +1,7 @@
 #include "comm/stage_link.h"
 
 #include <chrono>
+#include <deque>
 #include <map>
 #include <utility>
 #include <vector>
@@ -125,6 +126,7 @@ class MpiStageLink final : public StageLink {
 struct Flow {
   std::unique_ptr<Communicator> comm;
   Stream stream;
+  std::deque<std::pair<int, int>> unqueued;  // posted receives not yet given to NCCL, in posting order
 };
 
 class NcclStageLink final : public StageLink {
@@ -148,7 +150,8 @@ class NcclStageLink final : public StageLink {
       ZP_MPI_CHECK(MPI_Group_incl(all, 2, members, &g));
       ZP_MPI_CHECK(MPI_Comm_create_group(pipeline, g, /*tag=*/i, &c));
       for (PipeChannel ch : {PipeChannel::Activations, PipeChannel::Gradients}) {
-        Flow f{make_communicator(Backend::Nccl, c), Stream(dev)};
+        Flow f{make_communicator(Backend::Nccl, c), Stream(dev), {}};
+        connect(f, /*sending=*/(ch == PipeChannel::Activations) == (rank == members[0]), dev);
         flows_[{i, int(ch)}] = std::move(f);
       }
       ZP_MPI_CHECK(MPI_Comm_free(&c));
@@ -163,23 +166,22 @@ class NcclStageLink final : public StageLink {
 
   void post_recv(PipeChannel ch, Tensor buf, int peer, int tag) override {
     Flow& f = flow_to(ch, peer, /*sending=*/false);
-    // The buffer was allocated on the compute stream: the receive may not overwrite it before the
-    // compute stream is done with what that memory held before.
-    Event ready;
-    ready.record(compute_);
-    ready.wait_on(f.stream.handle());
-    Event& start = next_event();
-    start.record(f.stream.handle());
-    f.comm->recv(buf.data(), buf.numel(), buf.dtype(), f.comm->rank() ^ 1, f.stream.handle());
+    ZP_CHECK(!recvs_.count({int(ch), tag}), "pipeline receive ", tag, " posted twice");
     Pending& p = recvs_[{int(ch), tag}];
+    // The buffer was allocated on the compute stream: the receive may not overwrite it before the
+    // compute stream is done with what that memory held before (its position now, not when the
+    // receive is enqueued, so the transfer may still overlap the passes in between).
+    p.ready = std::make_unique<Event>();
+    p.ready->record(compute_);
     p.buf = std::move(buf);
-    p.done = &next_event();
-    p.done->record(f.stream.handle());
+    p.flow = &f;
+    f.unqueued.push_back({int(ch), tag});
   }
 
   Tensor wait_recv(PipeChannel ch, int tag) override {
     auto it = recvs_.find({int(ch), tag});
     ZP_CHECK(it != recvs_.end(), "pipeline receive ", tag, " was never posted");
+    if (!it->second.done) enqueue_through(*it->second.flow, {int(ch), tag});
     it->second.done->wait_on(compute_);
     Tensor out = std::move(it->second.buf);
     recvs_.erase(it);
@@ -198,6 +200,8 @@ class NcclStageLink final : public StageLink {
   }
 
   void finish() override {
+    for (auto& [k, f] : flows_)
+      if (!f.unqueued.empty()) enqueue_through(f, f.unqueued.back());
     for (auto& [k, f] : flows_) f.comm->wait(f.stream.handle());  // polled under the watchdog
     recvs_.clear();
     sent_.clear();
@@ -219,8 +223,42 @@ class NcclStageLink final : public StageLink {
  private:
   struct Pending {
     Tensor buf;
-    Event* done = nullptr;  // the end of the receive's span (events_)
+    Flow* flow = nullptr;
+    std::unique_ptr<Event> ready;  // the compute stream when the receive was posted
+    Event* done = nullptr;         // the end of the receive's span (events_), once enqueued
   };
+  // Enqueues the flow's posted receives, in posting order, up to and including `key`'s. A receive
+  // goes to NCCL only when its pass needs it (or at finish()): an NCCL receive spins on its GPU until
+  // the matching send arrives, so one enqueued a pass early makes any host call that synchronizes
+  // with the device (NCCL's own lazy connection set-up, a device allocation) wait for the peer's
+  // next send, while the peer's host may be waiting the same way for this rank's: a deadlock that
+  // MPI's receives, which wait on the host only, never had.
+  void enqueue_through(Flow& f, std::pair<int, int> key) {
+    while (!f.unqueued.empty()) {
+      const std::pair<int, int> k = f.unqueued.front();
+      f.unqueued.pop_front();
+      Pending& p = recvs_.at(k);
+      p.ready->wait_on(f.stream.handle());
+      next_event().record(f.stream.handle());
+      f.comm->recv(p.buf.data(), p.buf.numel(), p.buf.dtype(), f.comm->rank() ^ 1, f.stream.handle());
+      p.done = &next_event();
+      p.done->record(f.stream.handle());
+      if (k == key) return;
+    }
+    ZP_CHECK(false, "pipeline receive ", key.second, " is not queued on its flow");
+  }
+  // Makes the flow's NCCL connection now, while nothing else is in flight: NCCL connects a pair of
+  // ranks lazily, inside their first send and receive, and that set-up waits on the host for the
+  // peer (and may synchronize the device), which in the middle of a schedule can wait on work the
+  // peer enqueues only later. Both ends of a link call this for its flows in the same order.
+  static void connect(Flow& f, bool sending, Device dev) {
+    Tensor word = Tensor::zeros({1}, DType::F32, dev, "pipeline", f.stream.handle());
+    if (sending)
+      f.comm->send(word.data(), 1, DType::F32, f.comm->rank() ^ 1, f.stream.handle());
+    else
+      f.comm->recv(word.data(), 1, DType::F32, f.comm->rank() ^ 1, f.stream.handle());
+    f.comm->wait(f.stream.handle());  // polled under the watchdog
+  }
   // Events are reused from step to step: take_busy_ms() releases them all.
   Event& next_event() {
     if (events_.size() <= events_used_) events_.push_back(std::make_unique<Event>());

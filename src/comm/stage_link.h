@@ -14,7 +14,11 @@
 //         NCCL communicator and its own stream: a flow's stream holds only its sends (or only its
 //         receives) in schedule order, which is the same order on both ends, and no flow waits
 //         behind another. The compute stream waits for a receive through an event; a send waits for
-//         the compute stream the same way.
+//         the compute stream the same way. Unlike MPI's, an NCCL receive is a kernel that spins on
+//         its GPU until the send arrives, and host calls that synchronize with the device (NCCL's
+//         lazy connection set-up among them) wait for it: so a receive is posted early only on the
+//         host (its buffer and the compute stream's position are kept) and enqueued when its pass
+//         needs it, and every flow connects at construction (a one-word message), not mid-step.
 #pragma once
 #include <mpi.h>
 
