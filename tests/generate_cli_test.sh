@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `zeropipe generate` end to end on the CPU: the same completions at 1, 2 and 3 ranks, in input order
 # (requests split across ranks and merged on rank 0), greedy or seeded sampling; weight streaming
-# from host memory or NVMe gives the same tokens; a LoRA adapter merged at load equals the merged
-# model; bad input names the file and line and exits 1 on every rank count.
+# from host memory or NVMe gives the same tokens, and so does a KV cache too small for the job (its
+# preempted sequences recomputed or swapped to host memory); a LoRA adapter merged at load equals the
+# merged model; bad input names the file and line and exits 1 on every rank count.
 # Usage: generate_cli_test.sh ZEROPIPE_BINARY SOURCE_DIR
 set -u
 bin=$1 src=$2
@@ -60,8 +61,20 @@ mpirun --oversubscribe --bind-to none -np 3 "$bin" generate --model "$model" --p
 [ "$(head -1 "$tmp/np1.jsonl" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["output_ids"])')" = \
   "$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["output_ids"])' "$tmp/one.out")" ] ||
   fail "one request on 3 sharded ranks differs from np 1"
+# A KV cache of 8 blocks of 4 tokens cannot hold the five requests at once: preempted sequences are
+# recomputed, or with swap space moved to host memory and back; the same tokens either way.
+for swap in 0 1MiB; do
+  run 1 "$tmp/small$swap.jsonl" --block-size 4 --kv-cache-memory 16KiB --kv-swap-memory $swap \
+    --metrics-file "$tmp/small$swap.metrics" || { cat "$tmp/small$swap.jsonl.log"; fail "small cache, swap $swap"; }
+done
+/usr/bin/python3 - "$tmp/small0.metrics" "$tmp/small1MiB.metrics" <<'PY' || fail "preemption checks"
+import json, sys
+recomputed, swapped = ([json.loads(l) for l in open(f)][-1] for f in sys.argv[1:])
+assert recomputed["preemptions"] > 0 and recomputed["swapped_preemptions"] == 0, recomputed
+assert swapped["swapped_preemptions"] == swapped["preemptions"] > 0, swapped
+PY
 ids() { /usr/bin/python3 -c 'import json,sys; [print(json.loads(l)["index"], json.loads(l)["output_ids"]) for l in open(sys.argv[1])]' "$1"; }
-for f in np2 np3 offload nvme shard2 shard3 shardcpu; do
+for f in np2 np3 offload nvme shard2 shard3 shardcpu small0 small1MiB; do
   diff <(ids "$tmp/np1.jsonl") <(ids "$tmp/$f.jsonl") || fail "$f differs from np 1"
 done
 # Bad input: an unknown key, on every rank count, names the file and line.

@@ -128,6 +128,84 @@ TEST(GenerationScheduler, PreemptsTheNewestWhenBlocksRunOutAndRecomputesIt) {
   EXPECT_TRUE(s.idle());
 }
 
+// The same job with swap space: request 1's two blocks go to the host when it is preempted, and
+// come back into free blocks when request 0 ends; it then decodes on from position 4 with no prefill.
+TEST(GenerationScheduler, SwapsPreemptedBlocksToTheHostAndResumesThem) {
+  GenerationLimits lim{2, 4, 64, 8, 64};
+  lim.host_blocks = 3;
+  GenerationScheduler s(lim);
+  s.submit(request(3, 4));
+  s.submit(request(3, 8, 50));
+  StepPlan p = s.plan();  // request 0 takes blocks 0 and 1, request 1 blocks 2 and 3
+  EXPECT_TRUE(p.swap_out.empty());
+  s.commit(p, {10, 20});
+  p = s.plan();
+  s.commit(p, {11, 21});
+  p = s.plan();
+  EXPECT_EQ(s.preemptions(), 1);
+  EXPECT_EQ(s.swaps(), 1);
+  ASSERT_EQ(p.seqs, (std::vector<int64_t>{0}));
+  // Host blocks are a stack like the device's: 0 then 1.
+  ASSERT_EQ(p.swap_out.size(), 2u);
+  EXPECT_EQ(p.swap_out[0].device, 2);
+  EXPECT_EQ(p.swap_out[0].host, 0);
+  EXPECT_EQ(p.swap_out[1].device, 3);
+  EXPECT_EQ(p.swap_out[1].host, 1);
+  EXPECT_TRUE(p.swap_in.empty());
+  EXPECT_EQ(p.slots[0], 2 * 2 + 0);  // request 0's position 4 goes to the first block request 1 freed
+  EXPECT_EQ(s.free_host_blocks(), 1);
+  s.commit(p, {12});
+  p = s.plan();  // request 1 needs its 2 blocks and a third for position 4: one is free
+  ASSERT_EQ(p.seqs, (std::vector<int64_t>{0}));
+  EXPECT_TRUE(p.swap_in.empty());
+  EXPECT_EQ(s.commit(p, {13}), (std::vector<int64_t>{0}));
+  p = s.plan();
+  // Back as a decode row: its last token (21) at position 4, its blocks copied into free ones.
+  ASSERT_EQ(p.seqs, (std::vector<int64_t>{1}));
+  EXPECT_EQ(p.num_prefill_seqs, 0);
+  EXPECT_EQ(p.ids, (std::vector<int32_t>{21}));
+  EXPECT_EQ(p.positions, (std::vector<int32_t>{4}));
+  EXPECT_EQ(p.context_lens, (std::vector<int32_t>{5}));
+  EXPECT_EQ(p.sampling[0].draw, 2u);
+  ASSERT_EQ(p.swap_in.size(), 2u);
+  EXPECT_EQ(p.swap_in[0].host, 0);
+  EXPECT_EQ(p.swap_in[1].host, 1);
+  // The block table is the swapped-in blocks, then the one for position 4.
+  ASSERT_EQ(p.max_blocks, 3);
+  EXPECT_EQ(p.block_tables[0], p.swap_in[0].device);
+  EXPECT_EQ(p.block_tables[1], p.swap_in[1].device);
+  EXPECT_EQ(p.slots[0], p.block_tables[2] * 2 + 0);
+  EXPECT_EQ(s.free_host_blocks(), 3);
+  s.commit(p, {22});
+  std::vector<int64_t> done;
+  while (done.empty()) {
+    p = s.plan();
+    EXPECT_TRUE(p.swap_out.empty() && p.swap_in.empty());
+    done = s.commit(p, std::vector<int32_t>(p.seqs.size(), 23));
+  }
+  EXPECT_EQ(done, (std::vector<int64_t>{1}));
+  EXPECT_EQ(s.output(1).size(), 6u);  // as when recomputed: the cache's 8 positions end it
+  EXPECT_EQ(s.free_blocks(), 4);
+  EXPECT_TRUE(s.idle());
+}
+
+// Without room for all of a sequence's blocks, it is recomputed as without swap space.
+TEST(GenerationScheduler, RecomputesWhatTheSwapSpaceCannotHold) {
+  GenerationLimits lim{2, 4, 64, 8, 64};
+  lim.host_blocks = 1;
+  GenerationScheduler s(lim);
+  s.submit(request(3, 4));
+  s.submit(request(3, 8, 50));
+  for (int i = 0; i < 3; ++i) {
+    StepPlan p = s.plan();
+    EXPECT_TRUE(p.swap_out.empty());
+    s.commit(p, std::vector<int32_t>(p.seqs.size(), 30 + i));
+  }
+  EXPECT_EQ(s.preemptions(), 1);
+  EXPECT_EQ(s.swaps(), 0);
+  EXPECT_EQ(s.free_host_blocks(), 1);
+}
+
 TEST(GenerationScheduler, StopTokensStopStringsAndTheContext) {
   io::BpeTokenizerParts parts;
   parts.source = "test";
@@ -194,8 +272,9 @@ std::vector<double> host_doubles(const Tensor& t) {
 }
 
 // Runs a plan through forward_cached; returns the logits [rows, padded vocab] on the host.
-std::vector<double> run_cached(models::Transformer& m, const nn::PagedKvCache& cache, const StepPlan& p) {
+std::vector<double> run_cached(models::Transformer& m, nn::PagedKvCache& cache, const StepPlan& p) {
   const Device dev = m.ctx().dev;
+  cache.swap(p.swap_out, p.swap_in, m.ctx().s);
   auto up = [&](const std::vector<int32_t>& v) {
     Tensor t = Tensor::empty({std::max<int64_t>(1, int64_t(v.size()))}, DType::I32, Device::cpu());
     std::copy(v.begin(), v.end(), t.data<int32_t>());
@@ -235,18 +314,24 @@ std::vector<double> full_forward_last(models::Transformer& m, const std::vector<
 // Several ragged prompts, one joining while others decode, small blocks so that sequences cross
 // them, and preemption: every logits row of the cached path equals a full re-forward of its
 // sequence. Tokens follow the full forward's argmax, so both paths see the same sequences.
-void expect_cached_matches_full(const std::string& name, Device dev, DType dt, double tol) {
+// With `host_blocks` of swap space, preempted sequences' keys and values go to the host and back
+// instead of being prefilled again.
+void expect_cached_matches_full(const std::string& name, Device dev, DType dt, double tol, int64_t host_blocks = 0) {
   GoldenLm g = load_golden(name, dev, dt);
   models::Transformer& m = *g.model;
   const int64_t bs = 4, blocks = 12;
-  nn::PagedKvCache cache(g.cfg.layers, blocks, bs, g.cfg.kv_heads, g.cfg.head_dim, dt, dev);
-  GenerationScheduler s({bs, blocks, 16, 8, g.cfg.max_positions});
+  nn::PagedKvCache cache(g.cfg.layers, blocks, bs, g.cfg.kv_heads, g.cfg.head_dim, dt, dev, m.ctx().s, host_blocks);
+  GenerationLimits lim{bs, blocks, 16, 8, g.cfg.max_positions};
+  lim.host_blocks = host_blocks;
+  GenerationScheduler s(lim);
+  int64_t prompt_tokens = 0, prefilled = 0;
   std::vector<std::vector<int32_t>> prompts = {{5, 17, 3}, {200, 1, 2, 3, 4, 5, 6, 7, 8}, {42}};
   for (const auto& pr : prompts) {
     GenerationRequest r;
     r.prompt = pr;
     r.max_new_tokens = 9;
     s.submit(r);
+    prompt_tokens += int64_t(pr.size());
   }
   const size_t V = size_t(g.cfg.vocab), ld = size_t(m.padded_vocab());
   double worst = 0;
@@ -256,8 +341,10 @@ void expect_cached_matches_full(const std::string& name, Device dev, DType dt, d
       r.prompt = {9, 9, 9, 9, 9, 9};
       r.max_new_tokens = 7;
       s.submit(r);
+      prompt_tokens += int64_t(r.prompt.size());
     }
     StepPlan p = s.plan();
+    prefilled += p.num_prefill_tokens();
     if (p.empty()) {
       s.commit(p, {});
       continue;
@@ -279,14 +366,23 @@ void expect_cached_matches_full(const std::string& name, Device dev, DType dt, d
     }
     s.commit(p, next);
   }
-  EXPECT_LE(worst, tol) << name << " on " << dev.str() << " in " << dtype_name(dt);
-  EXPECT_GE(s.preemptions(), 1) << "the test meant to exercise preemption";
+  const std::string what =
+      name + " on " + dev.str() + " in " + std::string(dtype_name(dt)) + (host_blocks ? ", swapping" : "");
+  EXPECT_LE(worst, tol) << what;
+  EXPECT_GE(s.preemptions(), 1) << what << ": the test meant to exercise preemption";
+  if (host_blocks > 0) {
+    EXPECT_EQ(s.swaps(), s.preemptions()) << what << ": the swap space holds any sequence of this cache";
+    EXPECT_EQ(prefilled, prompt_tokens) << what << ": a swapped sequence is never prefilled again";
+  } else {
+    EXPECT_GT(prefilled, prompt_tokens) << what << ": a recomputed sequence is prefilled again";
+  }
 }
 
 TEST(KvCacheForward, MatchesFullForwardOnTheCpu) {
   for (const char* name : {"gpt2-tiny", "llama-tiny", "qwen2-tiny"}) {
     expect_cached_matches_full(name, Device::cpu(), DType::F64, 1e-12);
     expect_cached_matches_full(name, Device::cpu(), DType::F32, 1e-5);
+    expect_cached_matches_full(name, Device::cpu(), DType::F32, 1e-5, /*host_blocks=*/12);
   }
 }
 
@@ -295,7 +391,49 @@ TEST(KvCacheForwardGpu, MatchesFullForward) {
   for (const char* name : {"gpt2-tiny", "llama-tiny", "qwen2-tiny"}) {
     expect_cached_matches_full(name, Device::cuda(0), DType::F32, 1e-4);
     expect_cached_matches_full(name, Device::cuda(0), DType::BF16, 3e-2);
+    expect_cached_matches_full(name, Device::cuda(0), DType::F32, 1e-4, /*host_blocks=*/12);
+    expect_cached_matches_full(name, Device::cuda(0), DType::BF16, 3e-2, /*host_blocks=*/12);
   }
+}
+
+// The engine end to end on the CPU, where a row's numbers do not depend on the batch it ran in: a
+// KV cache too small for the job (preempting) makes the same tokens as one that never preempts,
+// whether its preempted sequences are recomputed or swapped to host memory and back.
+TEST(GenerationEngine, SwappedAndRecomputedSequencesMakeTheUnpreemptedTokens) {
+  GoldenLm g = load_golden("llama-tiny", Device::cpu(), DType::F32);
+  auto outputs = [&](int64_t cache_blocks, int64_t swap_blocks, runtime::GenerationStats& stats) {
+    runtime::GenerationOptions o;
+    o.block_size = 4;
+    const int64_t per_block = nn::PagedKvCache::bytes_for(g.cfg.layers, 1, o.block_size, g.cfg.kv_heads,
+                                                          g.cfg.head_dim, DType::F32);
+    o.kv_cache_bytes = cache_blocks * per_block;
+    o.kv_swap_bytes = swap_blocks * per_block;
+    runtime::GenerationEngine engine(*g.model, nullptr, o);
+    EXPECT_EQ(engine.cache_blocks(), cache_blocks);
+    EXPECT_EQ(engine.swap_blocks(), swap_blocks);
+    for (int64_t n : {3, 11, 1, 9, 6}) {
+      GenerationRequest r = request(n, 14, 7);
+      if (n == 1 || n == 9) r.sampling = {0.9f, 0, 0.95f, 1.f, uint64_t(n), 0};
+      engine.submit(r);
+    }
+    engine.run();
+    stats = engine.stats();
+    std::vector<std::vector<int32_t>> out;
+    for (int64_t i = 0; i < 5; ++i) out.push_back(engine.output(i).ids);
+    return out;
+  };
+  runtime::GenerationStats roomy, recomputed, swapped;
+  const auto want = outputs(64, 0, roomy);
+  EXPECT_EQ(roomy.preemptions, 0);
+  EXPECT_EQ(outputs(9, 0, recomputed), want);
+  EXPECT_GT(recomputed.preemptions, 0);
+  EXPECT_EQ(recomputed.swaps, 0);
+  EXPECT_EQ(outputs(9, 64, swapped), want);
+  EXPECT_GT(swapped.swaps, 0);
+  EXPECT_EQ(swapped.swaps, swapped.preemptions);
+  EXPECT_EQ(swapped.swapped_in_blocks, swapped.swapped_out_blocks);
+  EXPECT_EQ(swapped.prefill_tokens, roomy.prefill_tokens) << "swapped sequences are not prefilled again";
+  EXPECT_GT(recomputed.prefill_tokens, roomy.prefill_tokens);
 }
 
 // ---- greedy generation against transformers -------------------------------------------------------

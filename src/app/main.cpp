@@ -322,7 +322,7 @@ int cmd_generate(int argc, char** argv) {
   zp::app::GenerateOptions o;
   zp::app::SamplingDefaults& d = o.defaults;
   zp::runtime::GenerationOptions& e = o.engine;
-  std::string kv_memory;
+  std::string kv_memory, kv_swap;
   po::options_description desc(
       "zeropipe generate: a batch of prompts (JSONL) -> completions (JSONL, input order), with a paged KV\n"
       "cache and continuous batching; under mpirun the requests are split across the ranks.\n"
@@ -341,11 +341,15 @@ int cmd_generate(int argc, char** argv) {
       "max-seqs", po::value<int64_t>(&e.max_seqs)->default_value(256), "sequences running at once")(
       "block-size", po::value<int64_t>(&e.block_size)->default_value(16), "tokens per KV cache block")(
       "kv-cache-memory", po::value<std::string>(&kv_memory),
-      "KV cache size, e.g. 20GiB (default: the GPU memory left after the weights and a step's activations)");
+      "KV cache size, e.g. 20GiB (default: the GPU memory left after the weights and a step's activations)")(
+      "kv-swap-memory", po::value<std::string>(&kv_swap),
+      "host memory (pinned on a GPU) that preempted sequences' keys and values move to, e.g. 16GiB, so they resume "
+      "without being prefilled again (default 0: recomputed)");
   add_sampling_options(desc, d);
   po::variables_map vm;
   if (!parse_options(argc, argv, desc, vm)) return 0;
   if (!kv_memory.empty()) e.kv_cache_bytes = int64_t(zp::app::parse_bytes(kv_memory, "--kv-cache-memory"));
+  if (!kv_swap.empty()) e.kv_swap_bytes = int64_t(zp::app::parse_bytes(kv_swap, "--kv-swap-memory"));
   return on_every_rank("generate", argc, argv, [&](zp::comm::Runtime&) { return zp::app::run_generate(o); });
 }
 

@@ -11,25 +11,37 @@
 
 namespace zp::nn {
 
+// One block's keys and values moved between the device pool and the host swap space.
+struct BlockCopy {
+  int32_t device = 0, host = 0;  // block ids in the pool and in the swap space
+};
+
 class PagedKvCache {
  public:
   PagedKvCache() = default;
   // Zero-filled pools [num_blocks, block_size, Hkv, D] of keys and of values for each of `layers`.
+  // `host_blocks`: swap space in host memory (pinned for a GPU pool) for the blocks of preempted
+  // sequences.
   PagedKvCache(int64_t layers, int64_t num_blocks, int64_t block_size, int64_t Hkv, int64_t D, DType dt, Device dev,
-               StreamHandle s = nullptr);
+               StreamHandle s = nullptr, int64_t host_blocks = 0);
   int64_t layers() const { return int64_t(k_.size()); }
   int64_t num_blocks() const { return num_blocks_; }
   int64_t block_size() const { return block_size_; }
   void* k(int64_t layer) const { return k_[size_t(layer)].data(); }
   void* v(int64_t layer) const { return v_[size_t(layer)].data(); }
+  int64_t host_blocks() const { return host_blocks_; }
+  // Enqueues on `s` the copies of every layer's keys and values: `out` from the pool to the swap
+  // space, then `in` back (a block's copies in a step are ordered before the step's forward writes).
+  void swap(const std::vector<BlockCopy>& out, const std::vector<BlockCopy>& in, StreamHandle s);
   // Bytes one token takes over every layer (keys and values).
   int64_t bytes_per_token() const { return bytes_per_token_; }
   // What a pool of `blocks` blocks costs: bytes_per_token * block_size * blocks.
   static int64_t bytes_for(int64_t layers, int64_t blocks, int64_t block_size, int64_t Hkv, int64_t D, DType dt);
 
  private:
-  int64_t num_blocks_ = 0, block_size_ = 0, bytes_per_token_ = 0;
+  int64_t num_blocks_ = 0, block_size_ = 0, bytes_per_token_ = 0, host_blocks_ = 0;
   std::vector<Tensor> k_, v_;
+  std::vector<Tensor> k_host_, v_host_;  // [host_blocks, block_size, Hkv, D] per layer
 };
 
 // One step of cached inference: the new tokens of several sequences, laid out as

@@ -54,6 +54,13 @@ int64_t kv_cache_blocks(const models::Transformer& model, const GenerationOption
   return blocks;
 }
 
+int64_t kv_swap_blocks(const models::Transformer& model, const GenerationOptions& o) {
+  ZP_REQUIRE(o.kv_swap_bytes >= 0, "generation: the KV swap space must be >= 0 bytes, got ", o.kv_swap_bytes);
+  const models::TransformerConfig& m = model.config();
+  return o.kv_swap_bytes /
+         nn::PagedKvCache::bytes_for(m.layers, 1, o.block_size, m.kv_heads, m.head_dim, model.ctx().dt);
+}
+
 GenerationEngine::GenerationEngine(models::Transformer& model, const io::BpeTokenizer* tokenizer,
                                    const GenerationOptions& o)
     : GenerationEngine(model, tokenizer, o, kv_cache_blocks(model, o)) {}
@@ -76,8 +83,10 @@ GenerationEngine::GenerationEngine(models::Transformer& model, const io::BpeToke
                                    const GenerationOptions& o, int64_t blocks)
     : model_(model),
       cache_(model.config().layers, blocks, o.block_size, model.config().kv_heads, model.config().head_dim,
-             model.ctx().dt, model.ctx().dev, model.ctx().s),
-      sched_({o.block_size, blocks, o.max_batch_tokens, o.max_seqs, model.config().max_positions}, tokenizer),
+             model.ctx().dt, model.ctx().dev, model.ctx().s, kv_swap_blocks(model, o)),
+      sched_({o.block_size, blocks, o.max_batch_tokens, o.max_seqs, model.config().max_positions,
+              cache_.host_blocks()},
+             tokenizer),
       graphs_(decode_graph_capacity(o)),
       max_graph_seqs_(model.ctx().dev.is_cuda() && model.ctx().s ? o.max_graph_seqs : 0) {}
 
@@ -131,6 +140,9 @@ std::vector<int64_t> GenerationEngine::step(const TokenCallback& on_token) {
   if (p.empty()) return sched_.commit(p, {});
   const nn::Ctx c = model_.ctx();
   const int64_t S = int64_t(p.seqs.size());
+  if (!p.swap_out.empty() || !p.swap_in.empty()) cache_.swap(p.swap_out, p.swap_in, c.s);
+  stats_.swapped_out_blocks += int64_t(p.swap_out.size());
+  stats_.swapped_in_blocks += int64_t(p.swap_in.size());
 
   // A small decode step replays a graph captured for its shape: rows padded up to a power of two
   // (a padding row decodes a dummy token at position 0 whose key and value are written nowhere,
@@ -226,6 +238,7 @@ std::vector<int64_t> GenerationEngine::step(const TokenCallback& on_token) {
   }
   std::vector<int64_t> done = sched_.commit(p, tokens);
   stats_.preemptions = sched_.preemptions();
+  stats_.swaps = sched_.swaps();
   if (on_token)
     for (int64_t r = 0; r < S; ++r) on_token(p.seqs[size_t(r)], tokens[size_t(r)]);
   for (int64_t id : done)

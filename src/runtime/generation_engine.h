@@ -24,6 +24,9 @@ struct GenerationOptions {
   // Bytes of KV cache; 0: on a GPU, what is free after the weights less the activations of a full
   // step; on the CPU, enough for max_seqs sequences of the model's full context, at most 1 GiB.
   int64_t kv_cache_bytes = 0;
+  // Bytes of host memory (pinned on a GPU) that preempted sequences' keys and values are swapped to,
+  // so they resume without prefilling again; 0: they are recomputed.
+  int64_t kv_swap_bytes = 0;
   int64_t max_batch_tokens = 8192;
   int64_t max_seqs = 256;
   // Decode steps of up to max_graph_seqs sequences (padded up to a power of two) replay a captured
@@ -48,6 +51,8 @@ struct GenerationOutput {
 // What the engine did so far (telemetry).
 struct GenerationStats {
   int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, preemptions = 0;
+  int64_t swaps = 0;                     // preemptions whose blocks went to the swap space
+  int64_t swapped_out_blocks = 0, swapped_in_blocks = 0;
   int64_t peak_blocks_used = 0;
   int64_t graph_steps = 0, graphs_captured = 0;  // decode steps replayed from CUDA graphs
   int64_t graphs_evicted = 0;                    // graphs dropped for the cache's capacity
@@ -77,6 +82,7 @@ class GenerationEngine {
   const GenerationScheduler& scheduler() const { return sched_; }
   int64_t cache_blocks() const { return cache_.num_blocks(); }
   int64_t cache_bytes() const { return cache_.bytes_per_token() * cache_.block_size() * cache_.num_blocks(); }
+  int64_t swap_blocks() const { return cache_.host_blocks(); }
   // Decode graphs cached now (at most GenerationOptions::max_graphs, as derived).
   int64_t cached_graphs() const { return graphs_.size(); }
   int64_t graph_capacity() const { return graphs_.capacity(); }
@@ -111,5 +117,7 @@ class GenerationEngine {
 
 // The KV cache blocks `options` gives `model` on its device (see GenerationOptions::kv_cache_bytes).
 int64_t kv_cache_blocks(const models::Transformer& model, const GenerationOptions& options);
+// The blocks of swap space GenerationOptions::kv_swap_bytes holds.
+int64_t kv_swap_blocks(const models::Transformer& model, const GenerationOptions& options);
 
 }  // namespace zp::runtime

@@ -32,6 +32,7 @@ GenerationSummary summarize_generation(const GenerationEngine& engine, const std
   }
   s.steps = st.steps;
   s.preemptions = st.preemptions;
+  s.swaps = st.swaps;
   s.seconds = seconds;
   s.tokens_per_s = double(s.generated_tokens) / std::max(seconds, 1e-9);
   s.prefill_tokens_per_s = st.prefill_step_ms > 0 ? double(st.prefill_tokens) / (st.prefill_step_ms / 1e3) : 0;
@@ -53,6 +54,7 @@ nlohmann::json GenerationSummary::to_json() const {
           {"steps", steps},                {"seconds", seconds},
           {"tokens_per_s", tokens_per_s},  {"prefill_tokens_per_s", prefill_tokens_per_s},
           {"batch_occupancy", occupancy},  {"preemptions", preemptions},
+          {"swapped_preemptions", swaps},
           {"ttft_p50_ms", ttft_p50_ms},    {"ttft_p90_ms", ttft_p90_ms},
           {"tpot_p50_ms", tpot_p50_ms},    {"tpot_p90_ms", tpot_p90_ms},
           {"peak_kv_blocks", peak_kv_blocks}, {"kv_blocks", kv_blocks},
@@ -64,10 +66,12 @@ std::string GenerationSummary::line() const {
   std::snprintf(buf, sizeof buf,
                 "%lld requests: %lld prompt + %lld generated tokens in %.2f s, %.0f generated tokens/s, prefill "
                 "%.0f tokens/s; time to first token p50 %.1f ms (p90 %.1f), per output token p50 %.2f ms (p90 %.2f); "
-                "%lld steps, batch occupancy %.0f%%, %lld preemptions, KV blocks peak %lld/%lld",
+                "%lld steps, batch occupancy %.0f%%, %lld preemptions (%lld swapped to host memory), KV blocks "
+                "peak %lld/%lld",
                 (long long)requests, (long long)prompt_tokens, (long long)generated_tokens, seconds, tokens_per_s,
                 prefill_tokens_per_s, ttft_p50_ms, ttft_p90_ms, tpot_p50_ms, tpot_p90_ms, (long long)steps,
-                100.0 * occupancy, (long long)preemptions, (long long)peak_kv_blocks, (long long)kv_blocks);
+                100.0 * occupancy, (long long)preemptions, (long long)swaps, (long long)peak_kv_blocks,
+                (long long)kv_blocks);
   std::string s = buf;
   if (weight_stream_gbs > 0) {
     std::snprintf(buf, sizeof buf, "; weights streamed at %.1f GB/s", weight_stream_gbs);
@@ -93,6 +97,9 @@ void GenerationMetrics::step(const GenerationEngine& e, double ms) {
                             {"waiting", e.scheduler().waiting()},
                             {"kv_blocks_used", e.cache_blocks() - e.scheduler().free_blocks()},
                             {"preemptions", st.preemptions},
+                            {"swapped_preemptions", st.swaps},
+                            {"swapped_out_blocks", st.swapped_out_blocks - last_.swapped_out_blocks},
+                            {"swapped_in_blocks", st.swapped_in_blocks - last_.swapped_in_blocks},
                             {"ms", ms}};
   out_ << j.dump() << '\n';
   last_ = st;

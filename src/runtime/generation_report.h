@@ -1,7 +1,8 @@
 // What a generation job reports (issue 13, telemetry): one JSON line per step in the metrics file
 // (new prompt and decode tokens, running and waiting sequences, KV blocks in use, the step's time)
 // and a summary: time to first token and ms per output token over the requests (median and 90th
-// percentile), tokens/s in and out, mean batch occupancy, preemptions, peak KV blocks and, for a
+// percentile), tokens/s in and out, mean batch occupancy, preemptions (and how many were swapped to host
+// memory), peak KV blocks and, for a
 // streamed model, the weights' host-to-device bandwidth.
 #pragma once
 #include <fstream>
@@ -16,6 +17,7 @@ namespace zp::runtime {
 
 struct GenerationSummary {
   int64_t requests = 0, prompt_tokens = 0, generated_tokens = 0, steps = 0, preemptions = 0;
+  int64_t swaps = 0;  // preemptions resumed from the KV swap space instead of recomputed
   double seconds = 0, tokens_per_s = 0, prefill_tokens_per_s = 0, occupancy = 0;
   double ttft_p50_ms = 0, ttft_p90_ms = 0, tpot_p50_ms = 0, tpot_p90_ms = 0;  // time per output token after the first
   int64_t peak_kv_blocks = 0, kv_blocks = 0;

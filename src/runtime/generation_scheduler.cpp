@@ -22,6 +22,9 @@ GenerationScheduler::GenerationScheduler(const GenerationLimits& limits, const i
   free_.resize(size_t(lim_.num_blocks));
   // A stack popped from the back: block 0 is handed out first.
   for (int64_t b = 0; b < lim_.num_blocks; ++b) free_[size_t(b)] = int32_t(lim_.num_blocks - 1 - b);
+  ZP_REQUIRE(lim_.host_blocks >= 0, "generation: host_blocks must be >= 0, got ", lim_.host_blocks);
+  free_host_.resize(size_t(lim_.host_blocks));
+  for (int64_t b = 0; b < lim_.host_blocks; ++b) free_host_[size_t(b)] = int32_t(lim_.host_blocks - 1 - b);
 }
 
 int64_t GenerationScheduler::submit(GenerationRequest r) {
@@ -50,10 +53,25 @@ void GenerationScheduler::release(Seq& s) {
   s.cached = 0;
 }
 
-void GenerationScheduler::preempt_last() {
+void GenerationScheduler::preempt_last(std::vector<nn::BlockCopy>& swap_out) {
   const int64_t id = running_.back();
   running_.pop_back();
-  release(seqs_[size_t(id)]);
+  Seq& s = seqs_[size_t(id)];
+  if (!s.blocks.empty() && s.blocks.size() <= free_host_.size()) {
+    // Its keys and values go to the swap space; the device blocks are free once the copies are
+    // enqueued, which the step does before anything writes into them.
+    for (int32_t d : s.blocks) {
+      s.host_blocks.push_back(free_host_.back());
+      free_host_.pop_back();
+      swap_out.push_back({d, s.host_blocks.back()});
+    }
+    const int64_t cached = s.cached;
+    release(s);
+    s.cached = cached;
+    ++swaps_;
+  } else {
+    release(s);
+  }
   waiting_.push_front(id);
   ++preemptions_;
 }
@@ -76,7 +94,7 @@ StepPlan GenerationScheduler::plan() {
       running_.clear();
       break;
     }
-    preempt_last();
+    preempt_last(p.swap_out);
   }
   std::vector<int64_t> decodes = running_;
   for (int64_t id : decodes) {
@@ -91,6 +109,31 @@ StepPlan GenerationScheduler::plan() {
   std::vector<int64_t> prefills;
   while (!waiting_.empty() && int64_t(running_.size()) < lim_.max_seqs) {
     Seq& s = seqs_[size_t(waiting_.front())];
+    if (!s.host_blocks.empty()) {
+      // A swapped-out sequence: its blocks come back and it decodes its next token in this step
+      // (one more block if that token starts one). A sequence preempted in this plan never fits
+      // here: what it freed went to the decodes that needed more than was free.
+      const int64_t back = int64_t(s.host_blocks.size());
+      const int64_t need = back + (s.cached >= back * lim_.block_size ? 1 : 0);
+      if (need > int64_t(free_.size()) || tokens + 1 > lim_.max_batch_tokens) break;
+      for (int32_t h : s.host_blocks) {
+        s.blocks.push_back(free_.back());
+        free_.pop_back();
+        p.swap_in.push_back({s.blocks.back(), h});
+      }
+      // Free for later plans: this step's copies are enqueued before the next step's.
+      for (auto it = s.host_blocks.rbegin(); it != s.host_blocks.rend(); ++it) free_host_.push_back(*it);
+      s.host_blocks.clear();
+      if (need > back) {
+        s.blocks.push_back(free_.back());
+        free_.pop_back();
+      }
+      tokens += 1;
+      decodes.push_back(waiting_.front());
+      running_.push_back(waiting_.front());
+      waiting_.pop_front();
+      continue;
+    }
     const int64_t L = s.length(), need = blocks_for(L);
     if (need > int64_t(free_.size())) break;
     if (!prefills.empty() && tokens + L > lim_.max_batch_tokens) break;

@@ -8,9 +8,11 @@
 // the sequence limit, and the free cache blocks. A sequence leaves at token granularity, the moment
 // it finishes, and its blocks serve the next joiner. When a running sequence needs a new block and
 // none is free, the most recently admitted one is preempted: its blocks are freed and it goes back
-// to the front of the queue with the tokens it generated, which are prefilled again when it
-// returns (recomputation, as vLLM does). Sampling draws are counted per request
-// (kernels/sampling.h), so a preempted request samples the same tokens it would have otherwise.
+// to the front of the queue. With swap space (GenerationLimits::host_blocks) its keys and values
+// are copied to host blocks first (the step's swap_out), and when it returns they are copied back
+// (swap_in) and it goes on decoding where it stopped; without room there, the tokens it generated
+// are prefilled again when it returns (recomputation, as vLLM does). Sampling draws are counted per
+// request (kernels/sampling.h), so a preempted request samples the same tokens it would have otherwise.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -20,6 +22,7 @@
 
 #include "io/bpe_tokenizer.h"
 #include "kernels/sampling.h"
+#include "nn/paged_kv_cache.h"
 
 namespace zp::runtime {
 
@@ -40,6 +43,7 @@ struct GenerationLimits {
   int64_t max_batch_tokens = 8192;  // new tokens per step (prefill budget; decodes count one each)
   int64_t max_seqs = 256;         // sequences running at once
   int64_t max_positions = 0;      // the model's context: a sequence stops ("length") when it is full
+  int64_t host_blocks = 0;        // swap space for preempted sequences' blocks (0: recompute them)
 };
 
 // One step's work in host arrays, in CachedBatch's layout (nn/paged_kv_cache.h): the prefill
@@ -54,6 +58,9 @@ struct StepPlan {
   std::vector<kernels::SamplingParams> sampling;  // per output row, with the right draw
   std::vector<int32_t> history;                   // repetition penalty: each row's prompt + output
   std::vector<int64_t> history_starts;            // empty when no row has a penalty
+  // Block copies to make before the step's forward, in this order: preempted sequences' blocks to
+  // the host, then returning sequences' blocks back (nn::PagedKvCache::swap).
+  std::vector<nn::BlockCopy> swap_out, swap_in;
   int64_t num_tokens() const { return int64_t(ids.size()); }
   int64_t num_prefill_tokens() const { return int64_t(segments.size()); }
   bool empty() const { return seqs.empty(); }
@@ -81,7 +88,10 @@ class GenerationScheduler {
   int64_t running() const { return int64_t(running_.size()); }
   int64_t waiting() const { return int64_t(waiting_.size()); }
   int64_t free_blocks() const { return int64_t(free_.size()); }
+  int64_t free_host_blocks() const { return int64_t(free_host_.size()); }
+  // Sequences preempted so far, and how many of those went to the swap space (the rest are recomputed).
   int64_t preemptions() const { return preemptions_; }
+  int64_t swaps() const { return swaps_; }
   const GenerationLimits& limits() const { return lim_; }
 
  private:
@@ -89,7 +99,8 @@ class GenerationScheduler {
     GenerationRequest req;
     std::vector<int32_t> output;
     std::vector<int32_t> blocks;
-    int64_t cached = 0;  // tokens whose keys and values are in the cache
+    std::vector<int32_t> host_blocks;  // while swapped out: where its blocks' keys and values are
+    int64_t cached = 0;  // tokens whose keys and values are in the cache (or swapped out)
     FinishReason finish = FinishReason::None;
     std::string text;  // the output's bytes so far, special tokens included (stop strings)
     int64_t length() const { return int64_t(req.prompt.size() + output.size()); }
@@ -99,7 +110,8 @@ class GenerationScheduler {
   };
   int64_t blocks_for(int64_t tokens) const { return (tokens + lim_.block_size - 1) / lim_.block_size; }
   void release(Seq& s);
-  void preempt_last();
+  // Preempts the most recently admitted sequence; its swap-out copies go to `swap_out`.
+  void preempt_last(std::vector<nn::BlockCopy>& swap_out);
   bool check_stop(Seq& s, int32_t token);
 
   GenerationLimits lim_;
@@ -108,8 +120,9 @@ class GenerationScheduler {
   std::deque<int64_t> waiting_;
   std::vector<int64_t> running_;  // in admission order
   std::vector<int32_t> free_;     // free block ids (a stack: the last freed is reused first)
+  std::vector<int32_t> free_host_;  // free swap-space blocks, likewise
   std::vector<int64_t> ended_in_plan_;  // reported by the next commit
-  int64_t preemptions_ = 0;
+  int64_t preemptions_ = 0, swaps_ = 0;
 };
 
 }  // namespace zp::runtime
