@@ -6,8 +6,10 @@
 // scaling resumes bit for bit, overflow-skipped steps and all.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +23,7 @@
 #include "comm/bootstrap.h"
 #include "core/error.h"
 #include "io/checkpoint_file.h"
+#include "io/direct_file.h"
 #include "io/config.h"
 #include "io/token_dataset.h"
 #include "runtime/diffusion_training.h"
@@ -300,6 +303,63 @@ std::string first_model_dataset(const std::string& path) {
 }
 
 }  // namespace
+
+// The data path alone: back-to-back writes at unaligned offsets (each one's last piece still in
+// flight when the next starts) land byte for byte, with the CRCs of what was written.
+TEST(DirectFile, BackToBackUnalignedWritesReadBackExactly) {
+  Dir dir("direct_file");
+  const std::string path = dir / "data.bin";
+  std::ofstream(path).put('\0');
+  const int64_t piece = io::DirectFile::kPieceBytes;
+  const std::vector<std::pair<int64_t, int64_t>> ranges = {
+      {1, piece + 4093}, {piece + 4094, 17}, {piece + 4111, 2 * piece + 12345}, {3 * piece + 16456, 4096}};
+  const int64_t end = ranges.back().first + ranges.back().second;
+  std::vector<char> bytes(static_cast<size_t>(end));
+  std::mt19937 rng(5);
+  for (char& c : bytes) c = char(rng());
+  {
+    io::DirectFile f(path, true, 2);
+    std::printf("O_DIRECT: %s\n", f.direct() ? "yes" : "no (buffered throughout)");
+    for (const auto& [at, n] : ranges)
+      EXPECT_EQ(f.write(at, bytes.data() + at, n), io::crc32(bytes.data() + at, size_t(n))) << "at " << at;
+    f.sync();
+  }
+  io::DirectFile f(path, false);
+  std::vector<char> back;
+  f.read(1, end - 1, [&](const char* p, int64_t n) { back.insert(back.end(), p, p + n); });
+  ASSERT_EQ(int64_t(back.size()), end - 1);
+  EXPECT_TRUE(std::equal(back.begin(), back.end(), bytes.begin() + 1));
+}
+
+// A piece that the disk refuses while write() has already returned (here: past RLIMIT_FSIZE, as a
+// full disk would) is thrown by sync() at the latest, naming the file and the byte range.
+TEST(DirectFile, AWriteRefusedInFlightIsThrownWithItsRange) {
+  Dir dir("direct_file_refused");
+  const std::string path = dir / "data.bin";
+  std::ofstream(path).put('\0');
+  const int64_t piece = io::DirectFile::kPieceBytes;
+  std::vector<char> bytes(size_t(3 * piece), 7);
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  void (*old_handler)(int) = std::signal(SIGXFSZ, SIG_IGN);
+  const rlimit lim{rlim_t(piece + 4096), old.rlim_max};
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
+  std::string what;
+  {
+    io::DirectFile f(path, true, 2);
+    try {
+      f.write(0, bytes.data(), int64_t(bytes.size()));
+      f.sync();
+    } catch (const Error& e) {
+      what = e.what();
+    }
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_NE(what.find(path), std::string::npos) << what;
+  EXPECT_NE(what.find("write of bytes ["), std::string::npos) << what;
+  EXPECT_NE(what.find("File too large"), std::string::npos) << what;
+}
 
 // A file with three slices per dataset (as three ranks write it): damage in one slice is found by any
 // read that touches it, named with its element range, and reads of the other slices still pass.

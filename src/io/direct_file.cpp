@@ -1,6 +1,10 @@
 // The pipeline in write() and read(): piece k is with the I/O thread (a std::async task) while the
 // caller works on piece k+1 in the other bounce buffer; a buffer is reused only after the task that
-// used it has been waited for, and every task is waited for before the call returns or throws.
+// used it has been waited for. A read waits for its tasks before it returns or throws; a write
+// returns with its last piece still being written, so that the next write's first piece is copied
+// and checksummed meanwhile (most of a checkpoint's tensors are one or two pieces: draining the
+// pipeline at every tensor left the disk idle for one piece's copy per tensor). sync() and the
+// destructor wait for it.
 #include "io/direct_file.h"
 
 #include <fcntl.h>
@@ -38,6 +42,8 @@ DirectFile::DirectFile(const std::string& path, bool writable, int threads)
 }
 
 DirectFile::~DirectFile() {
+  for (auto& p : writing_)
+    if (p.valid()) p.wait();  // a failure here was (or will never be) reported by write() or sync()
   if (fd_ >= 0) ::close(fd_);
   if (direct_fd_ >= 0) ::close(direct_fd_);
 }
@@ -61,11 +67,10 @@ uint32_t DirectFile::write(int64_t offset, const void* data, int64_t bytes, uint
   if (body >= body_end) body = body_end = end;
   crc = crc32(src, size_t(body - offset), crc);
   pwrite_all(fd_, src, body - offset, offset);
-  std::future<void> pending[2];
-  int k = 0;
-  for (int64_t at = body; at < body_end; at += kPieceBytes, k ^= 1) {
+  for (int64_t at = body; at < body_end; at += kPieceBytes, next_write_ ^= 1) {
+    const int k = next_write_;
     const int64_t n = std::min(kPieceBytes, body_end - at);
-    if (pending[k].valid()) pending[k].get();
+    if (writing_[k].valid()) writing_[k].get();
     // Bytes [from, to) of the piece copied and checksummed, in pieces the CRC finds in the cache.
     auto copy = [&, k](int64_t from, int64_t to) {
       uint32_t c = 0;
@@ -84,16 +89,15 @@ uint32_t DirectFile::write(int64_t offset, const void* data, int64_t bytes, uint
     crc = uint32_t(::crc32_combine(crc, copy(0, std::min(n, part)), z_off_t(std::min(n, part))));
     for (size_t t = 0; t < parts.size(); ++t)
       crc = uint32_t(::crc32_combine(crc, parts[t].get(), z_off_t(std::min(n, part * int64_t(t + 2)) - part * int64_t(t + 1))));
-    pending[k] = std::async(std::launch::async, [this, k, n, at] { pwrite_all(direct_fd_, bounce_[k].get(), n, at); });
+    writing_[k] = std::async(std::launch::async, [this, k, n, at] { pwrite_all(direct_fd_, bounce_[k].get(), n, at); });
   }
-  for (auto& p : pending)
-    if (p.valid()) p.get();
   crc = crc32(src + (body_end - offset), size_t(end - body_end), crc);
   pwrite_all(fd_, src + (body_end - offset), end - body_end, body_end);
   return crc;
 }
 
 void DirectFile::read(int64_t offset, int64_t bytes, const std::function<void(const char*, int64_t)>& consume) {
+  finish_writes();  // the bounce buffers are the reads' now
   const int64_t end = offset + bytes;
   const int64_t pieces = (bytes + kPieceBytes - 1) / kPieceBytes;
   // Piece p is bytes [offset + p * kPieceBytes, ...) of the range, so pieces never split an element.
@@ -123,7 +127,22 @@ void DirectFile::read(int64_t offset, int64_t bytes, const std::function<void(co
   }
 }
 
+void DirectFile::finish_writes() {
+  // Both are waited for even when the first failed; the first failure is thrown.
+  std::exception_ptr failed;
+  for (auto& p : writing_) {
+    if (!p.valid()) continue;
+    try {
+      p.get();
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
+}
+
 void DirectFile::sync() {
+  finish_writes();
   ZP_REQUIRE(::fsync(fd_) == 0, path_, ": fsync failed: ", std::strerror(errno));
 }
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 
@@ -36,16 +37,19 @@ class DirectFile {
   DirectFile& operator=(const DirectFile&) = delete;
 
   // Writes `bytes` from `data` at byte `offset` of the file; returns crc32(data) continuing `crc`.
+  // `data` may be reused at once, but the last piece may still be on its way to the disk: a failure
+  // to write it is thrown by the next write(), read() or sync().
   uint32_t write(int64_t offset, const void* data, int64_t bytes, uint32_t crc = 0);
   // Reads `bytes` at `offset` in order, handing them out in pieces of kPieceBytes (the last one
   // shorter): consume(piece, piece_bytes).
   void read(int64_t offset, int64_t bytes, const std::function<void(const char*, int64_t)>& consume);
-  // fsync: this rank's writes are on the disk.
+  // Waits for the writes in flight, then fsync: this rank's writes are on the disk.
   void sync();
   bool direct() const { return direct_fd_ >= 0; }
 
  private:
   void pwrite_all(int fd, const char* p, int64_t bytes, int64_t offset);
+  void finish_writes();  // waits for the pieces still being written; throws the first failure
   std::string path_;
   int fd_ = -1, direct_fd_ = -1;
   int threads_ = 1;
@@ -53,6 +57,8 @@ class DirectFile {
     void operator()(char* p) const { std::free(p); }
   };
   std::unique_ptr<char, Free> bounce_[2];  // kPieceBytes + 2 pages each, aligned
+  std::future<void> writing_[2];  // the piece being written from each buffer (the destructor waits)
+  int next_write_ = 0;            // the buffer the next piece is copied into
 };
 
 }  // namespace zp::io
