@@ -24,6 +24,7 @@
 #include "core/error.h"
 #include "io/checkpoint_file.h"
 #include "io/direct_file.h"
+#include "kernels/elementwise.h"
 #include "io/config.h"
 #include "io/token_dataset.h"
 #include "runtime/diffusion_training.h"
@@ -359,6 +360,68 @@ TEST(DirectFile, AWriteRefusedInFlightIsThrownWithItsRange) {
   EXPECT_NE(what.find(path), std::string::npos) << what;
   EXPECT_NE(what.find("write of bytes ["), std::string::npos) << what;
   EXPECT_NE(what.find("File too large"), std::string::npos) << what;
+}
+
+// read_all streams several datasets' bytes as one sequence of pieces (a tensor larger than a piece,
+// tensors smaller than one, an empty request, a cast to bf16): the same values as read() one by one,
+// and damage in one dataset is thrown naming it, after the others were read.
+TEST(VerifiedReads, ReadAllReadsWhatReadReadsAndNamesTheDamage) {
+  Dir d("verified_all");
+  const std::string path = d / "many.h5";
+  const int64_t big = io::DirectFile::kPieceBytes / 4 + 12345;  // more than one piece of floats
+  const std::vector<std::pair<std::string, int64_t>> shapes = {{"/model/a", 1000}, {"/model/big", big},
+                                                                {"/model/b", 7}, {"/model/c", 3000}};
+  std::vector<std::vector<float>> v;
+  for (size_t t = 0; t < shapes.size(); ++t) {
+    v.emplace_back(size_t(shapes[t].second));
+    for (size_t i = 0; i < v[t].size(); ++i) v[t][i] = float(t + 1) + float(i % 977) * 0.25f;
+  }
+  {
+    io::CheckpointWriter w(path);
+    for (size_t t = 0; t < shapes.size(); ++t) {  // two slices each, as two ranks write them
+      const int64_t n = shapes[t].second, half = n / 2;
+      for (int64_t s : {int64_t(0), half})
+        w.write(shapes[t].first, DType::F32, {n}, DType::F32, v[t].data() + s, s, s == 0 ? half : n - half);
+    }
+    w.commit();
+  }
+  // Parts of each: a range inside the second slice of `a`, all of `big`, none of `b`, a bf16 copy of `c`.
+  std::vector<float> a(100), whole(static_cast<size_t>(big)), none(1, -1.f);
+  std::vector<uint16_t> c16(3000);
+  auto requests = [&] {
+    return std::vector<io::CheckpointReader::ReadRequest>{
+        {"/model/a", {1000}, DType::F32, a.data(), 700, 100},
+        {"model/big", {big}, DType::F32, whole.data(), 0, big},
+        {"/model/b", {7}, DType::F32, none.data(), 3, 0},
+        {"/model/c", {3000}, DType::BF16, c16.data(), 0, 3000}};
+  };
+  {
+    io::CheckpointReader r(path);
+    r.read_all(requests());
+    EXPECT_EQ(r.bytes_read(), 4 * (500 + big + 3000));  // `a` widened to its second slice
+  }
+  EXPECT_TRUE(std::equal(a.begin(), a.end(), v[0].begin() + 700));
+  EXPECT_EQ(whole, v[1]);
+  EXPECT_EQ(none[0], -1.f);
+  std::vector<uint16_t> want16(3000);
+  kernels::cpu::cast(nullptr, DType::BF16, want16.data(), DType::F32, v[3].data(), 3000);
+  EXPECT_EQ(c16, want16);
+  // Damage in the second slice of `big`: the read of `c` after it still lands, and the error names `big`.
+  damage_dataset(path, "/model/big", 4 * (big - 10), 1);
+  std::fill(c16.begin(), c16.end(), 0);
+  try {
+    io::CheckpointReader(path).read_all(requests());
+    ADD_FAILURE() << "read_all of a damaged dataset passed";
+  } catch (const io::DamagedFileError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("/model/big"), std::string::npos) << m;
+    EXPECT_NE(m.find("elements [" + std::to_string(big / 2) + ", " + std::to_string(big) + ")"), std::string::npos) << m;
+  }
+  EXPECT_EQ(c16, want16);
+  // A request that cannot be read as asked is refused before anything is read, naming the dataset.
+  auto bad = requests();
+  bad[2].expected_shape = {8};
+  expect_error([&] { io::CheckpointReader(path).read_all(bad); }, {"/model/b", "shape"});
 }
 
 // A file with three slices per dataset (as three ranks write it): damage in one slice is found by any

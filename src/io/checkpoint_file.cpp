@@ -70,6 +70,9 @@ int copy_threads(MPI_Comm comm) {
 
 std::string norm_name(const std::string& n) { return n.empty() || n[0] != '/' ? "/" + n : n; }
 
+// Whether a dataset's bytes lie in one run of the file (the data path reads and writes them itself).
+bool contiguous(const DatasetInfo& info) { return info.chunk.empty() && info.file_offset >= 0; }
+
 constexpr size_t kPieceBytes = 64 << 20;  // largest buffer of one verified read
 
 // CRC of `count` elements of `mem_dtype` as they are stored in `file_dtype`.
@@ -437,60 +440,88 @@ const std::vector<CheckpointReader::Slice>& CheckpointReader::slices(const std::
   return slices_.emplace(n, std::move(out)).first->second;
 }
 
-std::string CheckpointReader::scan(const std::string& n, const DatasetInfo& info, int64_t lo, int64_t hi,
-                                   int64_t piece,
-                                   const std::function<void(const char*, int64_t, int64_t)>& consume,
-                                   int threads) const {
-  // An empty range (a rank with nothing to read, or one that found a problem before) still joins the
-  // collective reads, and must not look at the slices (they may be what is damaged).
-  static const std::vector<Slice> none;
-  const std::vector<Slice>& rows = lo < hi ? slices(n, info) : none;
-  const size_t esize = dtype_size(info.dtype);
-  std::string problem;
-  auto slice = std::lower_bound(rows.begin(), rows.end(), lo,
-                                [](const Slice& s, int64_t v) { return s.offset + s.count <= v; });
-  uint32_t crc = 0;
+namespace {
+
+// One verified read of elements [lo, hi) of a dataset (slice bounds): takes the stored bytes piece by
+// piece, in order, hands each piece to `consume` as stored (file dtype) and checks every slice's CRC
+// as its last element passes. The first problem found is kept ("" if none).
+class SliceScan {
+ public:
+  using Consume = std::function<void(const char* raw, int64_t offset, int64_t count)>;
+  // `piece`: at most this many elements per consume() call (for stream()); with `threads` > 1,
+  // consume may be called from that many threads at once, on disjoint ranges.
+  SliceScan(const std::string& path, const std::string& name, const DatasetInfo& info,
+            const std::vector<SliceChecksum>& rows, int64_t lo, int64_t hi, int64_t piece, Consume consume, int threads)
+      : path_(path), name_(name), rows_(rows), hi_(hi), esize_(int64_t(dtype_size(info.dtype))),
+        step_(std::max<int64_t>(1, std::min(piece, DirectFile::kCacheBytes / esize_))), at_(lo),
+        consume_(std::move(consume)), threads_(threads) {
+    slice_ = std::lower_bound(rows_.begin(), rows_.end(), lo,
+                              [](const SliceChecksum& s, int64_t v) { return s.offset + s.count <= v; });
+  }
+  const std::string& problem() const { return problem_; }
+  void fail(const std::string& why) {
+    if (problem_.empty()) problem_ = why;
+  }
+
+  // The data path's next piece of the range (DirectFile::read).
+  void take_bytes(const char* p, int64_t bytes) {
+    if (threads_ > 1 && bytes >= threads_ * DirectFile::kCacheBytes) {
+      const int64_t c = bytes / esize_;
+      take_in_parallel(p, at_, c);
+      at_ += c;
+      return;
+    }
+    for (int64_t done = 0; done < bytes;) {  // the caller's piece size, for stream()
+      const int64_t c = std::min(step_, (bytes - done) / esize_);
+      take(p + done, at_, c);
+      at_ += c;
+      done += c * esize_;
+    }
+  }
+
+  // Hands out elements [begin, begin + count) held in `buf`, then checks them.
+  void take(const char* buf, int64_t begin, int64_t count) {
+    consume_(buf, begin, count);
+    check(begin, count, [&](int64_t a, int64_t u, uint32_t c) {
+      return crc32(buf + size_t((a - begin) * esize_), size_t((u - a) * esize_), c);
+    });
+  }
+
+ private:
   // Checks elements [begin, begin + count) against the slices they overlap, in order; crc_of(a, u, c)
   // continues CRC c over elements [a, u). A slice's CRC is complete at its last element.
-  auto check = [&](int64_t begin, int64_t count, const std::function<uint32_t(int64_t, int64_t, uint32_t)>& crc_of) {
-    for (int64_t at = begin; at < begin + count && problem.empty();) {
-      if (slice == rows.end() || slice->offset > at) {
-        const int64_t gap_end = slice == rows.end() ? hi : slice->offset;
-        problem = path() + ": dataset '" + n + "': elements [" + std::to_string(at) + ", " + std::to_string(gap_end) +
-                  ") were never written (no checksummed slice covers them)";
+  void check(int64_t begin, int64_t count, const std::function<uint32_t(int64_t, int64_t, uint32_t)>& crc_of) {
+    for (int64_t at = begin; at < begin + count && problem_.empty();) {
+      if (slice_ == rows_.end() || slice_->offset > at) {
+        const int64_t gap_end = slice_ == rows_.end() ? hi_ : slice_->offset;
+        problem_ = path_ + ": dataset '" + name_ + "': elements [" + std::to_string(at) + ", " +
+                   std::to_string(gap_end) + ") were never written (no checksummed slice covers them)";
         break;
       }
-      const int64_t upto = std::min(begin + count, slice->offset + slice->count);
-      crc = crc_of(at, upto, crc);
+      const int64_t upto = std::min(begin + count, slice_->offset + slice_->count);
+      crc_ = crc_of(at, upto, crc_);
       at = upto;
-      if (upto == slice->offset + slice->count) {
-        if (crc != slice->crc) {
+      if (upto == slice_->offset + slice_->count) {
+        if (crc_ != slice_->crc) {
           char line[128];
-          std::snprintf(line, sizeof line, "): crc32 %08x in the file, %08x recorded (the file is damaged)", crc,
-                        slice->crc);
-          problem = path() + ": dataset '" + n + "': elements [" + std::to_string(slice->offset) + ", " +
-                    std::to_string(slice->offset + slice->count) + line;
+          std::snprintf(line, sizeof line, "): crc32 %08x in the file, %08x recorded (the file is damaged)", crc_,
+                        slice_->crc);
+          problem_ = path_ + ": dataset '" + name_ + "': elements [" + std::to_string(slice_->offset) + ", " +
+                     std::to_string(slice_->offset + slice_->count) + line;
         }
-        crc = 0;
-        ++slice;
+        crc_ = 0;
+        ++slice_;
       }
     }
-  };
-  // Hands out a piece, then checks it.
-  auto take = [&](const char* buf, int64_t begin, int64_t count) {
-    consume(buf, begin, count);
-    check(begin, count, [&](int64_t a, int64_t u, uint32_t c) {
-      return crc32(buf + size_t(a - begin) * esize, size_t(u - a) * esize, c);
-    });
-  };
-  // The same on `threads` threads for read(), whose consume() may run in parallel: the piece is cut
-  // at the slices' bounds and into one part per thread; each thread hands out its part and checksums
-  // its segments in cache-sized pieces, and the segments' CRCs are combined in order (zlib).
-  auto take_in_parallel = [&](const char* buf, int64_t begin, int64_t count) {
+  }
+  // take() on `threads_` threads, whose consume() may run in parallel: the piece is cut at the
+  // slices' bounds and into one part per thread; each thread hands out its part and checksums its
+  // segments in cache-sized pieces, and the segments' CRCs are combined in order (zlib).
+  void take_in_parallel(const char* buf, int64_t begin, int64_t count) {
     std::vector<int64_t> cuts = {begin, begin + count};
-    const int64_t part = (count + threads - 1) / threads;
+    const int64_t part = (count + threads_ - 1) / threads_;
     for (int64_t at = begin + part; at < begin + count; at += part) cuts.push_back(at);
-    for (auto r = slice; r != rows.end() && r->offset < begin + count; ++r)
+    for (auto r = slice_; r != rows_.end() && r->offset < begin + count; ++r)
       for (int64_t b : {r->offset, r->offset + r->count})
         if (b > begin && b < begin + count) cuts.push_back(b);
     std::sort(cuts.begin(), cuts.end());
@@ -498,11 +529,11 @@ std::string CheckpointReader::scan(const std::string& n, const DatasetInfo& info
     std::vector<uint32_t> seg_crc(cuts.size() - 1, 0);
     auto work = [&](int64_t from, int64_t to) {  // the segments inside [from, to)
       for (size_t i = size_t(std::lower_bound(cuts.begin(), cuts.end(), from) - cuts.begin()); cuts[i] < to; ++i)
-        for (int64_t a = cuts[i]; a < cuts[i + 1]; a += DirectFile::kCacheBytes / int64_t(esize)) {
-          const int64_t u = std::min(cuts[i + 1], a + DirectFile::kCacheBytes / int64_t(esize));
-          const char* p = buf + size_t(a - begin) * esize;
-          consume(p, a, u - a);
-          seg_crc[i] = crc32(p, size_t(u - a) * esize, seg_crc[i]);
+        for (int64_t a = cuts[i]; a < cuts[i + 1]; a += DirectFile::kCacheBytes / esize_) {
+          const int64_t u = std::min(cuts[i + 1], a + DirectFile::kCacheBytes / esize_);
+          const char* p = buf + size_t((a - begin) * esize_);
+          consume_(p, a, u - a);
+          seg_crc[i] = crc32(p, size_t((u - a) * esize_), seg_crc[i]);
         }
     };
     std::vector<std::future<void>> others;
@@ -512,37 +543,44 @@ std::string CheckpointReader::scan(const std::string& n, const DatasetInfo& info
     for (auto& f : others) f.get();
     check(begin, count, [&](int64_t a, int64_t u, uint32_t c) {
       for (size_t i = size_t(std::lower_bound(cuts.begin(), cuts.end(), a) - cuts.begin()); cuts[i] < u; ++i)
-        c = uint32_t(::crc32_combine(c, seg_crc[i], z_off_t((cuts[i + 1] - cuts[i]) * int64_t(esize))));
+        c = uint32_t(::crc32_combine(c, seg_crc[i], z_off_t((cuts[i + 1] - cuts[i]) * esize_)));
       return c;
     });
-  };
+  }
+
+  const std::string& path_;
+  std::string name_;
+  const std::vector<SliceChecksum>& rows_;
+  int64_t hi_, esize_, step_, at_;
+  Consume consume_;
+  int threads_;
+  std::vector<SliceChecksum>::const_iterator slice_;
+  uint32_t crc_ = 0;
+  std::string problem_;
+};
+
+}  // namespace
+
+std::string CheckpointReader::scan(const std::string& n, const DatasetInfo& info, int64_t lo, int64_t hi,
+                                   int64_t piece,
+                                   const std::function<void(const char*, int64_t, int64_t)>& consume,
+                                   int threads) const {
+  // An empty range (a rank with nothing to read, or one that found a problem before) still joins the
+  // collective reads, and must not look at the slices (they may be what is damaged).
+  static const std::vector<Slice> none;
+  SliceScan sc(path(), n, info, lo < hi ? slices(n, info) : none, lo, hi, piece, consume, threads);
+  const int64_t esize = int64_t(dtype_size(info.dtype));
   // A contiguous dataset's bytes are read by each rank itself (the same choice on every rank: it
   // depends on the dataset only), in pieces of at most `piece` elements.
-  if (info.chunk.empty() && info.file_offset >= 0) {
-    if (lo >= hi) return problem;
+  if (contiguous(info)) {
+    if (lo >= hi) return "";
     if (!data_) data_ = std::make_unique<DirectFile>(path(), false);
-    // Sub-pieces that stay in the cache between the copy out (consume) and the CRC.
-    const int64_t step = std::max<int64_t>(1, std::min(piece, DirectFile::kCacheBytes / int64_t(esize)));
-    int64_t at = lo;
     try {
-      data_->read(info.file_offset + lo * int64_t(esize), (hi - lo) * int64_t(esize), [&](const char* p, int64_t bytes) {
-        if (threads > 1 && bytes >= threads * DirectFile::kCacheBytes) {
-          const int64_t c = bytes / int64_t(esize);
-          take_in_parallel(p, at, c);
-          at += c;
-          return;
-        }
-        for (int64_t done = 0; done < bytes;) {  // the caller's piece size, for stream()
-          const int64_t c = std::min(step, (bytes - done) / int64_t(esize));
-          take(p + done, at, c);
-          at += c;
-          done += c * int64_t(esize);
-        }
-      });
+      data_->read(info.file_offset + lo * esize, (hi - lo) * esize, [&](const char* p, int64_t bytes) { sc.take_bytes(p, bytes); });
     } catch (const Error& e) {
-      if (problem.empty()) problem = e.what();
+      sc.fail(e.what());
     }
-    return problem;
+    return sc.problem();
   }
   // Collective reads: every rank makes as many as the rank with the most pieces.
   int64_t pieces = (hi - lo + piece - 1) / piece;
@@ -550,33 +588,29 @@ std::string CheckpointReader::scan(const std::string& n, const DatasetInfo& info
   std::vector<char> buf;
   for (int64_t p = 0; p < pieces; ++p) {
     const int64_t begin = lo + p * piece, count = std::clamp<int64_t>(hi - begin, 0, piece);
-    buf.resize(size_t(std::max<int64_t>(count, 1)) * esize);
+    buf.resize(size_t(std::max<int64_t>(count, 1) * esize));
     file_.read_slice(n, info.dtype, buf.data(), begin, count);
-    if (count > 0) take(buf.data(), begin, count);
+    if (count > 0) sc.take(buf.data(), begin, count);
   }
-  return problem;
+  return sc.problem();
 }
 
-void CheckpointReader::read(const std::string& name, const Shape& expected_shape, DType mem_dtype, void* data,
-                            int64_t offset, int64_t count) const {
-  std::string n = norm_name(name);
-  DatasetInfo info = file_.dataset_info(n);
-  ZP_REQUIRE(info.shape == expected_shape, path(), ": dataset '", n, "': shape ", shape_str(info.shape),
-             " in the file, expected ", shape_str(expected_shape));
-  if (!checksummed_) {
-    file_.read_slice(n, mem_dtype, data, offset, count);
-    bytes_read_ += count * int64_t(dtype_size(info.dtype));
-    return;
-  }
-  ZP_REQUIRE(mem_dtype == info.dtype || (dtype_is_float(mem_dtype) && dtype_is_float(info.dtype)), path(),
-             ": dataset '", n, "': cannot read ", dtype_name(info.dtype), " data as ", dtype_name(mem_dtype));
-  ZP_REQUIRE(offset >= 0 && count >= 0 && offset <= info.numel() - count, path(), ": dataset '", n,
-             "': read of elements [", offset, ", ", offset + count, ") outside its ", info.numel(), " elements");
+CheckpointReader::PlannedRead CheckpointReader::plan_read(const ReadRequest& r) const {
+  PlannedRead pr;
+  pr.name = norm_name(r.name);
+  const std::string& n = pr.name;
+  pr.info = file_.dataset_info(n);
+  const DatasetInfo& info = pr.info;
+  ZP_REQUIRE(info.shape == r.expected_shape, path(), ": dataset '", n, "': shape ", shape_str(info.shape),
+             " in the file, expected ", shape_str(r.expected_shape));
+  ZP_REQUIRE(r.mem_dtype == info.dtype || (dtype_is_float(r.mem_dtype) && dtype_is_float(info.dtype)), path(),
+             ": dataset '", n, "': cannot read ", dtype_name(info.dtype), " data as ", dtype_name(r.mem_dtype));
+  ZP_REQUIRE(r.offset >= 0 && r.count >= 0 && r.offset <= info.numel() - r.count, path(), ": dataset '", n,
+             "': read of elements [", r.offset, ", ", r.offset + r.count, ") outside its ", info.numel(), " elements");
   // Widen [offset, offset + count) to the bounds of the slices it touches.
-  std::string problem;
-  int64_t lo = offset, hi = offset + count;
+  int64_t lo = r.offset, hi = r.offset + r.count;
   try {
-    if (count > 0) {
+    if (r.count > 0) {
       const std::vector<Slice>& rows = slices(n, info);
       auto first = std::lower_bound(rows.begin(), rows.end(), lo,
                                     [](const Slice& s, int64_t v) { return s.offset + s.count <= v; });
@@ -586,23 +620,95 @@ void CheckpointReader::read(const std::string& name, const Shape& expected_shape
       if (last != rows.end() && last->offset < hi) hi = std::max(hi, last->offset + last->count);
     }
   } catch (const DamagedFileError& e) {
-    problem = e.what();
+    pr.problem = e.what();
   }
-  const size_t esize = dtype_size(info.dtype), msize = dtype_size(mem_dtype);
-  if (problem.empty() && count > 0) bytes_read_ += (hi - lo) * int64_t(esize);
+  // A problem found here reads nothing (but still joins the collective reads).
+  pr.lo = pr.problem.empty() ? lo : 0;
+  pr.hi = pr.problem.empty() ? hi : 0;
+  const size_t esize = dtype_size(info.dtype), msize = dtype_size(r.mem_dtype);
+  if (r.count > 0) bytes_read_ += (pr.hi - pr.lo) * int64_t(esize);
+  pr.consume = [r, esize, msize, file_dtype = info.dtype](const char* raw, int64_t at, int64_t c) {
+    const int64_t from = std::max(at, r.offset), to = std::min(at + c, r.offset + r.count);
+    if (from >= to) return;
+    char* dst = static_cast<char*>(r.data) + size_t(from - r.offset) * msize;
+    const char* src = raw + size_t(from - at) * esize;
+    if (r.mem_dtype == file_dtype) std::memcpy(dst, src, size_t(to - from) * esize);
+    else kernels::cpu::cast(nullptr, r.mem_dtype, dst, file_dtype, src, to - from);
+  };
+  return pr;
+}
+
+void CheckpointReader::read(const std::string& name, const Shape& expected_shape, DType mem_dtype, void* data,
+                            int64_t offset, int64_t count) const {
+  if (!checksummed_) {
+    const std::string n = norm_name(name);
+    const DatasetInfo info = file_.dataset_info(n);
+    ZP_REQUIRE(info.shape == expected_shape, path(), ": dataset '", n, "': shape ", shape_str(info.shape),
+               " in the file, expected ", shape_str(expected_shape));
+    file_.read_slice(n, mem_dtype, data, offset, count);
+    bytes_read_ += count * int64_t(dtype_size(info.dtype));
+    return;
+  }
+  const PlannedRead pr = plan_read({name, expected_shape, mem_dtype, data, offset, count});
+  std::string problem = pr.problem;
   if (problem.empty() || file_.parallel()) {
-    const std::string scanned =
-        scan(n, info, problem.empty() ? lo : 0, problem.empty() ? hi : 0, int64_t(kPieceBytes / esize),
-             [&](const char* raw, int64_t at, int64_t c) {
-               const int64_t from = std::max(at, offset), to = std::min(at + c, offset + count);
-               if (from >= to) return;
-               char* dst = static_cast<char*>(data) + size_t(from - offset) * msize;
-               const char* src = raw + size_t(from - at) * esize;
-               if (mem_dtype == info.dtype) std::memcpy(dst, src, size_t(to - from) * esize);
-               else kernels::cpu::cast(nullptr, mem_dtype, dst, info.dtype, src, to - from);
-             },
-             copy_threads_);
+    const std::string scanned = scan(pr.name, pr.info, pr.lo, pr.hi, int64_t(kPieceBytes / dtype_size(pr.info.dtype)),
+                                     pr.consume, copy_threads_);
     if (problem.empty()) problem = scanned;
+  }
+  if (file_.parallel()) problem = first_error(file_.comm(), problem);
+  if (!problem.empty()) throw DamagedFileError(problem);
+}
+
+void CheckpointReader::read_all(const std::vector<ReadRequest>& requests) const {
+  if (!checksummed_) {
+    for (const ReadRequest& r : requests) read(r.name, r.expected_shape, r.mem_dtype, r.data, r.offset, r.count);
+    return;
+  }
+  std::vector<PlannedRead> planned;
+  for (const ReadRequest& r : requests) planned.push_back(plan_read(r));
+  // One stream of pieces over every contiguous dataset; the others (and every dataset, where one is
+  // not contiguous: the same choice on every rank) read as read() does, in order.
+  const bool streamed = std::all_of(planned.begin(), planned.end(), [](const PlannedRead& pr) { return contiguous(pr.info); });
+  std::string problem;
+  if (!streamed) {
+    for (const PlannedRead& pr : planned) {
+      if (!pr.problem.empty() && !file_.parallel()) {
+        if (problem.empty()) problem = pr.problem;
+        continue;
+      }
+      const std::string scanned = scan(pr.name, pr.info, pr.lo, pr.hi, int64_t(kPieceBytes / dtype_size(pr.info.dtype)),
+                                       pr.consume, copy_threads_);
+      if (problem.empty()) problem = !pr.problem.empty() ? pr.problem : scanned;
+    }
+  } else {
+    std::vector<std::unique_ptr<SliceScan>> scans;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    std::vector<size_t> scan_of_range;
+    for (const PlannedRead& pr : planned) {
+      static const std::vector<Slice> none;
+      const int64_t esize = int64_t(dtype_size(pr.info.dtype));
+      scans.push_back(std::make_unique<SliceScan>(path(), pr.name, pr.info, pr.lo < pr.hi ? slices(pr.name, pr.info) : none,
+                                                  pr.lo, pr.hi, kPieceBytes / esize, pr.consume, copy_threads_));
+      if (!pr.problem.empty()) scans.back()->fail(pr.problem);
+      if (pr.lo >= pr.hi) continue;
+      ranges.push_back({pr.info.file_offset + pr.lo * esize, (pr.hi - pr.lo) * esize});
+      scan_of_range.push_back(scans.size() - 1);
+    }
+    if (!ranges.empty()) {
+      if (!data_) data_ = std::make_unique<DirectFile>(path(), false);
+      size_t current = scan_of_range[0];
+      try {
+        data_->read_ranges(ranges, [&](size_t r, const char* p, int64_t bytes) {
+          current = scan_of_range[r];
+          scans[current]->take_bytes(p, bytes);
+        });
+      } catch (const Error& e) {
+        scans[current]->fail(e.what());
+      }
+    }
+    for (const auto& sc : scans)
+      if (problem.empty()) problem = sc->problem();
   }
   if (file_.parallel()) problem = first_error(file_.comm(), problem);
   if (!problem.empty()) throw DamagedFileError(problem);

@@ -162,6 +162,18 @@ class CheckpointReader {
   // `expected_shape`, or its dtype cannot be read as `mem_dtype`; DamagedFileError as above.
   void read(const std::string& name, const Shape& expected_shape, DType mem_dtype, void* data, int64_t offset,
             int64_t count) const;
+  struct ReadRequest {
+    std::string name;
+    Shape expected_shape;
+    DType mem_dtype;
+    void* data;
+    int64_t offset, count;
+  };
+  // Collective. read() of every request, in order, with the same checks and errors (the first
+  // problem is thrown after all have been read), but the datasets' bytes stream from the disk as one
+  // sequence: the next dataset's first piece is read while this one's last is checked and copied out.
+  // Every rank passes requests for the same datasets in the same order.
+  void read_all(const std::vector<ReadRequest>& requests) const;
   // Serial. Streams the whole dataset in order as `mem_dtype`, in pieces of at most `piece` elements:
   // consume(data, offset, count). A slice is verified when its last piece has been read, so pieces
   // handed out before a DamagedFileError come from a damaged file: the caller must discard what it
@@ -175,6 +187,16 @@ class CheckpointReader {
  private:
   using Slice = SliceChecksum;
   const std::vector<Slice>& slices(const std::string& name, const DatasetInfo& info) const;
+  // A checksummed read checked and widened to its slices' bounds: [lo, hi) to read (empty after a
+  // problem), and the consume() that copies the requested part out as the request's dtype.
+  struct PlannedRead {
+    std::string name;
+    DatasetInfo info;
+    int64_t lo = 0, hi = 0;
+    std::string problem;
+    std::function<void(const char* raw, int64_t offset, int64_t count)> consume;
+  };
+  PlannedRead plan_read(const ReadRequest& r) const;
   // Reads [lo, hi) of `name` (slice bounds) in pieces, checks every slice in it and hands each piece
   // to `consume` as stored (file dtype). Returns the first problem found ("" if none).
   // With `threads` > 1, consume may be called from that many threads at once, on disjoint ranges.

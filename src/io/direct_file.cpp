@@ -97,16 +97,28 @@ uint32_t DirectFile::write(int64_t offset, const void* data, int64_t bytes, uint
 }
 
 void DirectFile::read(int64_t offset, int64_t bytes, const std::function<void(const char*, int64_t)>& consume) {
+  read_ranges({{offset, bytes}}, [&](size_t, const char* p, int64_t n) { consume(p, n); });
+}
+
+void DirectFile::read_ranges(const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                             const std::function<void(size_t, const char*, int64_t)>& consume) {
   finish_writes();  // the bounce buffers are the reads' now
-  const int64_t end = offset + bytes;
-  const int64_t pieces = (bytes + kPieceBytes - 1) / kPieceBytes;
-  // Piece p is bytes [offset + p * kPieceBytes, ...) of the range, so pieces never split an element.
+  // Piece p of range r is bytes [offset + p * kPieceBytes, ...) of the range, so pieces never split an
+  // element. The pieces of all the ranges form one sequence, read one ahead of the one handed out.
+  struct Piece {
+    size_t range;
+    int64_t from, to;
+  };
+  std::vector<Piece> pieces;
+  for (size_t r = 0; r < ranges.size(); ++r)
+    for (int64_t from = ranges[r].first, end = from + ranges[r].second; from < end; from += kPieceBytes)
+      pieces.push_back({r, from, std::min(end, from + kPieceBytes)});
   // O_DIRECT reads whole pages: the window around a piece, past its ends (another rank's bytes, the
   // neighbouring piece's, nothing past the end of the file), is read but not handed out.
-  auto start = [&](int64_t p) {
-    const int64_t from = offset + p * kPieceBytes, to = std::min(end, from + kPieceBytes);
+  auto start = [&](size_t k) {
+    const int64_t from = pieces[k].from, to = pieces[k].to;
     const int64_t lo = direct() ? align_down(from) : from, hi = direct() ? align_up(to) : to;
-    char* buf = bounce_[p & 1].get();
+    char* buf = bounce_[k & 1].get();
     return std::async(std::launch::async, [this, buf, lo, hi, to] {
       const int fd = direct() ? direct_fd_ : fd_;
       for (int64_t done = 0; done < to - lo;) {  // a short read at the end of the file is fine past `to`
@@ -118,12 +130,12 @@ void DirectFile::read(int64_t offset, int64_t bytes, const std::function<void(co
       }
     });
   };
-  std::future<void> next = pieces > 0 ? start(0) : std::future<void>();
-  for (int64_t p = 0; p < pieces; ++p) {
+  std::future<void> next = pieces.empty() ? std::future<void>() : start(0);
+  for (size_t k = 0; k < pieces.size(); ++k) {
     next.get();
-    if (p + 1 < pieces) next = start(p + 1);
-    const int64_t from = offset + p * kPieceBytes, to = std::min(end, from + kPieceBytes);
-    consume(bounce_[p & 1].get() + (from - (direct() ? align_down(from) : from)), to - from);
+    if (k + 1 < pieces.size()) next = start(k + 1);
+    const int64_t from = pieces[k].from, to = pieces[k].to;
+    consume(pieces[k].range, bounce_[k & 1].get() + (from - (direct() ? align_down(from) : from)), to - from);
   }
 }
 

@@ -20,6 +20,8 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace zp::io {
 
@@ -43,6 +45,11 @@ class DirectFile {
   // Reads `bytes` at `offset` in order, handing them out in pieces of kPieceBytes (the last one
   // shorter): consume(piece, piece_bytes).
   void read(int64_t offset, int64_t bytes, const std::function<void(const char*, int64_t)>& consume);
+  // read() of several (offset, bytes) ranges in order, as one stream of pieces, so that the disk
+  // reads the next range's first piece while the caller consumes this one's last:
+  // consume(range index, piece, piece_bytes).
+  void read_ranges(const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                   const std::function<void(size_t, const char*, int64_t)>& consume);
   // Waits for the writes in flight, then fsync: this rank's writes are on the disk.
   void sync();
   bool direct() const { return direct_fd_ >= 0; }

@@ -5,6 +5,7 @@
 #include "runtime/checkpoint.h"
 
 #include <algorithm>
+#include <functional>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -396,26 +397,27 @@ TrainState load_stage(const std::string& path, MPI_Comm comm, parallel::ZeroEngi
     progress.update(visited_bytes);
     visited_bytes += double(bs.block().padded()) * 4 * (lagging ? 4 : 3);
     const int64_t begin = bs.owned_begin(), size = bs.owned_end() - begin;
-    if (lagging) {
-      Tensor host = Tensor::empty({size}, DType::F32, Device::cpu(), "checkpoint");
-      bs.read_lagging_weights(begin, size, host.data<float>());  // alignment gaps keep their values
+    // The rank's part of every parameter of the block, for one kind of state, in one stream of reads.
+    auto read_block = [&](const std::function<std::string(const std::string&)>& dataset, float* host) {
+      std::vector<io::CheckpointReader::ReadRequest> reads;
       for (const auto& p : bs.block().params()) {
         const int64_t lo = std::max(begin, p->offset), hi = std::min(begin + size, p->offset + p->numel());
         const int64_t count = std::max<int64_t>(0, hi - lo);
-        reader.read(lagging_ds(p->name), p->shape, DType::F32, host.data<float>() + (count ? lo - begin : 0),
-                    count ? lo - p->offset : 0, count);
+        reads.push_back({dataset(p->name), p->shape, DType::F32, host + (count ? lo - begin : 0),
+                         count ? lo - p->offset : 0, count});
       }
+      reader.read_all(reads);
+    };
+    if (lagging) {
+      Tensor host = Tensor::empty({size}, DType::F32, Device::cpu(), "checkpoint");
+      bs.read_lagging_weights(begin, size, host.data<float>());  // alignment gaps keep their values
+      read_block(lagging_ds, host.data<float>());
       bs.write_lagging_weights(begin, size, host.data<float>());
     }
     for (int k = 0; k < 3; ++k) {
       Tensor host = Tensor::empty({size}, DType::F32, Device::cpu(), "checkpoint");
       bs.read(kStates[k].state, begin, size, host.data<float>());  // alignment gaps keep their values
-      for (const auto& p : bs.block().params()) {
-        const int64_t lo = std::max(begin, p->offset), hi = std::min(begin + size, p->offset + p->numel());
-        const int64_t count = std::max<int64_t>(0, hi - lo);
-        reader.read(dataset_of(k, p->name), p->shape, DType::F32, host.data<float>() + (count ? lo - begin : 0),
-                    count ? lo - p->offset : 0, count);
-      }
+      read_block([&](const std::string& name) { return dataset_of(k, name); }, host.data<float>());
       bs.write(kStates[k].state, begin, size, host.data<float>());
     }
   }, s);
