@@ -5,8 +5,9 @@
 // ZB-H1's split backward, which weight pass, the chunk's last W of the step). The
 // update itself is the driver's (runtime/optimizer_step.h finish_step with PipelineGradients).
 //
-// Receives are posted one pass ahead, so a message's transfer overlaps the pass before the one that
-// needs it; sends never wait.
+// Receives are posted one pass ahead, so over MPI a message's transfer overlaps the pass before the
+// one that needs it (the NCCL link enqueues a receive only when its pass needs it: comm/stage_link.h);
+// sends never wait.
 //
 // Messages carry tag micro * C + the global chunk that receives them (C = P x V chunks), unique per
 // channel within a step; validation runs its micro-batches in groups that keep tags in range.
