@@ -1,8 +1,10 @@
 #include "comm/stage_link.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <deque>
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -10,9 +12,27 @@
 #include "comm/topology.h"
 #include "comm/watchdog.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace zp::comm {
+
+bool pipeline_trace_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("ZP_PIPELINE_TRACE");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+
 namespace {
+
+const char* channel_name(PipeChannel ch) { return ch == PipeChannel::Activations ? "activations" : "gradients"; }
+
+// One line per link event when tracing (pipeline_trace_enabled).
+template <class... A>
+void trace(const A&... parts) {
+  if (pipeline_trace_enabled()) ZP_LOG_INFO_ALL("pipeline trace: ", parts...);
+}
 
 int mpi_tag(PipeChannel ch, int tag) {
   ZP_CHECK(tag >= 0 && tag < StageLink::kMaxTag, "pipeline message tag ", tag, " out of range");
@@ -51,6 +71,7 @@ class MpiStageLink final : public StageLink {
     const HostTimer busy(busy_s_);
     const int t = mpi_tag(ch, tag);
     ZP_CHECK(!recvs_.count(t), "pipeline receive ", tag, " posted twice");
+    trace("post receive of ", channel_name(ch), " ", tag, " from stage ", peer);
     Pending& p = recvs_[t];
     p.buf = std::move(buf);
     ZP_MPI_CHECK(MPI_Irecv(p.buf.data(), count_of(p.buf), mpi_datatype(p.buf.dtype()), peer, t, comm_, &p.req));
@@ -60,6 +81,7 @@ class MpiStageLink final : public StageLink {
     auto it = recvs_.find(mpi_tag(ch, tag));
     ZP_CHECK(it != recvs_.end(), "pipeline receive ", tag, " was never posted");
     const auto t0 = std::chrono::steady_clock::now();
+    trace("wait for ", channel_name(ch), " ", tag);
     wait_or_die(&it->second.req, 1, timeout_s_,
                 detail::cat("pipeline receive of ", ch == PipeChannel::Activations ? "activations" : "gradients",
                             " (message ", tag, ")"));
@@ -74,6 +96,7 @@ class MpiStageLink final : public StageLink {
   void send(PipeChannel ch, Tensor buf, int peer, int tag) override {
     ZP_CHECK(buf.device().is_cpu(), "MPI pipeline link: host buffers only");
     const HostTimer busy(busy_s_);
+    trace("send ", channel_name(ch), " ", tag, " to stage ", peer);
     sends_.push_back({std::move(buf), MPI_REQUEST_NULL});
     Pending& p = sends_.back();
     ZP_MPI_CHECK(MPI_Isend(p.buf.data(), count_of(p.buf), mpi_datatype(p.buf.dtype()), peer, mpi_tag(ch, tag), comm_,
@@ -82,6 +105,7 @@ class MpiStageLink final : public StageLink {
   }
 
   void finish() override {
+    trace("finish: waiting for ", recvs_.size(), " receives and ", sends_.size(), " sends");
     const auto t0 = std::chrono::steady_clock::now();
     for (auto& [t, p] : recvs_) wait_or_die(&p.req, 1, timeout_s_, "a pipeline receive");
     recvs_.clear();
@@ -176,20 +200,23 @@ class NcclStageLink final : public StageLink {
     p.buf = std::move(buf);
     p.flow = &f;
     f.unqueued.push_back({int(ch), tag});
+    trace("post receive of ", channel_name(ch), " ", tag, " from stage ", peer, " (enqueued when needed)");
   }
 
   Tensor wait_recv(PipeChannel ch, int tag) override {
     auto it = recvs_.find({int(ch), tag});
     ZP_CHECK(it != recvs_.end(), "pipeline receive ", tag, " was never posted");
     if (!it->second.done) enqueue_through(*it->second.flow, {int(ch), tag});
+    trace("compute waits for ", channel_name(ch), " ", tag);
     it->second.done->wait_on(compute_);
     Tensor out = std::move(it->second.buf);
     recvs_.erase(it);
     return out;
   }
 
-  void send(PipeChannel ch, Tensor buf, int peer, int) override {
+  void send(PipeChannel ch, Tensor buf, int peer, int tag) override {
     Flow& f = flow_to(ch, peer, /*sending=*/true);
+    trace("send ", channel_name(ch), " ", tag, " to stage ", peer);
     Event ready;
     ready.record(compute_);
     ready.wait_on(f.stream.handle());
@@ -200,6 +227,7 @@ class NcclStageLink final : public StageLink {
   }
 
   void finish() override {
+    trace("finish: waiting for every flow");
     for (auto& [k, f] : flows_)
       if (!f.unqueued.empty()) enqueue_through(f, f.unqueued.back());
     for (auto& [k, f] : flows_) f.comm->wait(f.stream.handle());  // polled under the watchdog
@@ -238,6 +266,7 @@ class NcclStageLink final : public StageLink {
       const std::pair<int, int> k = f.unqueued.front();
       f.unqueued.pop_front();
       Pending& p = recvs_.at(k);
+      trace("enqueue receive of ", channel_name(PipeChannel(k.first)), " ", k.second);
       p.ready->wait_on(f.stream.handle());
       next_event().record(f.stream.handle());
       f.comm->recv(p.buf.data(), p.buf.numel(), p.buf.dtype(), f.comm->rank() ^ 1, f.stream.handle());
@@ -252,6 +281,7 @@ class NcclStageLink final : public StageLink {
   // peer (and may synchronize the device), which in the middle of a schedule can wait on work the
   // peer enqueues only later. Both ends of a link call this for its flows in the same order.
   static void connect(Flow& f, bool sending, Device dev) {
+    trace("connect a flow (", sending ? "sending" : "receiving", ")");
     Tensor word = Tensor::zeros({1}, DType::F32, dev, "pipeline", f.stream.handle());
     if (sending)
       f.comm->send(word.data(), 1, DType::F32, f.comm->rank() ^ 1, f.stream.handle());

@@ -64,6 +64,11 @@ class StageLink {
   virtual double take_busy_ms() = 0;
 };
 
+// Whether ZP_PIPELINE_TRACE is set (to anything but "" or "0"): the stages then log, on every rank,
+// each pass they start and each message their link posts, enqueues, waits for and sends, so that a
+// hung or killed pipeline shows where each stage stopped. Read once.
+bool pipeline_trace_enabled();
+
 // Collective over `pipeline` (its ranks are the stages, in order). `wraps`: the last stage also
 // sends to the first (interleaved schedules). NCCL: `dev` is this rank's GPU and `compute` the
 // stream the stage computes on. Throws zp::Error for NCCL in a build without CUDA.

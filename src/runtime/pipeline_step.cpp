@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace zp::runtime {
 
@@ -114,6 +115,10 @@ double PipelineStep::run(const std::vector<PipeAction>& passes, int64_t step, co
     // is reduced by the engine's finish()).
     if (a.op == PipeOp::Backward) engine_.begin_micro_step(!split && a.micro == M - 1);
     if (a.op == PipeOp::BackwardWeight) engine_.begin_micro_step(a.micro == M - 1);
+    if (comm::pipeline_trace_enabled())
+      ZP_LOG_INFO_ALL("pipeline trace: step ", step, " pass ", k + 1, "/", passes.size(), ": ",
+                      a.op == PipeOp::Forward ? "F" : a.op == PipeOp::BackwardWeight ? "W" : split ? "B (input)" : "B",
+                      " of micro-batch ", a.micro, ", chunk ", g);
     if (events) pass_events_[2 * k]->record(s_);
     const auto t0 = std::chrono::steady_clock::now();
     Tensor out;
