@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test in one call on a lent GPU machine (where binaries arrive packed, without a build tree
 # or ctest): zp_tests' *Gpu* suites on one GPU, zp_mpi_tests' *Gpu* suites at one rank and, where the
-# machine has two GPUs or more, at two ranks (NCCL, one GPU per rank). Each group runs under its own
+# machine has two GPUs or more, at two ranks (NCCL, one GPU per rank; pipelines traced). Each group runs under its own
 # time limit, so a hang in one (reported as "TIMED OUT") does not hide the others' results; each
 # group's log goes to OUT_DIR, and the last lines summarise them. Exits 1 when a group failed or timed out.
 # Usage: gpu_suite.sh BIN_DIR OUT_DIR [SECONDS_PER_GROUP (default 240)] [GTEST_FILTER (default *Gpu*)]
@@ -30,7 +30,8 @@ echo "GPUs: $gpus"
 group unit_gpu "$bin/zp_tests" --gtest_filter="$filter"
 group mpi_np1_gpu mpirun --bind-to none -np 1 "$bin/zp_mpi_tests" --gtest_filter="$filter"
 if [ "$gpus" -ge 2 ]; then
-  group mpi_np2_gpu mpirun --bind-to none -np 2 "$bin/zp_mpi_tests" --gtest_filter="$filter"
+  # Traced: if a pipeline hangs, its log says which pass and message each stage stopped at.
+  group mpi_np2_gpu mpirun --bind-to none -np 2 -x ZP_PIPELINE_TRACE=1 "$bin/zp_mpi_tests" --gtest_filter="$filter"
 else
   summary+=("mpi_np2_gpu: not run ($gpus GPU)")
 fi
