@@ -73,6 +73,8 @@ recomputed, swapped = ([json.loads(l) for l in open(f)][-1] for f in sys.argv[1:
 assert recomputed["preemptions"] > 0 and recomputed["swapped_preemptions"] == 0, recomputed
 assert swapped["swapped_preemptions"] == swapped["preemptions"] > 0, swapped
 PY
+run 1 "$tmp/tiny_swap.jsonl" --kv-swap-memory 100B && fail "a swap space smaller than one block was accepted"
+grep -q -- "--kv-swap-memory" "$tmp/tiny_swap.jsonl.log" || { cat "$tmp/tiny_swap.jsonl.log"; fail "the error does not name --kv-swap-memory"; }
 ids() { /usr/bin/python3 -c 'import json,sys; [print(json.loads(l)["index"], json.loads(l)["output_ids"]) for l in open(sys.argv[1])]' "$1"; }
 for f in np2 np3 offload nvme shard2 shard3 shardcpu small0 small1MiB; do
   diff <(ids "$tmp/np1.jsonl") <(ids "$tmp/$f.jsonl") || fail "$f differs from np 1"

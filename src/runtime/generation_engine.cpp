@@ -57,8 +57,11 @@ int64_t kv_cache_blocks(const models::Transformer& model, const GenerationOption
 int64_t kv_swap_blocks(const models::Transformer& model, const GenerationOptions& o) {
   ZP_REQUIRE(o.kv_swap_bytes >= 0, "generation: the KV swap space must be >= 0 bytes, got ", o.kv_swap_bytes);
   const models::TransformerConfig& m = model.config();
-  return o.kv_swap_bytes /
-         nn::PagedKvCache::bytes_for(m.layers, 1, o.block_size, m.kv_heads, m.head_dim, model.ctx().dt);
+  const int64_t per_block = nn::PagedKvCache::bytes_for(m.layers, 1, o.block_size, m.kv_heads, m.head_dim, model.ctx().dt);
+  ZP_REQUIRE(o.kv_swap_bytes == 0 || o.kv_swap_bytes >= per_block, "generation: ", o.kv_swap_bytes,
+             " bytes of KV swap space (--kv-swap-memory) do not hold one block of ", o.block_size, " tokens (",
+             per_block, " bytes)");
+  return o.kv_swap_bytes / per_block;
 }
 
 GenerationEngine::GenerationEngine(models::Transformer& model, const io::BpeTokenizer* tokenizer,
