@@ -89,12 +89,37 @@ TEST(GenerationScheduler, FirstPrefillOfAStepIgnoresTheBudgetAndSequenceLimitHol
   EXPECT_EQ(s.waiting(), 1);
 }
 
+// The preemption tests' job: a cache of 4 blocks of 2 tokens with `host_blocks` of swap space, and
+// two prompts of 3 tokens, request 0 for 4 new tokens and request 1 for 8.
+GenerationScheduler two_requests_in_a_small_cache(int64_t host_blocks) {
+  GenerationLimits lim{2, 4, 64, 8, 64};
+  lim.host_blocks = host_blocks;
+  GenerationScheduler s(lim);
+  s.submit(request(3, 4));
+  s.submit(request(3, 8, 50));
+  return s;
+}
+
+// The end of the two preemption tests below: request 1, alone in the cache of 4 blocks of 2 tokens,
+// outgrows it (8 positions) before its 8 new tokens, and ends "length" with nothing more moved.
+void expect_request_1_outgrows_the_cache(GenerationScheduler& s) {
+  std::vector<int64_t> done;
+  while (done.empty()) {
+    StepPlan p = s.plan();
+    EXPECT_TRUE(p.swap_out.empty() && p.swap_in.empty());
+    done = s.commit(p, std::vector<int32_t>(p.seqs.size(), 23));
+  }
+  EXPECT_EQ(done, (std::vector<int64_t>{1}));
+  EXPECT_EQ(s.finish_reason(1), FinishReason::Length);
+  EXPECT_EQ(s.output(1).size(), 6u);  // positions 0..7 hold 3 + 5 tokens, the 6th sampled is not fed back
+  EXPECT_EQ(s.free_blocks(), 4);
+  EXPECT_TRUE(s.idle());
+}
+
 TEST(GenerationScheduler, PreemptsTheNewestWhenBlocksRunOutAndRecomputesIt) {
   // 4 blocks of 2 tokens; two prompts of 3 tokens take 2 blocks each; the next decode of each needs
   // a third block (position 4 is in block 2), and there is none: request 1 is preempted.
-  GenerationScheduler s({2, 4, 64, 8, 64});
-  s.submit(request(3, 4));
-  s.submit(request(3, 8, 50));
+  GenerationScheduler s = two_requests_in_a_small_cache(0);
   StepPlan p = s.plan();
   s.commit(p, {10, 20});
   p = s.plan();  // both decode position 3 (block 1): no new block yet
@@ -115,27 +140,13 @@ TEST(GenerationScheduler, PreemptsTheNewestWhenBlocksRunOutAndRecomputesIt) {
   EXPECT_EQ(p.ids, (std::vector<int32_t>{50, 51, 52, 20, 21}));
   EXPECT_EQ(p.sampling[0].draw, 2u);
   s.commit(p, {22});
-  // Alone, it outgrows the whole cache (8 positions) before its 8 new tokens: it ends "length".
-  std::vector<int64_t> done;
-  while (done.empty()) {
-    p = s.plan();
-    done = s.commit(p, std::vector<int32_t>(p.seqs.size(), 23));
-  }
-  EXPECT_EQ(done, (std::vector<int64_t>{1}));
-  EXPECT_EQ(s.finish_reason(1), FinishReason::Length);
-  EXPECT_EQ(s.output(1).size(), 6u);  // positions 0..7 hold 3 + 5 tokens, the 6th sampled is not fed back
-  EXPECT_EQ(s.free_blocks(), 4);
-  EXPECT_TRUE(s.idle());
+  expect_request_1_outgrows_the_cache(s);
 }
 
 // The same job with swap space: request 1's two blocks go to the host when it is preempted, and
 // come back into free blocks when request 0 ends; it then decodes on from position 4 with no prefill.
 TEST(GenerationScheduler, SwapsPreemptedBlocksToTheHostAndResumesThem) {
-  GenerationLimits lim{2, 4, 64, 8, 64};
-  lim.host_blocks = 3;
-  GenerationScheduler s(lim);
-  s.submit(request(3, 4));
-  s.submit(request(3, 8, 50));
+  GenerationScheduler s = two_requests_in_a_small_cache(3);
   StepPlan p = s.plan();  // request 0 takes blocks 0 and 1, request 1 blocks 2 and 3
   EXPECT_TRUE(p.swap_out.empty());
   s.commit(p, {10, 20});
@@ -177,25 +188,12 @@ TEST(GenerationScheduler, SwapsPreemptedBlocksToTheHostAndResumesThem) {
   EXPECT_EQ(p.slots[0], p.block_tables[2] * 2 + 0);
   EXPECT_EQ(s.free_host_blocks(), 3);
   s.commit(p, {22});
-  std::vector<int64_t> done;
-  while (done.empty()) {
-    p = s.plan();
-    EXPECT_TRUE(p.swap_out.empty() && p.swap_in.empty());
-    done = s.commit(p, std::vector<int32_t>(p.seqs.size(), 23));
-  }
-  EXPECT_EQ(done, (std::vector<int64_t>{1}));
-  EXPECT_EQ(s.output(1).size(), 6u);  // as when recomputed: the cache's 8 positions end it
-  EXPECT_EQ(s.free_blocks(), 4);
-  EXPECT_TRUE(s.idle());
+  expect_request_1_outgrows_the_cache(s);  // as when recomputed
 }
 
 // Without room for all of a sequence's blocks, it is recomputed as without swap space.
 TEST(GenerationScheduler, RecomputesWhatTheSwapSpaceCannotHold) {
-  GenerationLimits lim{2, 4, 64, 8, 64};
-  lim.host_blocks = 1;
-  GenerationScheduler s(lim);
-  s.submit(request(3, 4));
-  s.submit(request(3, 8, 50));
+  GenerationScheduler s = two_requests_in_a_small_cache(1);
   for (int i = 0; i < 3; ++i) {
     StepPlan p = s.plan();
     EXPECT_TRUE(p.swap_out.empty());
