@@ -3,7 +3,7 @@
 # local GPU's architecture when there is one, else for $ZP_CUDA_ARCH (default 90) alone to keep the
 # build short; set ZP_CUDA_ARCH="80;86;89;90" for a portable build.
 ZP_PACKAGES="cmake g++ make libopenmpi-dev openmpi-bin libhdf5-openmpi-dev libboost-program-options-dev \
-nlohmann-json3-dev liburing-dev libpcre2-dev pkg-config libgtest-dev libbenchmark-dev python3-h5py"
+nlohmann-json3-dev liburing-dev libpcre2-dev libdeflate-dev pkg-config libgtest-dev libbenchmark-dev python3-h5py"
 missing=""
 for p in $ZP_PACKAGES; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"

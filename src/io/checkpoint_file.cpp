@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
+#include <libdeflate.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -31,9 +32,7 @@ namespace fs = std::filesystem;
 
 // --- crc32 -----------------------------------------------------------------------------------
 
-uint32_t crc32(const void* data, size_t bytes, uint32_t crc) {
-  return uint32_t(::crc32_z(crc, static_cast<const Bytef*>(data), bytes));
-}
+uint32_t crc32(const void* data, size_t bytes, uint32_t crc) { return libdeflate_crc32(crc, data, bytes); }
 
 // --- helpers -----------------------------------------------------------------------------------
 

@@ -53,7 +53,8 @@ namespace zp::io {
 class DirectFile;
 constexpr int64_t kCheckpointFormat = 1;
 
-// CRC-32, zlib's (IEEE polynomial, reflected): crc32(b, n, crc32(a, m)) continues a run.
+// CRC-32 as zlib computes it (IEEE polynomial, reflected; computed by libdeflate): crc32(b, n,
+// crc32(a, m)) continues a run.
 uint32_t crc32(const void* data, size_t bytes, uint32_t crc = 0);
 
 // One row of a dataset's slice_checksums: elements [offset, offset + count) as written by one rank.
