@@ -305,9 +305,9 @@ int main(int argc, char** argv) {
     zp::io::CheckpointReader r(path, MPI_COMM_WORLD);
     for (int k = 0; k < 3; ++k) {
       int64_t at = int64_t(k) * shard;
-      for (size_t b = 0; b < tensors.size(); b = b == 0 ? 1 : b + 12) {
+      for (size_t b = 0, end = 1; b < tensors.size(); b = end, end = std::min(tensors.size(), end + 12)) {
         std::vector<zp::io::CheckpointReader::ReadRequest> reads;
-        for (size_t i = b; i < (b == 0 ? 1 : std::min(tensors.size(), b + 12)); ++i) {
+        for (size_t i = b; i < end; ++i) {
           const auto& t = tensors[i];
           auto [off, n] = slice(t, rank);
           reads.push_back({std::string(parts[k]) + t.name + suffix[k], t.shape, zp::DType::F32, loaded.data() + at, off, n});

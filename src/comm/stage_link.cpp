@@ -83,8 +83,7 @@ class MpiStageLink final : public StageLink {
     const auto t0 = std::chrono::steady_clock::now();
     trace("wait for ", channel_name(ch), " ", tag);
     wait_or_die(&it->second.req, 1, timeout_s_,
-                detail::cat("pipeline receive of ", ch == PipeChannel::Activations ? "activations" : "gradients",
-                            " (message ", tag, ")"));
+                detail::cat("pipeline receive of ", channel_name(ch), " (message ", tag, ")"));
     const double waited = seconds_since(t0);
     wait_s_ += waited;
     busy_s_ += waited;

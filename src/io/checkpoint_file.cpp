@@ -639,29 +639,21 @@ CheckpointReader::PlannedRead CheckpointReader::plan_read(const ReadRequest& r) 
 
 void CheckpointReader::read(const std::string& name, const Shape& expected_shape, DType mem_dtype, void* data,
                             int64_t offset, int64_t count) const {
-  if (!checksummed_) {
-    const std::string n = norm_name(name);
-    const DatasetInfo info = file_.dataset_info(n);
-    ZP_REQUIRE(info.shape == expected_shape, path(), ": dataset '", n, "': shape ", shape_str(info.shape),
-               " in the file, expected ", shape_str(expected_shape));
-    file_.read_slice(n, mem_dtype, data, offset, count);
-    bytes_read_ += count * int64_t(dtype_size(info.dtype));
-    return;
-  }
-  const PlannedRead pr = plan_read({name, expected_shape, mem_dtype, data, offset, count});
-  std::string problem = pr.problem;
-  if (problem.empty() || file_.parallel()) {
-    const std::string scanned = scan(pr.name, pr.info, pr.lo, pr.hi, int64_t(kPieceBytes / dtype_size(pr.info.dtype)),
-                                     pr.consume, copy_threads_);
-    if (problem.empty()) problem = scanned;
-  }
-  if (file_.parallel()) problem = first_error(file_.comm(), problem);
-  if (!problem.empty()) throw DamagedFileError(problem);
+  read_all({{name, expected_shape, mem_dtype, data, offset, count}});
+}
+
+void CheckpointReader::read_unverified(const ReadRequest& r) const {
+  const std::string n = norm_name(r.name);
+  const DatasetInfo info = file_.dataset_info(n);
+  ZP_REQUIRE(info.shape == r.expected_shape, path(), ": dataset '", n, "': shape ", shape_str(info.shape),
+             " in the file, expected ", shape_str(r.expected_shape));
+  file_.read_slice(n, r.mem_dtype, r.data, r.offset, r.count);
+  bytes_read_ += r.count * int64_t(dtype_size(info.dtype));
 }
 
 void CheckpointReader::read_all(const std::vector<ReadRequest>& requests) const {
   if (!checksummed_) {
-    for (const ReadRequest& r : requests) read(r.name, r.expected_shape, r.mem_dtype, r.data, r.offset, r.count);
+    for (const ReadRequest& r : requests) read_unverified(r);
     return;
   }
   std::vector<PlannedRead> planned;

@@ -198,6 +198,8 @@ class CheckpointReader {
     std::function<void(const char* raw, int64_t offset, int64_t count)> consume;
   };
   PlannedRead plan_read(const ReadRequest& r) const;
+  // A file without checksums (written by another tool): the request read through HDF5 as it is.
+  void read_unverified(const ReadRequest& r) const;
   // Reads [lo, hi) of `name` (slice bounds) in pieces, checks every slice in it and hands each piece
   // to `consume` as stored (file dtype). Returns the first problem found ("" if none).
   // With `threads` > 1, consume may be called from that many threads at once, on disjoint ranges.

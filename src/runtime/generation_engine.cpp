@@ -30,10 +30,20 @@ class ArgPacker {
 
 }  // namespace
 
+namespace {
+
+// Bytes of one block of `o.block_size` tokens' keys and values over every layer of `model`.
+int64_t kv_block_bytes(const models::Transformer& model, const GenerationOptions& o) {
+  const models::TransformerConfig& m = model.config();
+  return nn::PagedKvCache::bytes_for(m.layers, 1, o.block_size, m.kv_heads, m.head_dim, model.ctx().dt);
+}
+
+}  // namespace
+
 int64_t kv_cache_blocks(const models::Transformer& model, const GenerationOptions& o) {
   const models::TransformerConfig& m = model.config();
   const nn::Ctx c = model.ctx();
-  const int64_t per_block = nn::PagedKvCache::bytes_for(m.layers, 1, o.block_size, m.kv_heads, m.head_dim, c.dt);
+  const int64_t per_block = kv_block_bytes(model, o);
   int64_t bytes = o.kv_cache_bytes;
   if (bytes <= 0 && c.dev.is_cuda()) {
     size_t free = 0, total = 0;
@@ -56,8 +66,7 @@ int64_t kv_cache_blocks(const models::Transformer& model, const GenerationOption
 
 int64_t kv_swap_blocks(const models::Transformer& model, const GenerationOptions& o) {
   ZP_REQUIRE(o.kv_swap_bytes >= 0, "generation: the KV swap space must be >= 0 bytes, got ", o.kv_swap_bytes);
-  const models::TransformerConfig& m = model.config();
-  const int64_t per_block = nn::PagedKvCache::bytes_for(m.layers, 1, o.block_size, m.kv_heads, m.head_dim, model.ctx().dt);
+  const int64_t per_block = kv_block_bytes(model, o);
   ZP_REQUIRE(o.kv_swap_bytes == 0 || o.kv_swap_bytes >= per_block, "generation: ", o.kv_swap_bytes,
              " bytes of KV swap space (--kv-swap-memory) do not hold one block of ", o.block_size, " tokens (",
              per_block, " bytes)");
