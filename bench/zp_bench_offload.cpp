@@ -467,6 +467,7 @@ int main(int argc, char** argv) {
     args.push_back(argv[i]);
   }
   int nargs = int(args.size());
+  args.push_back(nullptr);  // argv's terminator
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<int> thread_counts;
   for (int t = 1; t < hw; t *= 2) thread_counts.push_back(t);
@@ -501,7 +502,6 @@ int main(int argc, char** argv) {
                                    BM_NvmeSwap, write, block, depth)
           ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(2);
   }
-  benchmark::Initialize(&nargs, args.data());
   int rank = 0;
 #ifdef ZP_WITH_CUDA
   // The engine benchmark's ranks (mpirun -np 1|2); rank 0 reports.
@@ -511,6 +511,10 @@ int main(int argc, char** argv) {
   if (rt.device().is_cuda()) benchmark::AddCustomContext("device", zp::cuda_device_name(rt.device().index));
   benchmark::AddCustomContext("ranks", std::to_string(rt.world_size()));
   rank = rt.rank();
+  keep_output_file_on_rank0(rank, &nargs, argv_left);
+  benchmark::Initialize(&nargs, argv_left);
+#else
+  benchmark::Initialize(&nargs, args.data());
 #endif
   run_benchmarks_on_every_rank(rank);
   return 0;

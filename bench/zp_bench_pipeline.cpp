@@ -156,6 +156,7 @@ int main(int argc, char** argv) {
   zp::comm::Runtime rt(&argc, &argv);
   zp::bench::g_rt = &rt;
   benchmark::AddCustomContext("ranks", std::to_string(rt.world_size()));
+  zp::bench::keep_output_file_on_rank0(rt.rank(), &argc, argv);
   benchmark::Initialize(&argc, argv);
   zp::bench::run_benchmarks_on_every_rank(rt.rank());
   return 0;
