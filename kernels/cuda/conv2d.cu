@@ -16,6 +16,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/log.h"
 #include "kernels/conv2d.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/scratch.cuh"
@@ -143,6 +144,10 @@ std::unique_ptr<ConvPlan> make_plan(cudnnHandle_t h, const Conv2dShape& c, DType
     ZP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->x, p->y, p->bwd_filter, p->w,
                                                                   p->bwd_filter_algo, &p->bwd_filter_ws));
   }
+  // cuDNN's enum values: which algorithm (and so which rounding) each direction took.
+  ZP_LOG_DEBUG("conv2d ", dtype_name(dt), " N", c.N, " C", c.Cin, "->", c.Cout, " ", c.H, "x", c.W, " k", c.KH, "x",
+               c.KW, " s", c.stride_h, ": algorithms forward ", int(p->fwd_algo), ", backward-data ",
+               int(p->bwd_data_algo), ", backward-filter ", int(p->bwd_filter_algo));
   return p;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 
 namespace zp {
 namespace {
@@ -14,7 +15,19 @@ int env_int(const char* a, const char* b, const char* c) {
     if (const char* v = std::getenv(n)) return std::atoi(v);
   return -1;
 }
-LogLevel g_level = LogLevel::Info;
+// ZP_LOG_LEVEL=debug|info|warn|error sets the level a run starts at; anything else is an error.
+LogLevel level_from_env() {
+  const char* v = std::getenv("ZP_LOG_LEVEL");
+  if (!v || !*v) return LogLevel::Info;
+  const std::string s = v;
+  if (s == "debug") return LogLevel::Debug;
+  if (s == "info") return LogLevel::Info;
+  if (s == "warn") return LogLevel::Warn;
+  if (s == "error") return LogLevel::Error;
+  std::fprintf(stderr, "ZP_LOG_LEVEL=%s: expected debug, info, warn or error\n", v);
+  std::exit(2);
+}
+LogLevel g_level = level_from_env();
 std::mutex g_log_mutex;
 }  // namespace
 
