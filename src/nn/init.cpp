@@ -17,13 +17,15 @@ namespace {
 template <class Fn>
 void for_pieces(int64_t n, Fn fn) {
   constexpr int64_t kMinPiece = int64_t(1) << 18;
-  const int64_t threads = std::clamp<int64_t>(int64_t(thread_cpus().size()), 1, std::max<int64_t>(1, n / kMinPiece));
+  const int64_t threads =
+      std::clamp<int64_t>(int64_t(thread_cpus().size()), 1, std::max<int64_t>(1, n / kMinPiece));
   if (threads == 1) {
     fn(int64_t(0), n);
     return;
   }
   std::vector<std::jthread> pool;
-  for (int64_t t = 0; t < threads; ++t) pool.emplace_back([&fn, n, threads, t] { fn(n * t / threads, n * (t + 1) / threads); });
+  for (int64_t t = 0; t < threads; ++t)
+    pool.emplace_back([&fn, n, threads, t] { fn(n * t / threads, n * (t + 1) / threads); });
 }
 
 void upload(Parameter& p, const std::vector<float>& host, StreamHandle s) {
