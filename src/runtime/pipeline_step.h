@@ -69,12 +69,13 @@ class PipelineStageModel {
 // What the stage's last training step spent: `span` seconds from its first pass's start to its last
 // pass's end, `busy` of them computing passes (on a GPU measured by events around each pass on the
 // compute stream, on the CPU on the host), and `waiting` blocked on the link (MPI; 0 on NCCL, where
-// the device waits). The stage's bubble is 1 - busy / span: idle time, transfers not hidden included.
+// the device waits). The stage's bubble is its idle share of the step's window (the longest span of
+// the pipeline's stages): 1 - busy / window, transfers not hidden included.
 // `link_busy`: seconds the link was busy sending and receiving (comm::StageLink::take_busy_ms), the
 // step-time breakdown's "send_recv" communication.
 struct StageTimes {
   double busy = 0, span = 0, waiting = 0, link_busy = 0;
-  double bubble() const { return span > 0 ? 1.0 - busy / span : 0.0; }
+  double bubble_in(double window) const { return window > 0 ? 1.0 - busy / window : 0.0; }
 };
 
 class PipelineStep {

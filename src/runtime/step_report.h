@@ -27,10 +27,11 @@ class StepReporter {
                int64_t items_per_step, double flops_per_item, int64_t max_steps, int64_t print_every, bool append);
 
   // A pipeline stage's step (issue 12), for the next report(): its busy, idle and link-wait time,
-  // its bubble, the mean bubble over all stages (rank 0's progress line shows it) and the theory's.
+  // its bubble (idle share of the step window: the longest stage span), the mean bubble over all
+  // stages (rank 0's progress line shows it) and the theory's.
   struct PipelineTimes {
     int stage = 0;
-    double busy_ms = 0, span_ms = 0, wait_ms = 0, bubble = 0, mean_bubble = 0, theory = 0;
+    double busy_ms = 0, window_ms = 0, wait_ms = 0, bubble = 0, mean_bubble = 0, theory = 0;
   };
   void set_pipeline(const PipelineTimes& t) { pipeline_ = t; }
   // csv_monitor (rank 0 only): DeepSpeed's Train/Samples/train_loss and lr after every step, and

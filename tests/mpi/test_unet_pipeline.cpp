@@ -5,7 +5,8 @@
 // two data-parallel pipelines (P2 x D2), LoRA adapters (also under ZB-H1, where they keep their
 // gradients in B); a pipelined checkpoint resumes data-parallel and
 // the reverse; more chunks than units, or a list that names no unit, are errors naming the keys;
-// `zeropipe plan`'s plan of each stage is what its trainer builds.
+// `zeropipe plan`'s plan of each stage is what its trainer builds. On GPUs, one stage per GPU over
+// NCCL follows one GPU.
 #include "io/checkpoint_file.h"
 #include "stage_plan_check.h"
 #include "training_runs.h"
@@ -18,10 +19,11 @@ constexpr int kUNetUnits = 5;
 // The single-rank run every layout with `accum` micro-batches must follow (run on world rank 0,
 // broadcast to the others).
 runtime::TrainResult unet_reference(const std::string& data, int accum, comm::Runtime& rt,
-                                    const io::json& lora = io::json()) {
+                                    const io::json& lora = io::json(), const std::string& device = "cpu") {
   TrainingRun r{"unet", 0, 1};
   r.grad_accum = accum;
   r.lora = lora;
+  r.device = device;
   return single_rank_reference(data, r, rt);
 }
 
@@ -222,6 +224,26 @@ TEST(UNetPipeline, BadCutsAreErrorsNamingTheKeys) {
   EXPECT_NE(listed.find("pipeline.partition: UNet block " + std::to_string(kUNetUnits) + " cannot start a chunk"),
             std::string::npos)
       << listed;
+}
+
+// The same on GPUs (fp32), one stage per GPU: what crosses each cut (the hidden state, the skips and
+// the time embedding, and their gradients) goes over NCCL. ZeRO 1 and 3 inside, 1F1B and ZB-H1.
+TEST(UNetPipelineGpu, StagesOnGpusFollowOneGpu) {
+  if (!every_rank_has_a_gpu() || world_size() < 2) GTEST_SKIP() << "needs two GPUs or more, one per rank";
+  comm::Runtime rt;
+  const int P = world_size();
+  SharedDir dir("unet_pipeline_gpu");
+  const std::string data = data_file(dir, "unet");
+  const runtime::TrainResult want = unet_reference(data, P, rt, io::json(), "cuda");
+  for (int zero : {1, 3})
+    for (const std::string schedule : {"1f1b", "zb-h1"}) {
+      TrainingRun r = unet_stages_of_world(zero);
+      r.device = "cuda";
+      r.schedule = schedule;
+      expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), want,
+                             "unet on " + std::to_string(P) + " GPUs as stages, ZeRO " + std::to_string(zero) + " " +
+                                 schedule);
+    }
 }
 
 }  // namespace zp::test
