@@ -1,6 +1,6 @@
-// The pipeline in write() and read(): piece k is with the I/O thread (a std::async task) while the
-// caller works on piece k+1 in the other bounce buffer; a buffer is reused only after the task that
-// used it has been waited for. A read waits for its tasks before it returns or throws; a write
+// The pipeline in write(): piece k is with the I/O thread (a std::async task) while the caller works
+// on piece k+1 in the other bounce buffer; in read_ranges() pieces k+1..k+3 are being read while the
+// caller consumes piece k. A buffer is reused only after the task that used it has been waited for. A read waits for its tasks before it returns or throws; a write
 // returns with its last piece still being written, so that the next write's first piece is copied
 // and checksummed meanwhile (most of a checkpoint's tensors are one or two pieces: draining the
 // pipeline at every tensor left the disk idle for one piece's copy per tensor). sync() and the
@@ -118,7 +118,7 @@ void DirectFile::read_ranges(const std::vector<std::pair<int64_t, int64_t>>& ran
   auto start = [&](size_t k) {
     const int64_t from = pieces[k].from, to = pieces[k].to;
     const int64_t lo = direct() ? align_down(from) : from, hi = direct() ? align_up(to) : to;
-    char* buf = bounce_[k & 1].get();
+    char* buf = read_buffer(k);
     return std::async(std::launch::async, [this, buf, lo, hi, to] {
       const int fd = direct() ? direct_fd_ : fd_;
       for (int64_t done = 0; done < to - lo;) {  // a short read at the end of the file is fine past `to`
@@ -130,13 +130,31 @@ void DirectFile::read_ranges(const std::vector<std::pair<int64_t, int64_t>>& ran
       }
     });
   };
-  std::future<void> next = pieces.empty() ? std::future<void>() : start(0);
+  // Piece k reads into buffer k % (kReadsInFlight + 1); it starts when the piece that used that
+  // buffer before has been consumed. Leaving (or throwing), the futures' destructors wait for the
+  // reads still in flight, so no buffer is written after it is given up.
+  constexpr size_t kBuffers = kReadsInFlight + 1;
+  std::future<void> reading[kBuffers];
+  for (size_t k = 0; k < std::min(pieces.size(), size_t(kReadsInFlight)); ++k) reading[k % kBuffers] = start(k);
   for (size_t k = 0; k < pieces.size(); ++k) {
-    next.get();
-    if (k + 1 < pieces.size()) next = start(k + 1);
+    if (k + kReadsInFlight < pieces.size()) reading[(k + kReadsInFlight) % kBuffers] = start(k + kReadsInFlight);
+    reading[k % kBuffers].get();
     const int64_t from = pieces[k].from, to = pieces[k].to;
-    consume(pieces[k].range, bounce_[k & 1].get() + (from - (direct() ? align_down(from) : from)), to - from);
+    consume(pieces[k].range, read_buffer(k) + (from - (direct() ? align_down(from) : from)), to - from);
   }
+}
+
+char* DirectFile::read_buffer(size_t k) {
+  const size_t b = k % size_t(kReadsInFlight + 1);
+  if (b < 2) return bounce_[b].get();
+  std::unique_ptr<char, Free>& extra = read_ahead_[b - 2];
+  if (!extra) {
+    void* p = nullptr;
+    ZP_REQUIRE(posix_memalign(&p, size_t(kAlign), size_t(kPieceBytes + 2 * kAlign)) == 0, path_, ": cannot allocate ",
+               kPieceBytes, " bytes of I/O buffer");
+    extra.reset(static_cast<char*>(p));
+  }
+  return extra.get();
 }
 
 void DirectFile::finish_writes() {
