@@ -1,6 +1,9 @@
 #include "core/device.h"
 
+#include <functional>
+
 #include "core/error.h"
+#include "core/host_wait.h"
 #ifdef ZP_WITH_CUDA
 #include "core/cuda_check.h"
 #endif
@@ -8,6 +11,21 @@
 namespace zp {
 
 #ifdef ZP_WITH_CUDA
+namespace {
+// A host wait on the device, bounded (core/host_wait.h): work queued on a stream may wait on an
+// NCCL receive whose send never comes (a pipeline peer that hangs), and cudaStreamSynchronize would
+// then block for ever. `query` is cudaStreamQuery or cudaEventQuery of what is waited for.
+void wait_for_device(const std::function<cudaError_t()>& query, const char* what) {
+  cudaError_t last = cudaSuccess;
+  const double limit = wait_timeout_s();
+  if (poll_until([&] { return (last = query()) != cudaErrorNotReady; }, limit) == WaitStatus::TimedOut)
+    ZP_FATAL("device watchdog: ", what, " did not finish within ", limit,
+             " s; work queued on the GPU waits for something that never came (an NCCL transfer whose peer"
+             " is dead or stuck?); ZP_COMM_TIMEOUT_S sets the limit");
+  ZP_CUDA_CHECK(last);
+}
+}  // namespace
+
 int cuda_device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -44,7 +62,7 @@ Stream& Stream::operator=(Stream&& o) noexcept {
   return *this;
 }
 void Stream::synchronize() const {
-  if (h_) ZP_CUDA_CHECK(cudaStreamSynchronize(h_));
+  if (h_) wait_for_device([this] { return cudaStreamQuery(h_); }, "a stream's work");
 }
 Event::Event() { ZP_CUDA_CHECK(cudaEventCreate(&e_)); }
 Event::~Event() {
@@ -52,7 +70,9 @@ Event::~Event() {
 }
 void Event::record(StreamHandle s) { ZP_CUDA_CHECK(cudaEventRecord(e_, s)); }
 void Event::wait_on(StreamHandle s) const { ZP_CUDA_CHECK(cudaStreamWaitEvent(s, e_, 0)); }
-void Event::synchronize() const { ZP_CUDA_CHECK(cudaEventSynchronize(e_)); }
+void Event::synchronize() const {
+  wait_for_device([this] { return cudaEventQuery(e_); }, "the work before an event");
+}
 float Event::elapsed_ms_since(const Event& start) const {
   float ms = 0;
   ZP_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e_, e_));
@@ -93,7 +113,9 @@ std::string cuda_pci_bus_id(int index) {
   if (cudaDeviceGetPCIBusId(id, int(sizeof(id)), index) != cudaSuccess) return "";
   return id;
 }
-void stream_synchronize(StreamHandle s) { ZP_CUDA_CHECK(cudaStreamSynchronize(s)); }
+void stream_synchronize(StreamHandle s) {
+  wait_for_device([s] { return cudaStreamQuery(s); }, "a stream's work");
+}
 void cuda_memory_info(int index, size_t& free, size_t& total) {
   int current = 0;
   ZP_CUDA_CHECK(cudaGetDevice(&current));

@@ -112,11 +112,12 @@ Tensor Tensor::flat(int64_t offset, int64_t count) const {
 }
 
 void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes, StreamHandle s) {
+  const bool download = bytes > 0 && dst_dev.is_cpu() && !src_dev.is_cpu();
+  // A download into pageable memory returns only when it is done, so it would block on the stream's
+  // earlier work without a limit: that is waited for first, bounded (core/host_wait.h).
+  if (download) stream_synchronize(s);
   copy_bytes_async(dst, dst_dev, src, src_dev, bytes, s);
-#ifdef ZP_WITH_CUDA
-  // Host code reads a download next.
-  if (bytes > 0 && dst_dev.is_cpu() && !src_dev.is_cpu()) ZP_CUDA_CHECK(cudaStreamSynchronize(s));
-#endif
+  if (download) stream_synchronize(s);  // host code reads a download next
 }
 
 void copy_bytes_async(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes, StreamHandle s) {
