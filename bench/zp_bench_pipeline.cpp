@@ -13,7 +13,7 @@
 //   first stage idled ~11% of every step at M = 8 and 16 alike (measured on two H200s).
 // On a CPU with fewer cores than ranks (mpirun --oversubscribe) the ranks share cores: a stage that
 // waits gives its core to another (OMPI_MCA_mpi_yield_when_idle=1), so the measured bubble (idle time
-// of each stage, 1 - busy / span) mixes the schedule's idle time with time-slicing; compare the
+// of each stage, 1 - busy / the step window) mixes the schedule's idle time with time-slicing; compare the
 // schedules with each other there, and with theory on a core per rank.
 // Run: mpirun -np 5 zp_bench_pipeline --benchmark_filter='BM_Pipeline/model:0/P:5/'   (CPU, P5)
 //      mpirun -np 2 zp_bench_pipeline --benchmark_filter='BM_Pipeline/model:1/'     (2 GPUs)

@@ -1,10 +1,10 @@
 // The pipeline in write(): piece k is with the I/O thread (a std::async task) while the caller works
 // on piece k+1 in the other bounce buffer; in read_ranges() pieces k+1..k+3 are being read while the
-// caller consumes piece k. A buffer is reused only after the task that used it has been waited for. A read waits for its tasks before it returns or throws; a write
-// returns with its last piece still being written, so that the next write's first piece is copied
-// and checksummed meanwhile (most of a checkpoint's tensors are one or two pieces: draining the
-// pipeline at every tensor left the disk idle for one piece's copy per tensor). sync() and the
-// destructor wait for it.
+// caller consumes piece k. A buffer is reused only after the task that used it has been waited for.
+// A read waits for its tasks before it returns or throws; a write returns with its last piece still
+// being written, so that the next write's first piece is copied and checksummed meanwhile (most of a
+// checkpoint's tensors are one or two pieces: draining the pipeline at every tensor left the disk
+// idle for one piece's copy per tensor). sync() and the destructor wait for it.
 #include "io/direct_file.h"
 
 #include <fcntl.h>

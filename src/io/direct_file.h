@@ -8,8 +8,9 @@
 // aligned bounce buffers: while an I/O thread writes one, the caller copies into the other and
 // computes its CRC, so copy and checksum hide behind the disk; a read keeps three requests in flight
 // while the caller checks and copies a fourth (one request at a time left a virtual disk idle between
-// requests: loads at 0.82x a raw one-request-at-a-time read, measured on a GPU host). The partial pages at
-// either end of a range (a rank's slice rarely starts on a page) go through the page cache: ranks
+// requests: loads at 0.82-0.90x a raw one-request-at-a-time read on a GPU host, 0.95x now). The
+// partial pages at either end of a range (a rank's slice rarely starts on a page) go through the
+// page cache: ranks
 // share those pages, and only buffered writes of a shared page keep both ranks' bytes. sync() makes
 // this rank's buffered bytes durable (every rank syncs its own, which is what a distributed file
 // system needs). A file system that refuses O_DIRECT (tmpfs) gets buffered I/O throughout.
