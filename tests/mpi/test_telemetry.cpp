@@ -68,7 +68,8 @@ TEST(Telemetry, CommBusyPerCollectiveKindOnEveryRank) {
 }
 
 // Two ranks as the two stages of one pipeline (ZeRO 1 inside each stage, one rank per stage: no
-// collective has a peer), two micro-batches: each stage sends and receives every step.
+// collective has a peer), two micro-batches: each stage sends and receives every step, and both
+// count their idle time against the same step window.
 TEST(Telemetry, PipelineSendRecvIsACommunicationKind) {
   if (world_size() < 2) GTEST_SKIP() << "needs several ranks";
   comm::Runtime rt;
@@ -84,8 +85,27 @@ TEST(Telemetry, PipelineSendRecvIsACommunicationKind) {
   runtime::TrainConfig t = runtime::TrainConfig::from(user_config(data, r));
   t.metrics_file = dir / "m.{rank}.jsonl";
   runtime::train(t, rt, two);
-  MPI_Comm_free(&two);
   const std::vector<io::json> steps = step_records(dir / ("m." + std::to_string(world_rank()) + ".jsonl"));
+  // The bubble counts each stage's idle time against the step window, the same for both stages:
+  // busy + idle is one number per step on every stage, bubble = idle / window, and the mean bubble
+  // is the stages' average.
+  std::vector<double> mine;  // per step: window, bubble
+  for (const io::json& j : steps) {
+    const io::json& p = j.at("pipeline");
+    const double busy = p.at("busy_ms").get<double>(), idle = p.at("idle_ms").get<double>();
+    EXPECT_GE(idle, -1e-9) << j.dump();
+    EXPECT_NEAR(p.at("bubble").get<double>(), idle / (busy + idle), 1e-9) << j.dump();
+    mine.insert(mine.end(), {busy + idle, p.at("bubble").get<double>(), p.at("mean_bubble").get<double>()});
+  }
+  std::vector<double> both(2 * mine.size());
+  ZP_MPI_CHECK(
+      MPI_Allgather(mine.data(), int(mine.size()), MPI_DOUBLE, both.data(), int(mine.size()), MPI_DOUBLE, two));
+  for (size_t k = 0; k + 2 < mine.size(); k += 3) {
+    const size_t o = mine.size();
+    EXPECT_DOUBLE_EQ(both[k], both[o + k]) << "step " << k / 3 + 1 << ": the stages' windows";
+    EXPECT_NEAR(mine[k + 2], (both[k + 1] + both[o + k + 1]) / 2, 1e-9) << "step " << k / 3 + 1 << ": mean bubble";
+  }
+  MPI_Comm_free(&two);
   for (const io::json& j : steps) {
     const io::json& b = j.at("breakdown");
     const io::json& kinds = b.at("comm_busy_by_kind_ms");
