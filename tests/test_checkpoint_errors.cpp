@@ -327,7 +327,7 @@ TEST(DirectFile, BackToBackUnalignedWritesReadBackExactly) {
   }
   io::DirectFile f(path, false);
   std::vector<char> back;
-  f.read(1, end - 1, [&](const char* p, int64_t n) { back.insert(back.end(), p, p + n); });
+  f.read_ranges({{1, end - 1}}, [&](size_t, const char* p, int64_t n) { back.insert(back.end(), p, p + n); });
   ASSERT_EQ(int64_t(back.size()), end - 1);
   EXPECT_TRUE(std::equal(back.begin(), back.end(), bytes.begin() + 1));
 }

@@ -558,27 +558,41 @@ class SliceScan {
   std::string problem_;
 };
 
+// What an empty range scans against: a rank with nothing to read, or one that found a problem
+// before, must not look at the slices (they may be what is damaged).
+const std::vector<SliceChecksum> kNoSlices;
+
+// Reads `ranges` of the file at `path` through the data path as one stream of pieces (opening it on
+// first use), range r's bytes going to scans[r]; a failed read is the problem of the range that was
+// being read.
+void stream_ranges(std::unique_ptr<DirectFile>& data, const std::string& path,
+                   const std::vector<std::pair<int64_t, int64_t>>& ranges, const std::vector<SliceScan*>& scans) {
+  if (ranges.empty()) return;
+  if (!data) data = std::make_unique<DirectFile>(path, false);
+  size_t current = 0;
+  try {
+    data->read_ranges(ranges, [&](size_t r, const char* p, int64_t bytes) {
+      current = r;
+      scans[r]->take_bytes(p, bytes);
+    });
+  } catch (const Error& e) {
+    scans[current]->fail(e.what());
+  }
+}
+
 }  // namespace
 
 std::string CheckpointReader::scan(const std::string& n, const DatasetInfo& info, int64_t lo, int64_t hi,
                                    int64_t piece,
                                    const std::function<void(const char*, int64_t, int64_t)>& consume,
                                    int threads) const {
-  // An empty range (a rank with nothing to read, or one that found a problem before) still joins the
-  // collective reads, and must not look at the slices (they may be what is damaged).
-  static const std::vector<Slice> none;
-  SliceScan sc(path(), n, info, lo < hi ? slices(n, info) : none, lo, hi, piece, consume, threads);
+  // An empty range still joins the collective reads.
+  SliceScan sc(path(), n, info, lo < hi ? slices(n, info) : kNoSlices, lo, hi, piece, consume, threads);
   const int64_t esize = int64_t(dtype_size(info.dtype));
   // A contiguous dataset's bytes are read by each rank itself (the same choice on every rank: it
   // depends on the dataset only), in pieces of at most `piece` elements.
   if (contiguous(info)) {
-    if (lo >= hi) return "";
-    if (!data_) data_ = std::make_unique<DirectFile>(path(), false);
-    try {
-      data_->read(info.file_offset + lo * esize, (hi - lo) * esize, [&](const char* p, int64_t bytes) { sc.take_bytes(p, bytes); });
-    } catch (const Error& e) {
-      sc.fail(e.what());
-    }
+    if (lo < hi) stream_ranges(data_, path(), {{info.file_offset + lo * esize, (hi - lo) * esize}}, {&sc});
     return sc.problem();
   }
   // Collective reads: every rank makes as many as the rank with the most pieces.
@@ -598,10 +612,8 @@ CheckpointReader::PlannedRead CheckpointReader::plan_read(const ReadRequest& r) 
   PlannedRead pr;
   pr.name = norm_name(r.name);
   const std::string& n = pr.name;
-  pr.info = file_.dataset_info(n);
+  pr.info = shaped_info(n, r.expected_shape);
   const DatasetInfo& info = pr.info;
-  ZP_REQUIRE(info.shape == r.expected_shape, path(), ": dataset '", n, "': shape ", shape_str(info.shape),
-             " in the file, expected ", shape_str(r.expected_shape));
   ZP_REQUIRE(r.mem_dtype == info.dtype || (dtype_is_float(r.mem_dtype) && dtype_is_float(info.dtype)), path(),
              ": dataset '", n, "': cannot read ", dtype_name(info.dtype), " data as ", dtype_name(r.mem_dtype));
   ZP_REQUIRE(r.offset >= 0 && r.count >= 0 && r.offset <= info.numel() - r.count, path(), ": dataset '", n,
@@ -642,11 +654,16 @@ void CheckpointReader::read(const std::string& name, const Shape& expected_shape
   read_all({{name, expected_shape, mem_dtype, data, offset, count}});
 }
 
+DatasetInfo CheckpointReader::shaped_info(const std::string& n, const Shape& expected_shape) const {
+  DatasetInfo info = file_.dataset_info(n);
+  ZP_REQUIRE(info.shape == expected_shape, path(), ": dataset '", n, "': shape ", shape_str(info.shape),
+             " in the file, expected ", shape_str(expected_shape));
+  return info;
+}
+
 void CheckpointReader::read_unverified(const ReadRequest& r) const {
   const std::string n = norm_name(r.name);
-  const DatasetInfo info = file_.dataset_info(n);
-  ZP_REQUIRE(info.shape == r.expected_shape, path(), ": dataset '", n, "': shape ", shape_str(info.shape),
-             " in the file, expected ", shape_str(r.expected_shape));
+  const DatasetInfo info = shaped_info(n, r.expected_shape);
   file_.read_slice(n, r.mem_dtype, r.data, r.offset, r.count);
   bytes_read_ += r.count * int64_t(dtype_size(info.dtype));
 }
@@ -675,29 +692,18 @@ void CheckpointReader::read_all(const std::vector<ReadRequest>& requests) const 
   } else {
     std::vector<std::unique_ptr<SliceScan>> scans;
     std::vector<std::pair<int64_t, int64_t>> ranges;
-    std::vector<size_t> scan_of_range;
+    std::vector<SliceScan*> scan_of_range;
     for (const PlannedRead& pr : planned) {
-      static const std::vector<Slice> none;
       const int64_t esize = int64_t(dtype_size(pr.info.dtype));
-      scans.push_back(std::make_unique<SliceScan>(path(), pr.name, pr.info, pr.lo < pr.hi ? slices(pr.name, pr.info) : none,
-                                                  pr.lo, pr.hi, kPieceBytes / esize, pr.consume, copy_threads_));
+      scans.push_back(std::make_unique<SliceScan>(path(), pr.name, pr.info,
+                                                  pr.lo < pr.hi ? slices(pr.name, pr.info) : kNoSlices, pr.lo, pr.hi,
+                                                  kPieceBytes / esize, pr.consume, copy_threads_));
       if (!pr.problem.empty()) scans.back()->fail(pr.problem);
       if (pr.lo >= pr.hi) continue;
       ranges.push_back({pr.info.file_offset + pr.lo * esize, (pr.hi - pr.lo) * esize});
-      scan_of_range.push_back(scans.size() - 1);
+      scan_of_range.push_back(scans.back().get());
     }
-    if (!ranges.empty()) {
-      if (!data_) data_ = std::make_unique<DirectFile>(path(), false);
-      size_t current = scan_of_range[0];
-      try {
-        data_->read_ranges(ranges, [&](size_t r, const char* p, int64_t bytes) {
-          current = scan_of_range[r];
-          scans[current]->take_bytes(p, bytes);
-        });
-      } catch (const Error& e) {
-        scans[current]->fail(e.what());
-      }
-    }
+    stream_ranges(data_, path(), ranges, scan_of_range);
     for (const auto& sc : scans)
       if (problem.empty()) problem = sc->problem();
   }

@@ -198,6 +198,8 @@ class CheckpointReader {
     std::function<void(const char* raw, int64_t offset, int64_t count)> consume;
   };
   PlannedRead plan_read(const ReadRequest& r) const;
+  // Dataset `n`'s info; throws when its shape is not `expected_shape`.
+  DatasetInfo shaped_info(const std::string& n, const Shape& expected_shape) const;
   // A file without checksums (written by another tool): the request read through HDF5 as it is.
   void read_unverified(const ReadRequest& r) const;
   // Reads [lo, hi) of `name` (slice bounds) in pieces, checks every slice in it and hands each piece

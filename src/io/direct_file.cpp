@@ -96,15 +96,12 @@ uint32_t DirectFile::write(int64_t offset, const void* data, int64_t bytes, uint
   return crc;
 }
 
-void DirectFile::read(int64_t offset, int64_t bytes, const std::function<void(const char*, int64_t)>& consume) {
-  read_ranges({{offset, bytes}}, [&](size_t, const char* p, int64_t n) { consume(p, n); });
-}
-
 void DirectFile::read_ranges(const std::vector<std::pair<int64_t, int64_t>>& ranges,
                              const std::function<void(size_t, const char*, int64_t)>& consume) {
   finish_writes();  // the bounce buffers are the reads' now
   // Piece p of range r is bytes [offset + p * kPieceBytes, ...) of the range, so pieces never split an
-  // element. The pieces of all the ranges form one sequence, read one ahead of the one handed out.
+  // element. The pieces of all the ranges form one sequence, read kReadsInFlight ahead of the one
+  // handed out.
   struct Piece {
     size_t range;
     int64_t from, to;

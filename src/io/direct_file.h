@@ -10,10 +10,10 @@
 // while the caller checks and copies a fourth (one request at a time left a virtual disk idle between
 // requests: loads at 0.82-0.90x a raw one-request-at-a-time read on a GPU host, 0.95x now). The
 // partial pages at either end of a range (a rank's slice rarely starts on a page) go through the
-// page cache: ranks
-// share those pages, and only buffered writes of a shared page keep both ranks' bytes. sync() makes
-// this rank's buffered bytes durable (every rank syncs its own, which is what a distributed file
-// system needs). A file system that refuses O_DIRECT (tmpfs) gets buffered I/O throughout.
+// page cache: ranks share those pages, and only buffered writes of a shared page keep both ranks'
+// bytes. sync() makes this rank's buffered bytes durable (every rank syncs its own, which is what a
+// distributed file system needs). A file system that refuses O_DIRECT (tmpfs) gets buffered I/O
+// throughout.
 //
 // Errors throw zp::Error naming the file, the byte range and the reason (ENOSPC included).
 #pragma once
@@ -43,14 +43,11 @@ class DirectFile {
 
   // Writes `bytes` from `data` at byte `offset` of the file; returns crc32(data) continuing `crc`.
   // `data` may be reused at once, but the last piece may still be on its way to the disk: a failure
-  // to write it is thrown by the next write(), read() or sync().
+  // to write it is thrown by the next write(), read_ranges() or sync().
   uint32_t write(int64_t offset, const void* data, int64_t bytes, uint32_t crc = 0);
-  // Reads `bytes` at `offset` in order, handing them out in pieces of kPieceBytes (the last one
-  // shorter): consume(piece, piece_bytes).
-  void read(int64_t offset, int64_t bytes, const std::function<void(const char*, int64_t)>& consume);
-  // read() of several (offset, bytes) ranges in order, as one stream of pieces, so that the disk
-  // reads the next range's first piece while the caller consumes this one's last:
-  // consume(range index, piece, piece_bytes).
+  // Reads (offset, bytes) ranges in order, as one stream of pieces of at most kPieceBytes (a piece
+  // never spans two ranges), so that the disk reads the next range's first pieces while the caller
+  // consumes this one's last: consume(range index, piece, piece_bytes).
   void read_ranges(const std::vector<std::pair<int64_t, int64_t>>& ranges,
                    const std::function<void(size_t, const char*, int64_t)>& consume);
   // Waits for the writes in flight, then fsync: this rank's writes are on the disk.

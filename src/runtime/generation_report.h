@@ -1,9 +1,8 @@
 // What a generation job reports (issue 13, telemetry): one JSON line per step in the metrics file
 // (new prompt and decode tokens, running and waiting sequences, KV blocks in use, the step's time)
 // and a summary: time to first token and ms per output token over the requests (median and 90th
-// percentile), tokens/s in and out, mean batch occupancy, preemptions (and how many were swapped to host
-// memory), peak KV blocks and, for a
-// streamed model, the weights' host-to-device bandwidth.
+// percentile), tokens/s in and out, mean batch occupancy, preemptions (and how many were swapped to
+// host memory), peak KV blocks and, for a streamed model, the weights' host-to-device bandwidth.
 #pragma once
 #include <fstream>
 #include <string>
