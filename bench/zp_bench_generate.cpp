@@ -5,7 +5,8 @@
 //     transformers `generate` call is timed), and decode_tokens_per_s over the decode-only steps.
 //     At batch 1 the decode rate is set beside the memory-bandwidth roofline: every step reads the
 //     weights and the sequence's KV cache once, so tokens/s <= bandwidth / (weight bytes + KV bytes),
-//     with the bandwidth measured here (a device-to-device copy, read + write).
+//     with the bandwidth measured here (a device-to-device copy, read + write). The KV cache takes
+//     what the GPU has free (as `generate` does) or, with kv_GiB > 0, that many GiB.
 //   BM_Prefill: 32 prompts of 1024 tokens, one new token each: prompt tokens/s.
 //   BM_StreamedDecode: a model larger than the GPU (a Llama 3 70B shape cut to `layers` layers: 48
 //     layers are 86 GB of bf16 weights) kept in pinned host memory and streamed up layer by layer
@@ -94,6 +95,7 @@ void BM_Generate(benchmark::State& st) {
   MemoryPeaks peaks;
   Setup m(which);
   runtime::GenerationOptions o;
+  o.kv_cache_bytes = st.range(2) << 30;  // 0: what the GPU has free
   o.max_seqs = batch;
   o.max_batch_tokens = std::max<int64_t>(8192, batch * prompt);
   runtime::GenerationEngine engine(*m.model, nullptr, o);
@@ -134,8 +136,9 @@ void BM_Generate(benchmark::State& st) {
   st.counters["kv_cache_GiB"] = double(engine.cache_bytes()) / double(1ull << 30);
   st.counters["peak_device_GiB"] = peaks.device_gib();
 }
-BENCHMARK(BM_Generate)->ArgNames({"model_8b", "batch"})
-    ->Args({0, 1})->Args({0, 64})->Args({0, 256})->Args({1, 1})->Args({1, 64})->Args({1, 256})
+BENCHMARK(BM_Generate)->ArgNames({"model_8b", "batch", "kv_GiB"})
+    ->Args({0, 1, 0})->Args({0, 1, 4})->Args({0, 64, 0})->Args({0, 256, 0})->Args({1, 1, 0})->Args({1, 64, 0})
+    ->Args({1, 256, 0})
     ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 
 void BM_Prefill(benchmark::State& st) {

@@ -137,9 +137,10 @@ BENCHMARK(BM_Attention)->ArgNames({"B", "T", "H", "D", "causal", "bwd"})
     ->Args({8, 4096, 5, 64, 0, 0})  // SD1.5 self-attention at 64x64 latents (B=8, 320 channels / 64)
     ->UseManualTime()->Unit(benchmark::kMillisecond);
 
-// --- Paged decode attention (memory-bound): Llama-3-8B heads (Hq=32, Hkv=8, D=128), bf16, blocks of
-// 16 tokens handed out in a shuffled order; bytes = the K and V rows read. batch 1 x 4096 takes the
-// split (flash-decoding) path, batch 64 x 1024 fills the GPU without it.
+// --- Paged decode attention (memory-bound): Llama-3-8B heads (Hq=32, Hkv=8, D=128) or Llama-3.2-1B
+// heads (D=64), bf16, blocks of 16 tokens handed out in a shuffled order; bytes = the K and V rows
+// read. batch 1 x 4096 takes the split (flash-decoding) path, batch 64 x 1024 fills the GPU without
+// it, and batch 1 x 256 is the 1B model's decode in zp_bench_generate (a latency, not a bandwidth).
 Tensor dev_ints(const std::vector<int32_t>& h) {
   Tensor t = Tensor::empty({int64_t(h.size())}, DType::I32, Device::cuda(), "bench");
   ZP_CHECK(cudaMemcpy(t.data(), h.data(), h.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
@@ -147,7 +148,7 @@ Tensor dev_ints(const std::vector<int32_t>& h) {
 }
 
 void BM_PagedDecodeAttention(benchmark::State& st) {
-  const int64_t batch = st.range(0), ctx = st.range(1), Hq = 32, Hkv = 8, D = 128, bs = 16;
+  const int64_t batch = st.range(0), ctx = st.range(1), D = st.range(2), Hq = 32, Hkv = 8, bs = 16;
   const int64_t max_blocks = (ctx + bs - 1) / bs, num_blocks = batch * max_blocks;
   std::vector<int32_t> bt(static_cast<size_t>(num_blocks)), starts(static_cast<size_t>(batch + 1));
   std::vector<int32_t> lens(static_cast<size_t>(batch), static_cast<int32_t>(ctx));
@@ -164,7 +165,8 @@ void BM_PagedDecodeAttention(benchmark::State& st) {
                                   batch, batch, ctx, Hq, Hkv, D, bs, 0, 0, attention_default_scale(D));
   });
 }
-BENCHMARK(BM_PagedDecodeAttention)->ArgNames({"batch", "ctx"})->Args({1, 4096})->Args({64, 1024})
+BENCHMARK(BM_PagedDecodeAttention)->ArgNames({"batch", "ctx", "D"})->Args({1, 4096, 128})->Args({64, 1024, 128})
+    ->Args({1, 256, 64})
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // --- Norms (memory-bound): bytes = read x (+ dy) and write y (dx), bf16.
@@ -302,7 +304,7 @@ void BM_SampleTokens(benchmark::State& st) {
   time_sampling(st, dev_rand(S * kLlama3Vocab, DType::BF16, 8.f), hp);
 }
 BENCHMARK(BM_SampleTokens)->ArgNames({"S", "top_p"})
-    ->Args({64, 0})->Args({64, 1})->Args({256, 0})->Args({256, 1})
+    ->Args({1, 0})->Args({64, 0})->Args({64, 1})->Args({256, 0})->Args({256, 1})
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // --- Top-p over Llama 3's vocabulary (128256, bf16) at batch 64, by top_p (in thousandths), on two

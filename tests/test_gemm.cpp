@@ -426,3 +426,45 @@ TEST(GemmGpu, SeparateCInputActsAsC) {
 }
 
 }  // namespace zp::test
+
+namespace zp::test {
+
+// A decode step's products (at most 8 rows of x against a weight, 16-bit, alpha 1, no GELU) run in
+// decode_gemv.cu rather than cuBLASLt: every row count it takes, K with a partial last step of its
+// unrolled loop, padded leading dimensions, bias, and a residual read from c_in or from C itself.
+TEST(GemmGpu, DecodeRowsMatchCpu) {
+  ZP_SKIP_WITHOUT_GPU();
+  uint64_t seed = 900;
+  for (DType dt : {DType::BF16, DType::F16})
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{5, 8}, {1000, 2056}, {64, 4096}})
+      for (int64_t M : {1, 2, 3, 8})
+        for (int variant = 0; variant < 3; ++variant) {
+          const int64_t lda = K + (variant == 1 ? 8 : 0), ldc = N + (variant == 1 ? 3 : 0);
+          auto a = round_to(randn(size_t(M * lda), seed++), dt), b = round_to(randn(size_t(N * K), seed++), dt);
+          auto r = round_to(randn(size_t(M * ldc), seed++), dt), bias = round_to(randn(size_t(N), seed++), dt);
+          const bool with_bias = variant != 0, residual = variant != 0;
+          const float beta = residual ? 1.f : 0.f;
+          std::vector<float> want = r;
+          cpu::gemm(nullptr, DType::F32, DType::F32, false, true, M, N, K, 1.f, a.data(), lda, b.data(), K, beta,
+                    want.data(), ldc, with_bias ? GemmEpilogue::Bias : GemmEpilogue::None, bias.data());
+          Tensor da = upload(a, dt), db = upload(b, dt), dr = upload(r, dt), dbias = upload(bias, dt);
+          // variant 2 reads the residual from a separate input and finds NaNs in C; variant 1 reads C.
+          Tensor dc = variant == 2 ? upload(std::vector<float>(size_t(M * ldc), NAN), dt) : upload(r, dt);
+          cuda::gemm(nullptr, dt, dt, false, true, M, N, K, 1.f, da.data(), lda, db.data(), K, beta, dc.data(), ldc,
+                     with_bias ? GemmEpilogue::Bias : GemmEpilogue::None, with_bias ? dbias.data() : nullptr, nullptr, 1,
+                     0, 0, 0, variant == 2 ? dr.data() : nullptr);
+          auto got = download(dc);
+          const std::string what = detail::cat(dtype_name(dt), " M=", M, " N=", N, " K=", K, " variant ", variant);
+          if (variant == 1) {  // the padding columns of C are left as they were
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t n = N; n < ldc; ++n) ASSERT_EQ(got[size_t(m * ldc + n)], r[size_t(m * ldc + n)]) << what;
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t n = N; n < ldc; ++n) got[size_t(m * ldc + n)] = want[size_t(m * ldc + n)];
+          }
+          if (variant == 2)  // the padding-free layout: every element written
+            for (float v : got) ASSERT_FALSE(std::isnan(v)) << what;
+          EXPECT_LE(rel_error(got, want), tolerance(dt)) << what;
+        }
+}
+
+}  // namespace zp::test

@@ -231,6 +231,8 @@ TEST(PagedAttentionGpu, DecodeMatchesCpu) {
       {32, 8, 128, 16, ragged, std::vector<int32_t>(64, 1)},  // Llama-3-8B heads, batch 64
       {8, 8, 64, 16, ragged, std::vector<int32_t>(64, 1)},    // MHA, batch 64
       {8, 1, 64, 16, {1, 2, 15, 16, 17, 500}, {1, 1, 1, 1, 1, 1}},  // MQA, block edges
+      {32, 8, 64, 16, {250}, {1}},  // Llama-3.2-1B heads, batch 1: two partitions, partial chunks
+      {32, 8, 64, 16, {97}, {1}},   // one partition, its warps' chunks cut short or empty
   };
   for (const PagedCase& c : cases)
     for (DType dt : gpu_float_dtypes()) check_gpu_against_cpu(c, dt, uint64_t(c.D + c.Hq));
@@ -238,10 +240,13 @@ TEST(PagedAttentionGpu, DecodeMatchesCpu) {
 
 // Prefill chunks (n_s > 1) mixed with decode rows, more than 8 query heads per kv head (two head
 // groups), head dims 80, 96 and 256, a head dim without 16-byte rows (36: the scalar path), and
-// block sizes other than 16.
+// block sizes other than 16. Few rows take the few-rows kernel (head dims 64, 128, 256) or the GQA
+// kernel with fewer heads a block; 160 rows of a group of 8 take it with 8.
 TEST(PagedAttentionGpu, MixedMatchesCpu) {
   ZP_SKIP_WITHOUT_GPU();
+  const std::vector<int32_t> many = random_lengths(160, 1, 300, 11);
   const std::vector<PagedCase> cases = {
+      {16, 2, 128, 16, many, std::vector<int32_t>(160, 1)},  // enough rows for 8 heads a block
       {16, 2, 128, 16, {50, 300, 700, 3, 1200}, {1, 7, 40, 3, 1}},
       {8, 8, 64, 16, {50, 300, 700, 3}, {1, 7, 40, 3}},
       {12, 1, 80, 16, {900, 33}, {20, 1}},

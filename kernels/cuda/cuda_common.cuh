@@ -48,6 +48,19 @@ __device__ __forceinline__ float block_sum(float v) {
   return warp_sum(v);
 }
 
+// Maximum over a block, as block_sum.
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float shared[32];
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  int nwarps = (blockDim.x + 31) >> 5;
+  v = lane < nwarps ? shared[lane] : -INFINITY;
+  return warp_max(v);
+}
+
 // A row reduced by a whole block or by one warp (the norm kernels pick per row width).
 template <bool kBlockPerRow>
 __device__ __forceinline__ float row_sum(float v) {

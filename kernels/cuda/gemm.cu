@@ -10,6 +10,7 @@
 //  - a GELU aux whose leading dimension N is not a multiple of 8 (cuBLASLt requires it),
 //  - any combination for which the heuristic offers no fused algorithm, and K == 0.
 // cuBLASLt's fused GELU uses an approximate tanh: about 1e-5 relative in fp32, far below bf16's step.
+// A decode step's products (a few rows against a weight, 16-bit, no GELU) go to row_linear.cu.
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <unordered_map>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/row_linear.cuh"
 #include "kernels/cuda/scratch.cuh"
 #include "kernels/gemm.h"
 
@@ -316,6 +318,11 @@ void gemm(StreamHandle s, DType ab_dt, DType c_dt, bool trans_a, bool trans_b, i
     });
     return;
   }
+
+  if (!trans_a && trans_b && batch == 1 && c_dt == ab_dt && alpha == 1.f && aux == nullptr &&
+      (ep == GemmEpilogue::None || ep == GemmEpilogue::Bias) &&
+      decode_gemv(s, ab_dt, M, N, K, A, lda, B, ldb, beta, C, ldc, has_bias ? bias : nullptr, c_in))
+    return;
 
   int dev;
   ZP_CUDA_CHECK(cudaGetDevice(&dev));

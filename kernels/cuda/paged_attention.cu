@@ -3,17 +3,22 @@
 // kv_cache_write is a scatter: one thread per 16-byte pack of a token's row (per element when the rows
 // or pointers do not allow packs), sent to slot * Hkv * D.
 //
-// paged_attention_forward: one thread block per (query row, kv head, slice of up to 8 of the query
-// heads that read it, partition of the keys). All those query heads are handled together, so a block
-// reads each key and value row from global memory once, whatever the GQA group size (up to 8; larger
-// groups take ceil(group / 8) blocks). Decoding is bound by reading the cache, so the work is laid
+// paged_attention_forward: one thread block per (query row, kv head, slice of NH of the query heads
+// that read it, partition of the keys). The heads of a slice are handled together, so a block reads
+// each key and value row once for all of them. NH is the GQA group size (up to 8; larger groups take
+// ceil(group / 8) blocks), or less when the grid would leave SMs idle (see the launcher). Decoding is bound by reading the cache, so the work is laid
 // out for wide independent loads rather than for arithmetic:
 //  - Each warp owns 32 consecutive keys at a time and keeps its own online softmax (no barrier inside
 //    the key loop). Scores: lane = key; each lane reads its whole key row in 16-byte packs (its slot
 //    from the block table) and dots it with the 8 query rows, which sit pre-scaled by scale*log2(e)
 //    in shared memory and are read as float4 broadcasts. Values: lane = a slice of DP/32 consecutive
-//    head dims, so one value row is one coalesced warp load; the 32 probabilities and slots go through
-//    a small per-warp shared buffer.
+//    head dims, so one value row is one coalesced warp load; a key's slot comes from its lane by a
+//    shuffle and the 32 probabilities go through a small per-warp shared buffer.
+//  - Decoding one sequence is a chain of dependent loads, each a trip to HBM, so the chain is kept
+//    short: the query rows load with the sequence lookup, the first block-table entries across the
+//    barrier that publishes the queries, and the value rows (whose addresses need only the slots)
+//    with the key rows, before the scores exist. At batch 1 the kernel took 20 us for 256 keys on an
+//    H200 when each of these waited for the one before.
 //  - At the end the 4 warps' (max, sum, acc) are merged in shared memory.
 // When (rows x kv heads x head slices) alone cannot fill the SMs, the context is cut into partitions
 // (at least 128 keys, sized for about two blocks per SM); each block then writes its normalised partial
@@ -21,6 +26,8 @@
 // the GPU runs one partition: the first kernel writes the output directly.
 // Every query row is independent (its sequence found by a binary search over query_starts and its own
 // visible length), so prefill chunks run correctly too, just without tuning.
+// Few rows (a decode step of a handful of sequences) take paged_decode_kernel instead: a block per
+// query head and a short partition of the keys, the partitions merged by the last block to finish.
 #include <algorithm>
 #include <bit>
 #include <climits>
@@ -56,10 +63,11 @@ __global__ void kv_cache_write_kernel(T* kc, T* vc, const T* k, const T* v, int6
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kHeads = 8;      // query heads per block
+constexpr int kMaxHeads = 8;   // query heads per block, at most
 constexpr int kChunk = 32;     // keys per warp step (lane = key)
 constexpr int kMinPart = 128;  // keys per partition, at least, when the context is split
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr int64_t kMaxDoneCounters = 16384;
 
 struct PagedParams {
   const int32_t* block_tables;
@@ -72,6 +80,7 @@ struct PagedParams {
   bool packed;       // cache rows are 16-byte packs (D * sizeof(T) % 16 == 0, aligned caches)
   float* part_o;     // [num_tokens, Hq, parts, D], normalised per partition (parts > 1 only)
   float2* part_ml;   // [num_tokens, Hq, parts]: (max in base 2, sum of exp2)
+  unsigned* done;    // few-rows kernel, parts > 1: [num_tokens * Hq] partitions finished, left at 0
 };
 
 // f[e] = row[d0 + e] for e < VE (0 past D). `packed`: the row is 16-byte aligned and D == VE * 32.
@@ -95,10 +104,10 @@ __device__ __forceinline__ void load_slice(float (&f)[VE], const T* row, int d0,
 }
 
 // s[g] += q[g][c .. c+V) . k[0 .. V) for the heads g < nh; q rows have pitch DP (floats, 16-byte aligned).
-template <int V, int DP>
-__device__ __forceinline__ void dot_pack(float (&s)[kHeads], const float* q, const float (&k)[V], int nh) {
+template <int NH, int V, int DP>
+__device__ __forceinline__ void dot_pack(float (&s)[NH], const float* q, const float (&k)[V], int nh) {
 #pragma unroll
-  for (int g = 0; g < kHeads; ++g) {
+  for (int g = 0; g < NH; ++g) {
     if (g < nh) {
 #pragma unroll
       for (int e = 0; e < V; e += 4) {
@@ -109,20 +118,31 @@ __device__ __forceinline__ void dot_pack(float (&s)[kHeads], const float* q, con
   }
 }
 
-// Grid (num_tokens, Hkv * head_slices, parts). DP: the head dim rounded up to a multiple of 32.
-template <class T, int DP>
+// Grid (num_tokens, Hkv * head_slices, parts). DP: the head dim rounded up to a multiple of 32. NH:
+// the query heads a block serves (a power of two up to kMaxHeads; heads past the group's are
+// predicated off, but their instructions still issue, so NH follows the group size).
+template <class T, int DP, int NH>
 __global__ void __launch_bounds__(kThreads)
     paged_attention_kernel(T* out, const T* q, const T* k_cache, const T* v_cache, PagedParams p) {
   constexpr int VE = DP / 32;  // head dims per lane for the values and the output
-  __shared__ __align__(16) float qsm[kHeads * DP];  // query rows; after the key loop, the merge buffer
-  __shared__ __align__(16) float psm[kWarps][kChunk][kHeads];  // probabilities of a warp's 32 keys
-  __shared__ int slot_sm[kWarps][kChunk];
-  __shared__ float wm[kWarps][kHeads], wl[kWarps][kHeads], tot_l[kHeads];
+  __shared__ __align__(16) float qsm[NH * DP];  // query rows; after the key loop, the merge buffer
+  __shared__ __align__(16) float psm[kWarps][kChunk][NH];  // probabilities of a warp's 32 keys
+  __shared__ float wm[kWarps][NH], wl[kWarps][NH], tot_l[NH];
 
   const int t = blockIdx.x, part = blockIdx.z;
   const int hk = blockIdx.y / p.head_slices, slice = blockIdx.y % p.head_slices;
-  const int h0 = hk * p.group + slice * kHeads, nh = min(kHeads, p.group - slice * kHeads);
+  const int h0 = hk * p.group + slice * NH, nh = min(NH, p.group - slice * NH);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  // The query rows go into registers first: their loads need nothing the lookups below find.
+  constexpr int kQPerThread = (NH * DP + kThreads - 1) / kThreads;
+  const T* qrow = q + int64_t(t) * p.qs + int64_t(h0) * p.D;
+  float qv[kQPerThread];
+#pragma unroll
+  for (int r = 0; r < kQPerThread; ++r) {
+    const int i = threadIdx.x + r * kThreads, g = i / DP, d = i % DP;
+    qv[r] = i < NH * DP && g < nh && d < p.D ? to_f(qrow[int64_t(g) * p.D + d]) * p.scale_log2 : 0.f;
+  }
 
   // The row's sequence: the last one starting at or before t (every sequence has at least one row).
   int lo = 0, hi = p.num_seqs - 1;
@@ -146,36 +166,54 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
 
-  const T* qrow = q + int64_t(t) * p.qs + int64_t(h0) * p.D;
-  for (int i = threadIdx.x; i < kHeads * DP; i += kThreads) {
-    const int g = i / DP, d = i % DP;
-    qsm[i] = g < nh && d < p.D ? to_f(qrow[int64_t(g) * p.D + d]) * p.scale_log2 : 0.f;
-  }
+  const int32_t* bt = p.block_tables + int64_t(seq) * p.max_blocks;
+  const int bs_mask = (1 << p.log2_bs) - 1;
+  auto slot_of = [&](int j) { return j < k1 ? (bt[j >> p.log2_bs] << p.log2_bs) | (j & bs_mask) : 0; };
+  int slot = slot_of(k0 + warp * kChunk + lane);  // the first chunk's, in flight across the barrier
+#pragma unroll
+  for (int r = 0; r < kQPerThread; ++r)
+    if (threadIdx.x + r * kThreads < NH * DP) qsm[threadIdx.x + r * kThreads] = qv[r];
   __syncthreads();
 
-  float m[kHeads], l[kHeads], acc[kHeads][VE];
+  float m[NH], l[NH], acc[NH][VE];
 #pragma unroll
-  for (int g = 0; g < kHeads; ++g) {
+  for (int g = 0; g < NH; ++g) {
     m[g] = -INFINITY;
     l[g] = 0.f;
 #pragma unroll
     for (int r = 0; r < VE; ++r) acc[g][r] = 0.f;
   }
-  const int32_t* bt = p.block_tables + int64_t(seq) * p.max_blocks;
-  const int bs_mask = (1 << p.log2_bs) - 1;
   const int64_t slot_stride = int64_t(p.Hkv) * p.D;
   const T* kbase = k_cache + int64_t(hk) * p.D;
   const T* vbase = v_cache + int64_t(hk) * p.D;
   const int d0 = lane * VE;
   const bool v_packed = p.packed && p.D == DP;
+  // Value rows in groups of kVGroup keys, all loads of a group issued before any use: the loads in
+  // flight are what bounds a decode kernel. A value row's address needs only its key's slot (from
+  // that key's lane), so the first group is loaded together with the keys, before the scores.
+  constexpr int kVGroup = VE <= 2 ? 16 : VE <= 4 ? 8 : 4;  // 32 floats
+  float vf[kVGroup][VE];
+  auto load_values = [&](int jb, int n, int slot_of_lane) {
+#pragma unroll
+    for (int u = 0; u < kVGroup; ++u) {
+      const int vs = __shfl_sync(0xffffffffu, slot_of_lane, (jb + u) & 31);  // n is the warp's: uniform
+      if (jb + u < n) {
+        load_slice<T, VE>(vf[u], vbase + int64_t(vs) * slot_stride, d0, p.D, v_packed);
+      } else {
+#pragma unroll
+        for (int r = 0; r < VE; ++r) vf[u][r] = 0.f;
+      }
+    }
+  };
 
   for (int j0 = k0 + warp * kChunk; j0 < k1; j0 += kWarps * kChunk) {
     const int j = j0 + lane;
     const bool valid = j < k1;
-    const int slot = valid ? (bt[j >> p.log2_bs] << p.log2_bs) | (j & bs_mask) : 0;
-    float s[kHeads];
+    const int n = min(kChunk, k1 - j0);
+    load_values(0, n, slot);
+    float s[NH];
 #pragma unroll
-    for (int g = 0; g < kHeads; ++g) s[g] = 0.f;
+    for (int g = 0; g < NH; ++g) s[g] = 0.f;
     if (valid) {
       const T* kr = kbase + int64_t(slot) * slot_stride;
       if (p.packed) {
@@ -187,7 +225,7 @@ __global__ void __launch_bounds__(kThreads)
             float kf[V];
 #pragma unroll
             for (int e = 0; e < V; ++e) kf[e] = to_f(pk.v[e]);
-            dot_pack<V, DP>(s, qsm + c, kf, nh);
+            dot_pack<NH, V, DP>(s, qsm + c, kf, nh);
           }
         }
       } else {
@@ -195,14 +233,14 @@ __global__ void __launch_bounds__(kThreads)
         for (int d = 0; d < p.D; ++d) {
           const float kf = to_f(kr[d]);
 #pragma unroll
-          for (int g = 0; g < kHeads; ++g)
+          for (int g = 0; g < NH; ++g)
             if (g < nh) s[g] = fmaf(qsm[g * DP + d], kf, s[g]);
         }
       }
     }
     // Online softmax per head; lane 0's key is always valid, so the new max is finite.
 #pragma unroll
-    for (int g = 0; g < kHeads; ++g) {
+    for (int g = 0; g < NH; ++g) {
       float pj = 0.f;
       if (g < nh) {
         const float x = valid ? s[g] : -INFINITY;
@@ -216,50 +254,46 @@ __global__ void __launch_bounds__(kThreads)
       }
       psm[warp][lane][g] = pj;
     }
-    slot_sm[warp][lane] = slot;
     __syncwarp();
-    // Value rows in groups of kVGroup keys, all loads of a group issued before any use: the loads
-    // in flight are what bounds a decode kernel.
-    constexpr int kVGroup = VE <= 4 ? 8 : 4;
-    const int n = min(kChunk, k1 - j0);
+    const int slot_here = slot;
+    slot = slot_of(j + kWarps * kChunk);  // the next chunk's, in flight during this one's values
     for (int jb = 0; jb < n; jb += kVGroup) {
-      float vf[kVGroup][VE];
-#pragma unroll
-      for (int u = 0; u < kVGroup; ++u) {
-        if (jb + u < n) {
-          load_slice<T, VE>(vf[u], vbase + int64_t(slot_sm[warp][jb + u]) * slot_stride, d0, p.D, v_packed);
-        } else {
-#pragma unroll
-          for (int r = 0; r < VE; ++r) vf[u][r] = 0.f;
-        }
-      }
+      if (jb > 0) load_values(jb, n, slot_here);
 #pragma unroll
       for (int u = 0; u < kVGroup; ++u) {
         // Keys past n have probability 0 (psm holds all 32 lanes), so no guard is needed here.
-        const float4 pa = *reinterpret_cast<const float4*>(&psm[warp][jb + u][0]);
-        const float4 pb = *reinterpret_cast<const float4*>(&psm[warp][jb + u][4]);
-        const float pw[kHeads] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+        float pw[NH];
+        if constexpr (NH % 4 == 0) {
 #pragma unroll
-        for (int g = 0; g < kHeads; ++g)
+          for (int g = 0; g < NH; g += 4) {
+            const float4 pa = *reinterpret_cast<const float4*>(&psm[warp][jb + u][g]);
+            pw[g] = pa.x, pw[g + 1] = pa.y, pw[g + 2] = pa.z, pw[g + 3] = pa.w;
+          }
+        } else {
+#pragma unroll
+          for (int g = 0; g < NH; ++g) pw[g] = psm[warp][jb + u][g];
+        }
+#pragma unroll
+        for (int g = 0; g < NH; ++g)
           if (g < nh)
 #pragma unroll
             for (int r = 0; r < VE; ++r) acc[g][r] = fmaf(pw[g], vf[u][r], acc[g][r]);
       }
     }
-    __syncwarp();  // psm and slot_sm are rewritten by the next step
+    __syncwarp();  // psm is rewritten by the next step
   }
 
   // Merge the warps: rescale each to the block's max, then sum them into qsm one warp at a time.
   if (lane == 0)
 #pragma unroll
-    for (int g = 0; g < kHeads; ++g) {
+    for (int g = 0; g < NH; ++g) {
       wm[warp][g] = m[g];
       wl[warp][g] = l[g];
     }
   __syncthreads();  // also: every warp is done reading qsm
-  float f[kHeads];
+  float f[NH];
 #pragma unroll
-  for (int g = 0; g < kHeads; ++g) {
+  for (int g = 0; g < NH; ++g) {
     float mx = -INFINITY, sum = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, wm[w][g]);
@@ -269,11 +303,11 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x == 0) tot_l[g] = sum;
     if (threadIdx.x == g && p.parts > 1 && g < nh) p.part_ml[ml0 + int64_t(g) * p.parts] = make_float2(mx, sum);
   }
-  float* buf = qsm;  // [kHeads][DP]
+  float* buf = qsm;  // [NH][DP]
   for (int w = 0; w < kWarps; ++w) {
     if (warp == w)
 #pragma unroll
-      for (int g = 0; g < kHeads; ++g)
+      for (int g = 0; g < NH; ++g)
         if (g < nh)
 #pragma unroll
           for (int r = 0; r < VE; ++r) {
@@ -289,6 +323,168 @@ __global__ void __launch_bounds__(kThreads)
     if (p.parts == 1) out[int64_t(t) * p.os + int64_t(h0 + g) * p.D + d] = from_f<T>(o);
     else p.part_o[(ml0 + int64_t(g) * p.parts) * p.D + d] = o;
   }
+}
+
+// The few-rows kernel: grid (num_tokens * Hq, parts), one query head per block, each warp taking its
+// keys 8 at a time. A key's score is the dot product of 4 lanes' quarters of the head (a 2-step
+// shuffle sum), so the 8 keys' rows load at once, and their value rows (lane = a slice of D/32
+// dims) load with them. A warp's step is a few dozen instructions where the GQA kernel's is hundreds.
+// The few-rows kernel's own combine: the block that finishes a (row, head)'s last partition merges
+// all of them (as paged_combine_kernel does), which saves a kernel launch per layer. Each block
+// publishes its partial with a fence before it counts itself in; the last resets the count. The
+// launcher keeps parts <= kThreads, so each partition's weight is one thread's.
+template <class T>
+__device__ void combine_if_last(T* orow, const PagedParams& p, int64_t row_head) {
+  __shared__ bool last;
+  __shared__ float weight[kThreads];
+  __shared__ float total;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(&p.done[row_head], 1u) == unsigned(p.parts - 1);
+    if (last) p.done[row_head] = 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const float2* ml = p.part_ml + row_head * p.parts;
+  const float* po = p.part_o + row_head * p.parts * p.D;
+  const float2 mine = threadIdx.x < p.parts ? __ldcg(ml + threadIdx.x) : make_float2(-INFINITY, 0.f);
+  const float mx = block_max(mine.y > 0.f ? mine.x : -INFINITY);
+  // An empty partition (sum 0) was never written: weight 0, and it is skipped.
+  const float w = mine.y > 0.f ? mine.y * exp2f(mine.x - mx) : 0.f;
+  weight[threadIdx.x] = w;
+  const float den = block_sum(w);
+  if (threadIdx.x == 0) total = den;
+  __syncthreads();
+  for (int d = threadIdx.x; d < p.D; d += kThreads) {
+    float num = 0.f;
+    for (int i = 0; i < p.parts; ++i)
+      if (weight[i] > 0.f) num = fmaf(weight[i], __ldcg(po + int64_t(i) * p.D + d), num);
+    orow[d] = from_f<T>(total > 0.f ? num / total : 0.f);
+  }
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads)
+    paged_decode_kernel(T* out, const T* q, const T* k_cache, const T* v_cache, PagedParams p) {
+  constexpr int QD = D / 4, VD = D / 32, kKeys = 8;
+  using QP = Pack<T, 8>;
+  using VP = Pack<T, VD>;
+  __shared__ float wm[kWarps], wl[kWarps];
+  __shared__ __align__(16) float wacc[kWarps][D];
+  const int t = blockIdx.x / p.Hq, h = blockIdx.x % p.Hq, part = blockIdx.y, hk = h / p.group;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, key = lane >> 2, quarter = lane & 3;
+
+  float qf[QD];
+  {
+    const QP* qr = reinterpret_cast<const QP*>(q + int64_t(t) * p.qs + int64_t(h) * D + quarter * QD);
+#pragma unroll
+    for (int c = 0; c < QD / 8; ++c) {
+      const QP v = qr[c];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) qf[c * 8 + e] = to_f(v.v[e]) * p.scale_log2;
+    }
+  }
+  int lo = 0, hi = p.num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (p.query_starts[mid] <= t) lo = mid;
+    else hi = mid - 1;
+  }
+  const int seq = lo;
+  const int n_vis = p.context_lens[seq] - (p.query_starts[seq + 1] - t) + 1;
+  const int k0 = part * p.part_len, k1 = min(n_vis, k0 + p.part_len);
+  const int64_t row_head = int64_t(t) * p.Hq + h, ml = row_head * p.parts + part;
+  T* orow = out + int64_t(t) * p.os + int64_t(h) * D;
+  if (k0 >= k1) {
+    if (p.parts > 1) {
+      if (threadIdx.x == 0) p.part_ml[ml] = make_float2(-INFINITY, 0.f);
+      if (p.done) combine_if_last(orow, p, row_head);
+    } else {
+      for (int d = threadIdx.x; d < D; d += kThreads) orow[d] = from_f<T>(0.f);
+    }
+    return;
+  }
+  const int32_t* bt = p.block_tables + int64_t(seq) * p.max_blocks;
+  const int bs_mask = (1 << p.log2_bs) - 1;
+  const int64_t slot_stride = int64_t(p.Hkv) * D;
+  const T* kbase = k_cache + int64_t(hk) * D + quarter * QD;
+  const T* vbase = v_cache + int64_t(hk) * D + lane * VD;
+
+  float m = -INFINITY, l = 0.f, acc[VD];
+#pragma unroll
+  for (int r = 0; r < VD; ++r) acc[r] = 0.f;
+  for (int j0 = k0 + warp * kKeys; j0 < k1; j0 += kWarps * kKeys) {
+    const int j = j0 + key;
+    const bool valid = j < k1;
+    const int slot = valid ? (bt[j >> p.log2_bs] << p.log2_bs) | (j & bs_mask) : 0;
+    QP kp[QD / 8];
+    if (valid) {
+      const QP* kr = reinterpret_cast<const QP*>(kbase + int64_t(slot) * slot_stride);
+#pragma unroll
+      for (int c = 0; c < QD / 8; ++c) kp[c] = kr[c];
+    }
+    VP vp[kKeys];
+#pragma unroll
+    for (int u = 0; u < kKeys; ++u) {
+      const int vs = __shfl_sync(0xffffffffu, slot, 4 * u);
+      if (j0 + u < k1) vp[u] = *reinterpret_cast<const VP*>(vbase + int64_t(vs) * slot_stride);
+    }
+    float sc = 0.f;
+    if (valid)
+#pragma unroll
+      for (int c = 0; c < QD / 8; ++c)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sc = fmaf(qf[c * 8 + e], to_f(kp[c].v[e]), sc);
+    sc += __shfl_xor_sync(0xffffffffu, sc, 1);
+    sc += __shfl_xor_sync(0xffffffffu, sc, 2);
+    const float x = valid ? sc : -INFINITY;
+    float mx = x;
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const float m_new = fmaxf(m, mx);  // key 0 of the step is valid: finite
+    const float alpha = exp2f(m - m_new);
+    const float pj = exp2f(x - m_new);
+    float sum = pj;
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    l = l * alpha + sum;
+    m = m_new;
+#pragma unroll
+    for (int r = 0; r < VD; ++r) acc[r] *= alpha;
+#pragma unroll
+    for (int u = 0; u < kKeys; ++u) {
+      const float pu = __shfl_sync(0xffffffffu, pj, 4 * u);  // 0 past k1
+      if (j0 + u < k1)
+#pragma unroll
+        for (int r = 0; r < VD; ++r) acc[r] = fmaf(pu, to_f(vp[u].v[r]), acc[r]);
+    }
+  }
+
+  if (lane == 0) wm[warp] = m, wl[warp] = l;
+#pragma unroll
+  for (int r = 0; r < VD; ++r) wacc[warp][lane * VD + r] = acc[r];
+  __syncthreads();
+  float mx = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, wm[w]);
+  float f[kWarps], tot = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    f[w] = wm[w] == -INFINITY ? 0.f : exp2f(wm[w] - mx);  // a warp that had no key adds nothing
+    tot += wl[w] * f[w];
+  }
+  if (p.parts > 1 && threadIdx.x == 0) p.part_ml[ml] = make_float2(mx, tot);
+  for (int d = threadIdx.x; d < D; d += kThreads) {
+    float o = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) o = fmaf(wacc[w][d], f[w], o);
+    o = tot > 0.f ? o / tot : 0.f;
+    if (p.parts == 1) orow[d] = from_f<T>(o);
+    else p.part_o[ml * D + d] = o;
+  }
+  if (p.done) combine_if_last(orow, p, row_head);
 }
 
 // Grid (num_tokens, Hq): out = sum over partitions of sum_p * 2^(max_p - max) * o_p, normalised.
@@ -321,6 +517,13 @@ template <class F> void dispatch_dp(int64_t D, F&& f) {
   else if (D <= 96) f(std::integral_constant<int, 96>{});
   else if (D <= 128) f(std::integral_constant<int, 128>{});
   else f(std::integral_constant<int, 256>{});
+}
+
+template <class F> void dispatch_heads(int nh, F&& f) {
+  if (nh == 1) f(std::integral_constant<int, 1>{});
+  else if (nh == 2) f(std::integral_constant<int, 2>{});
+  else if (nh == 4) f(std::integral_constant<int, 4>{});
+  else f(std::integral_constant<int, kMaxHeads>{});
 }
 
 }  // namespace
@@ -378,13 +581,66 @@ void paged_attention_forward(StreamHandle s, DType dt, void* out, const void* q,
   p.Hkv = int(Hkv);
   p.D = int(D);
   p.group = int(Hq / Hkv);
-  p.head_slices = (p.group + kHeads - 1) / kHeads;
   p.log2_bs = std::countr_zero(uint64_t(block_size));
   p.scale_log2 = scale * kLog2e;
 
+  // Few rows, 16-bit, a head dim of 64, 128 or 256: the few-rows kernel, a block per query head,
+  // the context split for about eight blocks per SM.
+  const int64_t sms = sm_count();
+  const bool aligned16 = [&] {
+    for (const void* ptr : {q, k_cache, v_cache})
+      if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
+    return true;
+  }();
+  if (num_tokens * Hkv < sms && (D == 64 || D == 128 || D == 256) && dt != DType::F32 && aligned16 && qs % 8 == 0) {
+    const int64_t heads = num_tokens * Hq, want = (8 * sms + heads - 1) / heads, round = kWarps * 8;
+    const int64_t len = std::max<int64_t>(round, ((max_context_len + want - 1) / want + round - 1) / round * round);
+    // At most kThreads partitions (the combine's), and partitions of at least `round` keys.
+    const int64_t min_len = (max_context_len + kThreads - 1) / kThreads;
+    p.part_len = int(std::max<int64_t>(len, (min_len + round - 1) / round * round));
+    p.parts = int((max_context_len + p.part_len - 1) / p.part_len);
+    const int64_t n_part = p.parts > 1 ? num_tokens * Hq * p.parts : 0;
+    KernelScratch scratch(s, size_t(n_part) * (sizeof(float2) + sizeof(float) * size_t(D)), "paged attention partials");
+    p.part_ml = scratch.as<float2>();
+    p.part_o = p.parts > 1 ? reinterpret_cast<float*>(p.part_ml + n_part) : nullptr;
+    // Counters for the fused combine: kMaxDoneCounters per stream, zeroed once and left at zero by
+    // every kernel; more (row, head) pairs than that fall back to paged_combine_kernel.
+    const bool fused = p.parts > 1 && heads <= kMaxDoneCounters;
+    p.done = fused ? static_cast<unsigned*>(zeroed_stream_workspace(s, kMaxDoneCounters * sizeof(unsigned),
+                                                                    "paged attention counters"))
+                   : nullptr;
+    ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
+      auto go = [&](auto d) {
+        constexpr int DD = decltype(d)::value;
+        if constexpr (sizeof(T) == 2)  // never fp32 (above); no fp32 kernels are built
+          paged_decode_kernel<T, DD><<<dim3(unsigned(num_tokens * Hq), unsigned(p.parts)), kThreads, 0, s>>>(
+              static_cast<T*>(out), static_cast<const T*>(q), static_cast<const T*>(k_cache),
+              static_cast<const T*>(v_cache), p);
+      };
+      if (D == 64) go(std::integral_constant<int, 64>{});
+      else if (D == 128) go(std::integral_constant<int, 128>{});
+      else go(std::integral_constant<int, 256>{});
+      ZP_CUDA_LAUNCH_CHECK();
+      if (p.parts > 1 && !fused)
+        paged_combine_kernel<T><<<dim3(unsigned(num_tokens), unsigned(Hq)), 128, 0, s>>>(
+            static_cast<T*>(out), p.part_o, p.part_ml, p.Hq, p.D, p.parts, os);
+    });
+    ZP_CUDA_LAUNCH_CHECK();
+    return;
+  }
+
+  // Heads per block: the group rounded up to a power of two (at most kMaxHeads), halved while the
+  // grid leaves SMs idle. With few rows each block is alone on its SM, where one warp per scheduler
+  // waits out every instruction's latency (12.6 cycles an instruction, 25 us for 256 keys of one
+  // Llama-3.2-1B row with 4 heads a block), so fewer heads a block is proportionally less time; the
+  // blocks of one kv head then read its keys and values from L2 more than once.
+  int nh = 1;
+  while (nh < kMaxHeads && nh < p.group) nh *= 2;
+  while (nh > 1 && num_tokens * Hkv * ((p.group + nh - 1) / nh) < sms) nh /= 2;
+  p.head_slices = (p.group + nh - 1) / nh;
+
   // Split the context only when the unsplit grid leaves SMs idle; aim at about two blocks per SM.
   const int64_t pairs = num_tokens * Hkv * p.head_slices;
-  const int64_t sms = sm_count();
   p.part_len = int(max_context_len);
   p.parts = 1;
   if (pairs < sms) {
@@ -404,11 +660,13 @@ void paged_attention_forward(StreamHandle s, DType dt, void* out, const void* q,
   ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
     p.packed = can_vectorise<T>(D, {k_cache, v_cache});
     dispatch_dp(D, [&](auto dp) {
-      constexpr int DP = decltype(dp)::value;
-      dim3 grid(unsigned(num_tokens), unsigned(Hkv * p.head_slices), unsigned(p.parts));
-      paged_attention_kernel<T, DP><<<grid, kThreads, 0, s>>>(static_cast<T*>(out), static_cast<const T*>(q),
-                                                              static_cast<const T*>(k_cache),
-                                                              static_cast<const T*>(v_cache), p);
+      dispatch_heads(nh, [&](auto heads) {
+        constexpr int DP = decltype(dp)::value, NH = decltype(heads)::value;
+        dim3 grid(unsigned(num_tokens), unsigned(Hkv * p.head_slices), unsigned(p.parts));
+        paged_attention_kernel<T, DP, NH><<<grid, kThreads, 0, s>>>(
+            static_cast<T*>(out), static_cast<const T*>(q), static_cast<const T*>(k_cache),
+            static_cast<const T*>(v_cache), p);
+      });
     });
     ZP_CUDA_LAUNCH_CHECK();
     if (p.parts > 1)

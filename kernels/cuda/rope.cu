@@ -1,7 +1,9 @@
 // RoPE. The inverse frequencies are computed on the host, exactly as the CPU reference and HF do
 // (float32 pow), and passed by value as a __grid_constant__ kernel parameter, so the device never
-// re-derives them with its own, differently rounded powf. Each thread owns one (token, pair i),
-// computes sincosf of its angle once and rotates that pair in all H heads; consecutive threads take
+// re-derives them with its own, differently rounded powf. Each thread owns one (token, head, pair i)
+// and computes its own sincosf: a thread that looped over the heads serialised H dependent loads (y
+// may alias x), which left a decode step's one-token rotation latency-bound at 40 round trips (18 us
+// on an H200); the recomputed sines are cheap next to the memory traffic. Consecutive threads take
 // consecutive i, so both halves of each head are read and written coalesced. With explicit positions
 // (packed sequences) the thread reads its token's position instead of deriving it from t.
 #include <cmath>
@@ -18,25 +20,23 @@ struct InvFreq {
   float v[kMaxHalf];
 };
 
-template <class T>
-__global__ void rope_kernel(T* y, const T* x, int64_t BT, int64_t T_, int64_t H, int64_t D, int64_t pos_offset,
-                            int64_t row_stride, const int32_t* __restrict__ positions, float sign,
-                            const __grid_constant__ InvFreq inv_freq) {
-  const int64_t half = D / 2, total = BT * half;
-  for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < total; p += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t bt = p / half, i = p - bt * half, t = bt % T_;
+// I: the index type of the (token, head, pair) enumeration, 32-bit when it fits (64-bit division
+// would cost more than the rotation).
+template <class T, class I>
+__global__ void rope_kernel(T* y, const T* x, I BT, I T_, I H, I D, int64_t pos_offset, int64_t row_stride,
+                            const int32_t* __restrict__ positions, float sign, const __grid_constant__ InvFreq inv_freq) {
+  const I half = D / 2, per_token = H * half, total = BT * per_token;
+  for (I p = blockIdx.x * I(blockDim.x) + threadIdx.x; p < total; p += I(gridDim.x) * blockDim.x) {
+    const I bt = p / per_token, r = p - bt * per_token, h = r / half, i = r - h * half, t = bt % T_;
     const int64_t pos = positions ? int64_t(positions[bt]) : pos_offset + t;
     const float a = float(pos) * inv_freq.v[i];
     float sn, c;
     sincosf(a, &sn, &c);
     sn *= sign;
-    const int64_t base = bt * row_stride + i;
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t off = base + h * D;
-      const float x1 = to_f(x[off]), x2 = to_f(x[off + half]);
-      y[off] = from_f<T>(x1 * c - x2 * sn);
-      y[off + half] = from_f<T>(x2 * c + x1 * sn);
-    }
+    const int64_t off = int64_t(bt) * row_stride + int64_t(h) * D + i;
+    const float x1 = to_f(x[off]), x2 = to_f(x[off + half]);
+    y[off] = from_f<T>(x1 * c - x2 * sn);
+    y[off + half] = from_f<T>(x2 * c + x1 * sn);
   }
 }
 
@@ -46,15 +46,20 @@ void rope_apply(StreamHandle s, DType dt, void* y, const void* x, int64_t B, int
            " D=", D);
   ZP_CHECK(theta > 0 && pos_offset >= 0, "theta=", theta, " pos_offset=", pos_offset);
   ZP_CHECK(!positions || pos_offset == 0, "rope: pos_offset ", pos_offset, " together with explicit positions");
-  const int64_t half = D / 2, total = B * T * half;
-  if (total == 0 || H == 0) return;
+  const int64_t half = D / 2, total = B * T * H * half;
+  if (total == 0) return;
   InvFreq inv_freq{};
   for (int64_t i = 0; i < half; ++i) inv_freq.v[i] = 1.0f / std::pow(theta, float(2 * i) / float(D));
   int64_t blocks = (total + 255) / 256;
   const unsigned grid = unsigned(blocks < 65535 * 8 ? blocks : 65535 * 8);
   ZP_CUDA_DISPATCH_FLOAT(dt, E, [&] {
-    rope_kernel<<<grid, 256, 0, s>>>(static_cast<E*>(y), static_cast<const E*>(x), B * T, T, H, D, pos_offset,
-                                     row_stride, positions, sign, inv_freq);
+    if (total < (int64_t(1) << 31) - int64_t(grid) * 256)
+      rope_kernel<E, uint32_t><<<grid, 256, 0, s>>>(static_cast<E*>(y), static_cast<const E*>(x), uint32_t(B * T),
+                                                    uint32_t(T), uint32_t(H), uint32_t(D), pos_offset, row_stride,
+                                                    positions, sign, inv_freq);
+    else
+      rope_kernel<E, int64_t><<<grid, 256, 0, s>>>(static_cast<E*>(y), static_cast<const E*>(x), B * T, T, H, D,
+                                                   pos_offset, row_stride, positions, sign, inv_freq);
   });
   ZP_CUDA_LAUNCH_CHECK();
 }

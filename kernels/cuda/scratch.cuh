@@ -5,7 +5,8 @@
 //    launcher returns; stream ordering makes that safe while the kernels are still queued (the block
 //    is only handed out again to work ordered after them).
 //  - stream_workspace: lives for the process, one per (device, stream, tag), for libraries that want
-//    the same workspace on every call (cuBLASLt). Two streams never share one, because matmuls on two
+//    the same workspace on every call (cuBLASLt), or zeroed once for counters that kernels leave at
+//    zero (the paged attention's fused combine). Two streams never share one, because matmuls on two
 //    streams may run at once.
 #pragma once
 #include <cuda_runtime.h>
@@ -56,14 +57,23 @@ class KernelScratch {
 
 // `tag` is a string literal (its address is part of the key). Never freed: destroying it from a
 // static destructor would race the CUDA runtime's own teardown.
-inline void* stream_workspace(StreamHandle s, size_t bytes, const char* tag) {
+inline void* stream_workspace(StreamHandle s, size_t bytes, const char* tag, bool zeroed = false) {
   static std::mutex mu;
   static auto* spaces = new std::map<std::tuple<int, StreamHandle, const char*>, void*>();
   const int dev = current_device();
   std::lock_guard<std::mutex> lock(mu);
   void*& w = (*spaces)[{dev, s, tag}];
-  if (!w) w = device_allocator(dev).allocate(bytes, tag, s);
+  if (!w) {
+    w = device_allocator(dev).allocate(bytes, tag, s);
+    if (zeroed) ZP_CUDA_CHECK(cudaMemsetAsync(w, 0, bytes, s));
+  }
   return w;
+}
+
+// A stream_workspace that starts zeroed, for kernels that keep it so between calls (counters that
+// the last block to count resets).
+inline void* zeroed_stream_workspace(StreamHandle s, size_t bytes, const char* tag) {
+  return stream_workspace(s, bytes, tag, /*zeroed=*/true);
 }
 
 }  // namespace zp::kernels::cuda

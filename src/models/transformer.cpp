@@ -501,13 +501,10 @@ Tensor Transformer::forward_cached(const int32_t* ids, const nn::CachedBatch& b,
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
     nn::AdaptedBlockInUse use(access_, *l.block, l.adapters.get());
-    Tensor a = c.act({N, C}), mid = c.act({N, C}), y = c.act({N, C});
-    nn::Norm::Saved n1, n2;
-    nn::Mlp::Saved mlp;
-    l.ln1.forward(c, a.data(), x.data(), N, n1);
-    l.attn.forward_cached(c, mid.data(), a.data(), b, cache, int64_t(i), x.data());
-    l.ln2.forward(c, a.data(), mid.data(), N, n2);
-    l.mlp.forward(c, y.data(), a.data(), N, mlp, mid.data());
+    Tensor mid = c.act({N, C}), y = c.act({N, C});
+    // The norms go into the next products' inputs (one kernel each on a GPU for a decode step).
+    l.attn.forward_cached(c, mid.data(), x.data(), b, cache, int64_t(i), x.data(), &l.ln1);
+    l.mlp.forward_normed(c, y.data(), mid.data(), l.ln2, N, mid.data());
     x = std::move(y);
   }
   // Only the wanted rows go through the head: a prompt's other tokens need no logits. The gather is

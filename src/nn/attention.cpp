@@ -28,12 +28,16 @@ void SelfAttention::forward(const Ctx& c, void* y, const void* x, int64_t B, int
 }
 
 void SelfAttention::forward_cached(const Ctx& c, void* y, const void* x, const CachedBatch& b,
-                                   const PagedKvCache& cache, int64_t layer, const void* residual) const {
+                                   const PagedKvCache& cache, int64_t layer, const void* residual,
+                                   const Norm* norm) const {
   ZP_CHECK(sh_.causal, "forward_cached: a KV cache serves causal attention only");
   const int64_t N = b.num_tokens, Np = b.num_prefill_tokens, W = sh_.qkv_width(), Hq = sh_.Hq, Hkv = sh_.Hkv,
                 D = sh_.D;
   Tensor qkv = c.act({N, W});
-  qkv_.forward(c, qkv.data(), x, N);
+  if (norm)
+    qkv_.forward_normed(c, qkv.data(), x, *norm, N);
+  else
+    qkv_.forward(c, qkv.data(), x, N);
   char* base = static_cast<char*>(qkv.data());
   const size_t esz = dtype_size(c.dt), ko = size_t(Hq * D) * esz, vo = size_t((Hq + Hkv) * D) * esz;
   if (sh_.rope)

@@ -50,9 +50,11 @@ class SelfAttention {
                 bool accumulate_dx, const TokenLayout& tokens = {}, DeferredWeightGrads* later = nullptr) const;
   // Inference against a paged KV cache (nn/paged_kv_cache.h): y[N, C] = attention(x[N, C])
   // (+ residual) for the step's N new tokens, whose keys and values (after RoPE) are written into
-  // layer `layer` of `cache` first. Keeps nothing; causal models only.
+  // layer `layer` of `cache` first. With `norm`, x is the layer's input and the attention's input is
+  // norm(x) (applied inside the q/k/v product where it can: Linear::forward_normed). Keeps nothing;
+  // causal models only.
   void forward_cached(const Ctx& c, void* y, const void* x, const CachedBatch& batch, const PagedKvCache& cache,
-                      int64_t layer, const void* residual = nullptr) const;
+                      int64_t layer, const void* residual = nullptr, const Norm* norm = nullptr) const;
 
  private:
   Linear qkv_, out_;

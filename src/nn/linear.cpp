@@ -3,6 +3,7 @@
 #include "kernels/activation.h"
 #include "kernels/dropout.h"
 #include "kernels/gemm.h"
+#include "kernels/row_linear.h"
 #include "nn/deferred_weight_grads.h"
 #include "nn/init.h"
 
@@ -148,6 +149,26 @@ void Linear::forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t ld
                  residual ? 1.f : 0.f, y, ldy ? ldy : out_, b_ ? GemmEpilogue::Bias : GemmEpilogue::None,
                  b_ ? b_->v() : nullptr, nullptr, 1, 0, 0, 0, residual);
   if (!adapters_.empty()) adapters_forward(c, y, ldy ? ldy : out_, x, N);
+}
+
+bool Linear::rows_fit(const Ctx& c, int64_t N, const void* x, int64_t ldx, const void* norm_weight) const {
+  return c.dev.is_cuda() && adapters_.empty() && row_linear_fits(c.dt, N, in_, ldx, x, in_, w_->v(), norm_weight);
+}
+
+void Linear::forward_normed(const Ctx& c, void* y, const void* x, const Norm& norm, int64_t N,
+                            const void* residual) const {
+  const void* nw = norm.rms_weight();
+  if (nw && rows_fit(c, N, x, in_, nw)) {
+    ZP_KERNEL_CALL(c.dev, row_linear, c.s, c.dt, RowInput::RmsNorm, N, out_, in_, x, in_, nw, norm.eps(), w_->v(), in_,
+                   b_ ? b_->v() : nullptr, y, out_, residual);
+    return;
+  }
+  Ctx working = c;
+  working.saves = false;
+  Tensor a = c.act({N, in_});
+  Norm::Saved unused;
+  norm.forward(working, a.data(), x, N, unused);
+  forward(c, y, a.data(), N, 0, residual);
 }
 
 void Linear::forward_gelu(const Ctx& c, void* y, void* pre, const void* x, int64_t N) const {

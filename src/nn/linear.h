@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "nn/context.h"
+#include "nn/norm.h"
 #include "nn/parameter.h"
 
 namespace zp::nn {
@@ -49,6 +50,11 @@ class Linear {
   // y = x W^T + b (ldy: row stride of y, 0 = out), + residual [N, out] when given (added in the
   // GEMM's epilogue: no separate pass, one rounding).
   void forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t ldy = 0, const void* residual = nullptr) const;
+  // Inference, a decode step's few rows: y = norm(x) W^T + b (+ residual). On a GPU, with an RMSNorm
+  // and no adapters, one kernel applies the norm to the product's input (kernels/row_linear.h);
+  // otherwise the norm runs first and then forward(). Nothing is kept.
+  void forward_normed(const Ctx& c, void* y, const void* x, const Norm& norm, int64_t N,
+                      const void* residual = nullptr) const;
   // y = gelu(pre), pre = x W^T + b, both from one GEMM (its epilogue applies the tanh GELU).
   void forward_gelu(const Ctx& c, void* y, void* pre, const void* x, int64_t N) const;
   // dW += dy^T x, db += colsum(dy); dx = dy W (or dx += when accumulate_dx); dx may be nullptr.
@@ -75,6 +81,8 @@ class Linear {
   // du = scale * [dy_1 B_1 | dy_2 B_2 | ...], [N, rank_].
   Tensor adapter_dup(const Ctx& c, const void* dy, int64_t lddy, int64_t N) const;
   void adapters_forward(const Ctx& c, void* y, int64_t ldy, const void* x, int64_t N) const;
+  // Whether row_linear takes this layer's product of N rows of x (leading dimension ldx).
+  bool rows_fit(const Ctx& c, int64_t N, const void* x, int64_t ldx, const void* norm_weight) const;
   void adapters_backward_params(const Ctx& c, const void* dy, int64_t lddy, const void* x, int64_t N) const;
   void adapters_backward_input(const Ctx& c, void* dx, const void* dy, int64_t lddy, int64_t N) const;
   uint64_t dropout_key(const Ctx& c) const;

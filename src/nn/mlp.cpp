@@ -26,6 +26,24 @@ void Mlp::forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved,
   down_.forward(c, y, h.data(), N, 0, residual);
 }
 
+void Mlp::forward_normed(const Ctx& c, void* y, const void* x, const Norm& norm, int64_t N,
+                         const void* residual) const {
+  Ctx working = c;
+  working.saves = false;
+  if (kind_ == MlpKind::SwiGLU) {
+    Tensor pre = c.act({N, up_.out()}), h = c.act({N, hidden()});
+    up_.forward_normed(working, pre.data(), x, norm, N);
+    activate(working, h.data(), pre.data(), N);
+    down_.forward(working, y, h.data(), N, 0, residual);
+    return;
+  }
+  Tensor a = c.act({N, up_.in()});
+  Norm::Saved unused_norm;
+  norm.forward(working, a.data(), x, N, unused_norm);
+  Saved unused;
+  forward(working, y, a.data(), N, unused, residual);
+}
+
 void Mlp::backward(const Ctx& c, void* dx, const Tensor& dy, const Tensor& x, int64_t N, const Saved& saved,
                    bool accumulate_dx, DeferredWeightGrads* later) const {
   const int64_t F = hidden();

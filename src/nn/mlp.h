@@ -24,6 +24,10 @@ class Mlp {
   Mlp(MlpKind kind, Linear up, Linear down) : kind_(kind), up_(up), down_(down) {}
   // y = mlp(x) (+ residual, added by the down projection's GEMM).
   void forward(const Ctx& c, void* y, const void* x, int64_t N, Saved& saved, const void* residual = nullptr) const;
+  // Inference: y = mlp(norm(x)) (+ residual), keeping nothing; the norm runs inside the up
+  // projection's product where it can (Linear::forward_normed).
+  void forward_normed(const Ctx& c, void* y, const void* x, const Norm& norm, int64_t N,
+                      const void* residual = nullptr) const;
   // With `later` (a split backward, nn/deferred_weight_grads.h) only dx is computed here; the
   // projections' weight gradients are left in `later`, which holds dy, x and the recomputed
   // activation until then (dy and x must not change before its W).

@@ -22,6 +22,10 @@ class Norm {
   void backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, const Saved& saved,
                 bool accumulate_dx, DeferredWeightGrads* later = nullptr) const;
   int64_t width() const { return w_->shape[0]; }
+  // An RMSNorm's weight, for a product that applies the norm to its own input (Linear::forward_normed);
+  // nullptr for a LayerNorm.
+  const void* rms_weight() const { return kind_ == NormKind::RMSNorm ? w_->v() : nullptr; }
+  float eps() const { return eps_; }
 
  private:
   NormKind kind_ = NormKind::LayerNorm;

@@ -1,0 +1,60 @@
+#include "kernels/row_linear.h"
+
+#include <cmath>
+#include <vector>
+
+namespace zp::kernels::cpu {
+
+void row_linear(StreamHandle, DType dt, RowInput in, int64_t M, int64_t N, int64_t K, const void* x, int64_t ldx,
+                const void* norm_weight, float eps, const void* w, int64_t ldw, const void* bias, void* y,
+                int64_t ldy, const void* residual) {
+  ZP_CHECK(M >= 0 && N >= 0 && K > 0, "row_linear: M=", M, " N=", N, " K=", K);
+  ZP_CHECK(ldx >= K && ldw >= K && ldy >= N, "row_linear: ldx=", ldx,
+           " ldw=", ldw, " ldy=", ldy);
+  ZP_CHECK(in != RowInput::RmsNorm || norm_weight, "row_linear: RmsNorm without a norm weight");
+  ZP_DISPATCH_FLOAT(dt, T, [&] {
+    auto* px = static_cast<const T*>(x);
+    auto* pw = static_cast<const T*>(w);
+    auto* pb = static_cast<const T*>(bias);
+    auto* pr = static_cast<const T*>(residual);
+    auto* py = static_cast<T*>(y);
+    auto* nw = static_cast<const T*>(norm_weight);
+    std::vector<double> f(static_cast<size_t>(K));
+    for (int64_t m = 0; m < M; ++m) {
+      const T* xr = px + m * ldx;
+      double r = 1.0;
+      if (in == RowInput::RmsNorm) {
+        double ms = 0;
+        for (int64_t k = 0; k < K; ++k) ms += double(xr[k]) * double(xr[k]);
+        r = 1.0 / std::sqrt(ms / double(K) + double(eps));
+      }
+      for (int64_t k = 0; k < K; ++k) {
+        const double v = double(xr[k]);
+        f[size_t(k)] = in == RowInput::RmsNorm ? v * r * double(nw[k]) : v;
+      }
+      for (int64_t n = 0; n < N; ++n) {
+        double acc = 0;
+        for (int64_t k = 0; k < K; ++k) acc += f[size_t(k)] * double(pw[n * ldw + k]);
+        if (pb) acc += double(pb[n]);
+        if (pr) acc += double(pr[m * ldy + n]);
+        py[m * ldy + n] = T(acc);
+      }
+    }
+  });
+}
+
+}  // namespace zp::kernels::cpu
+
+namespace zp::kernels {
+
+bool row_linear_fits(DType dt, int64_t M, int64_t K, int64_t ldx, const void* x, int64_t ldw, const void* w,
+                     const void* norm_weight) {
+  if (dt != DType::BF16 && dt != DType::F16) return false;
+  if (M < 1 || M > kRowLinearMaxRows || K < 8 || K > INT32_MAX || K % 8 != 0 || ldx % 8 != 0 || ldw % 8 != 0)
+    return false;
+  for (const void* p : {x, w, norm_weight})
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;  // nullptr passes
+  return true;
+}
+
+}  // namespace zp::kernels

@@ -1,0 +1,203 @@
+// Decode's products (a few rows of x against a weight), for which cuBLASLt's kernels reach a third
+// to two thirds of HBM bandwidth on an H200 (a split-K product plus its reduce kernel for K = 8192).
+// The trick is only to keep enough weight bytes in flight and to leave no second round trip: a block
+// of 4 warps owns RB consecutive output columns and splits K between its 128 threads, each thread
+// issuing its U 16-byte packs of each of the RB weight rows (RB x U <= 8) before it uses any, with the
+// L1-bypassing streaming load (the weight is read once). A row of K = 8192 is then one round of loads
+// for its block, not four for one warp. Each x pack is loaded once per thread and used for all RB
+// rows. The partial dot products meet in a warp sum and then in shared memory; bias and residual are
+// added in fp32 and rounded once, as cuBLASLt's epilogue does.
+// The RMSNorm input (kernels/row_linear.h) costs no pass of its own: the norm weight is one more
+// pack beside each x pack, and the sum of squares is summed with the dot products (the block's threads cover all of K), its rsqrt applied to the finished sums, since
+// sum_k W x w r = r sum_k W x w.
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/row_linear.cuh"
+#include "kernels/row_linear.h"
+
+namespace zp::kernels::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+
+template <class T, int M, int RB, int U, RowInput IN>
+__global__ void __launch_bounds__(kThreads)
+    decode_gemv_kernel(T* C, int64_t ldc, const T* __restrict__ A, int64_t lda, const T* __restrict__ W, int64_t ldw,
+                       int N, int K, const T* __restrict__ bias, const T* c_in, float beta,
+                       const T* __restrict__ norm_w, float eps) {
+  using P = Pack<T, 8>;
+  constexpr bool kNorm = IN == RowInput::RmsNorm;
+  __shared__ float partial[kWarps][RB][M];
+  __shared__ float sq_partial[kWarps][M];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n0 = blockIdx.x * RB;
+  const int packs = K / 8;
+  float acc[RB][M], sq[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    sq[m] = 0.f;
+#pragma unroll
+    for (int r = 0; r < RB; ++r) acc[r][m] = 0.f;
+  }
+  for (int p0 = threadIdx.x; p0 < packs; p0 += kThreads * U) {
+    P wv[RB][U];
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+      const int4* w = reinterpret_cast<const int4*>(W + int64_t(min(n0 + r, N - 1)) * ldw);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int p = p0 + u * kThreads;
+        if (p < packs) {
+          const int4 raw = __ldcs(w + p);
+          std::memcpy(&wv[r][u], &raw, sizeof(raw));
+        }
+      }
+    }
+    float nwf[U][8];
+    if constexpr (kNorm) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int p = p0 + u * kThreads;
+        if (p < packs) {
+          const P nv = reinterpret_cast<const P*>(norm_w)[p];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) nwf[u][e] = to_f(nv.v[e]);
+        }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const P* x = reinterpret_cast<const P*>(A + m * lda);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int p = p0 + u * kThreads;
+        if (p < packs) {
+          const P xv = x[p];
+          float xf[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) xf[e] = to_f(xv.v[e]);
+          if constexpr (kNorm) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              sq[m] = fmaf(xf[e], xf[e], sq[m]);
+              xf[e] *= nwf[u][e];
+            }
+          }
+#pragma unroll
+          for (int r = 0; r < RB; ++r)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[r][m] = fmaf(to_f(wv[r][u].v[e]), xf[e], acc[r][m]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+      const float v = warp_sum(acc[r][m]);
+      if (lane == 0) partial[warp][r][m] = v;
+    }
+    if constexpr (kNorm) {
+      const float v = warp_sum(sq[m]);
+      if (lane == 0) sq_partial[warp][m] = v;
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < RB * M; i += kThreads) {
+    const int r = i / M, m = i % M, n = n0 + r;
+    if (n >= N) continue;
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += partial[w][r][m];
+    if constexpr (kNorm) {
+      float ss = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) ss += sq_partial[w][m];
+      v *= rsqrtf(ss / float(K) + eps);
+    }
+    if (bias) v += to_f(bias[n]);
+    if (beta != 0.f) v += beta * to_f(c_in[m * ldc + n]);
+    C[m * ldc + n] = from_f<T>(v);
+  }
+}
+
+bool enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("ZP_DECODE_GEMV");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
+struct Problem {
+  RowInput in;
+  int64_t N, K;
+  const void *A, *B, *bias, *c_in, *norm_w;
+  int64_t lda, ldb, ldc;
+  float beta, eps;
+  void* C;
+};
+
+// RB x U = 8 loads of 16 bytes in flight per thread: the fewer packs K gives each thread, the more
+// rows a block takes. K beyond 8 x 128 packs loops.
+template <class T, int M, RowInput IN>
+void launch(StreamHandle s, const Problem& q) {
+  const int64_t per_thread = (q.K / 8 + kThreads - 1) / kThreads;
+  auto go = [&](auto rb, auto u) {
+    constexpr int RB = decltype(rb)::value, U = decltype(u)::value;
+    decode_gemv_kernel<T, M, RB, U, IN><<<ceil_div(q.N, RB), kThreads, 0, s>>>(
+        static_cast<T*>(q.C), q.ldc, static_cast<const T*>(q.A), q.lda, static_cast<const T*>(q.B), q.ldb, int(q.N),
+        int(q.K), static_cast<const T*>(q.bias), static_cast<const T*>(q.c_in ? q.c_in : q.C), q.beta,
+        static_cast<const T*>(q.norm_w), q.eps);
+  };
+  if (per_thread <= 2) go(std::integral_constant<int, 4>{}, std::integral_constant<int, 2>{});
+  else if (per_thread <= 4) go(std::integral_constant<int, 2>{}, std::integral_constant<int, 4>{});
+  else go(std::integral_constant<int, 1>{}, std::integral_constant<int, 8>{});
+}
+
+template <class T, int M = 1>
+void launch_rows(int64_t rows, StreamHandle s, const Problem& q) {
+  if constexpr (M < kRowLinearMaxRows) {
+    if (rows > M) return launch_rows<T, M + 1>(rows, s, q);
+  }
+  switch (q.in) {
+    case RowInput::Plain: return launch<T, M, RowInput::Plain>(s, q);
+    case RowInput::RmsNorm: return launch<T, M, RowInput::RmsNorm>(s, q);
+  }
+}
+
+void run(StreamHandle s, DType dt, int64_t M, const Problem& q) {
+  if (dt == DType::BF16)
+    launch_rows<__nv_bfloat16>(M, s, q);
+  else
+    launch_rows<__half>(M, s, q);
+  ZP_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+bool decode_gemv(StreamHandle s, DType dt, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
+                 int64_t ldb, float beta, void* C, int64_t ldc, const void* bias, const void* c_in) {
+  if (!enabled() || N < 1 || N > INT32_MAX || !row_linear_fits(dt, M, K, lda, A, ldb, B, nullptr)) return false;
+  run(s, dt, M, {RowInput::Plain, N, K, A, B, bias, c_in, nullptr, lda, ldb, ldc, beta, 0.f, C});
+  return true;
+}
+
+void row_linear(StreamHandle s, DType dt, RowInput in, int64_t M, int64_t N, int64_t K, const void* x, int64_t ldx,
+                const void* norm_weight, float eps, const void* w, int64_t ldw, const void* bias, void* y,
+                int64_t ldy, const void* residual) {
+  ZP_CHECK(M >= 0 && N >= 0 && N <= INT32_MAX && ldy >= N && ldx >= K,
+           "row_linear: M=", M, " N=", N, " ldx=", ldx, " ldy=", ldy);
+  ZP_CHECK(in != RowInput::RmsNorm || norm_weight, "row_linear: RmsNorm without a norm weight");
+  ZP_CHECK(row_linear_fits(dt, M, K, ldx, x, ldw, w, in == RowInput::RmsNorm ? norm_weight : nullptr),
+           "row_linear: ", dtype_name(dt), " M=", M, " K=", K, " ldx=", ldx, " ldw=", ldw,
+           " is not a problem the CUDA kernel takes (see row_linear_fits)");
+  if (M == 0 || N == 0) return;
+  run(s, dt, M, {in, N, K, x, w, bias, residual, norm_weight, ldx, ldw, ldy, residual ? 1.f : 0.f, eps, y});
+}
+
+}  // namespace zp::kernels::cuda

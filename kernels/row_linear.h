@@ -1,0 +1,34 @@
+// A few rows through a linear layer with the layer's input transform fused into the product: what a
+// decode step does once per projection. y[M, N] = f(x)[M, K] W^T (+ bias) (+ residual), where f is
+//   Plain    f(x) = x
+//   RmsNorm  f(x)[m, k] = x[m, k] * rsqrt(mean_k x[m, :]^2 + eps) * norm_weight[k]
+// (A SwiGLU input was tried and dropped: every block of the product recomputes f over all of K, and
+// for the down projection, 2048 blocks of silu over 8192 gates, that cost more issue time on an H200
+// than the separate pass it saved.)
+// W is [N, K] row-major with leading dimension ldw; x [M, K] has leading dimension ldx; y and residual (nullptr: none; it may be y itself) have leading dimension ldy. bias [N]
+// may be nullptr. f(x) stays in fp32 (the unfused layers round it to dt first), the product accumulates in fp32,
+// and bias and residual are added before the one rounding to dt. Operands and result are dt, 16-bit
+// on CUDA (F32 and F64 on the CPU too).
+// row_linear_fits says whether the CUDA kernel takes a problem; callers fall back to the unfused
+// layers otherwise.
+#pragma once
+#include <cstdint>
+
+#include "kernels/kernel.h"
+
+namespace zp::kernels {
+
+enum class RowInput : uint8_t { Plain, RmsNorm };
+
+inline constexpr int64_t kRowLinearMaxRows = 8;
+
+// The CUDA kernel's conditions: at most kRowLinearMaxRows rows, 16-bit operands, K and the leading
+// dimensions of x and W multiples of 8 (16-byte packs), and x, W (and the norm weight) 16-byte aligned.
+bool row_linear_fits(DType dt, int64_t M, int64_t K, int64_t ldx, const void* x, int64_t ldw, const void* w,
+                     const void* norm_weight);
+
+ZP_KERNEL(void row_linear(StreamHandle s, DType dt, RowInput in, int64_t M, int64_t N, int64_t K, const void* x,
+                          int64_t ldx, const void* norm_weight, float eps, const void* w, int64_t ldw,
+                          const void* bias, void* y, int64_t ldy, const void* residual))
+
+}  // namespace zp::kernels

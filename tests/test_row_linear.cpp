@@ -1,0 +1,97 @@
+#include <cmath>
+
+#include "kernels/gemm.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/row_linear.h"
+#include "test_util.h"
+
+namespace zp::test {
+using namespace zp::kernels;
+
+namespace {
+
+struct RowCase {
+  RowInput in;
+  int64_t M, N, K;
+  bool bias, residual;
+};
+
+}  // namespace
+
+// The reference itself: the RMSNorm input is the unfused norm, then the product, all in float64
+// (where the unfused norm's rounding of f(x) is no rounding at all).
+TEST(RowLinear, CpuEqualsTheUnfusedLayers) {
+  const int64_t M = 3, N = 5, K = 16;
+  const auto w = to_double(randn(size_t(N * K), 1)), b = to_double(randn(size_t(N), 2));
+  const auto r = to_double(randn(size_t(M * N), 3)), nw = to_double(randn(size_t(K), 4, 0.5f, 1.f));
+  for (RowInput in : {RowInput::Plain, RowInput::RmsNorm}) {
+    const int64_t width = K + 8;  // a padded leading dimension
+    const auto x = to_double(randn(size_t(M * width), 5));
+    std::vector<double> f(size_t(M * K));
+    for (int64_t m = 0; m < M; ++m)
+      std::copy(x.begin() + m * width, x.begin() + m * width + K, f.begin() + m * K);
+    if (in == RowInput::RmsNorm) {
+      std::vector<float> rstd(static_cast<size_t>(M));
+      cpu::rmsnorm_forward(nullptr, DType::F64, f.data(), rstd.data(), f.data(), nw.data(), M, K, 1e-5f);
+    }
+    std::vector<double> want = r;
+    cpu::gemm(nullptr, DType::F64, DType::F64, false, true, M, N, K, 1.f, f.data(), K, w.data(), K, 1.f, want.data(),
+              N, GemmEpilogue::Bias, b.data());
+    std::vector<double> got(size_t(M * N), NAN);
+    cpu::row_linear(nullptr, DType::F64, in, M, N, K, x.data(), width, nw.data(), 1e-5f, w.data(), K, b.data(),
+                    got.data(), N, r.data());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-9 * (1 + std::abs(want[i]))) << int(in);
+    // The residual may be y itself.
+    std::vector<double> inplace = r;
+    cpu::row_linear(nullptr, DType::F64, in, M, N, K, x.data(), width, nw.data(), 1e-5f, w.data(), K, b.data(),
+                    inplace.data(), N, inplace.data());
+    EXPECT_EQ(inplace, got) << int(in);
+  }
+}
+
+TEST(RowLinear, FitsOnlyWhatTheKernelTakes) {
+  alignas(16) static char buf[64];
+  EXPECT_TRUE(row_linear_fits(DType::BF16, 8, 2048, 2048, buf, 2048, buf, buf));
+  EXPECT_TRUE(row_linear_fits(DType::F16, 1, 8, 8, buf, 8, buf, nullptr));
+  EXPECT_FALSE(row_linear_fits(DType::F32, 1, 2048, 2048, buf, 2048, buf, nullptr));
+  EXPECT_FALSE(row_linear_fits(DType::BF16, 9, 2048, 2048, buf, 2048, buf, nullptr));
+  EXPECT_FALSE(row_linear_fits(DType::BF16, 1, 2044, 2048, buf, 2048, buf, nullptr));
+  EXPECT_FALSE(row_linear_fits(DType::BF16, 1, 2048, 2050, buf, 2048, buf, nullptr));
+  EXPECT_FALSE(row_linear_fits(DType::BF16, 1, 2048, 2048, buf + 2, 2048, buf, nullptr));
+  EXPECT_FALSE(row_linear_fits(DType::BF16, 1, 2048, 2048, buf, 2048, buf, buf + 8));
+}
+
+// CUDA against the CPU reference: both inputs, row counts 1 to 8, K with a partial last step of
+// the kernel's loop and K long enough to loop, bias, and a residual apart from y or y itself.
+TEST(RowLinearGpu, MatchesCpu) {
+  ZP_SKIP_WITHOUT_GPU();
+  uint64_t seed = 40;
+  std::vector<RowCase> cases;
+  for (RowInput in : {RowInput::Plain, RowInput::RmsNorm})
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{64, 2048}, {1000, 2056}, {24, 8200}})
+      for (int64_t M : {1, 3, 8}) cases.push_back({in, M, N, K, M != 3, M != 1});
+  for (const RowCase& c : cases)
+    for (DType dt : {DType::BF16, DType::F16})
+      for (bool inplace : {false, true}) {
+        if (inplace && !c.residual) continue;
+        const int64_t width = c.K;
+        // Activations near a hidden state's scale, so the norm sees a real range.
+        auto x = round_to(randn(size_t(c.M * width), seed++, 2.f), dt);
+        auto w = round_to(randn(size_t(c.N * c.K), seed++, 0.05f), dt);
+        auto b = round_to(randn(size_t(c.N), seed++), dt), r = round_to(randn(size_t(c.M * c.N), seed++), dt);
+        auto nw = round_to(randn(size_t(c.K), seed++, 0.3f, 1.f), dt);
+        std::vector<float> want(size_t(c.M * c.N));
+        cpu::row_linear(nullptr, DType::F32, c.in, c.M, c.N, c.K, x.data(), width, nw.data(), 1e-5f, w.data(), c.K,
+                        c.bias ? b.data() : nullptr, want.data(), c.N, c.residual ? r.data() : nullptr);
+        Tensor dx = upload(x, dt), dw = upload(w, dt), db = upload(b, dt), dr = upload(r, dt), dn = upload(nw, dt);
+        Tensor dy = inplace ? upload(r, dt) : upload(std::vector<float>(size_t(c.M * c.N), NAN), dt);
+        cuda::row_linear(nullptr, dt, c.in, c.M, c.N, c.K, dx.data(), width, dn.data(), 1e-5f, dw.data(), c.K,
+                         c.bias ? db.data() : nullptr, dy.data(), c.N,
+                         !c.residual ? nullptr : inplace ? dy.data() : dr.data());
+        EXPECT_LE(rel_error(download(dy), want), tolerance(dt))
+            << dtype_name(dt) << " input " << int(c.in) << " M=" << c.M << " N=" << c.N << " K=" << c.K
+            << (inplace ? " residual in y" : "");
+      }
+}
+
+}  // namespace zp::test
