@@ -140,7 +140,8 @@ BENCHMARK(BM_Attention)->ArgNames({"B", "T", "H", "D", "causal", "bwd"})
 // --- Paged decode attention (memory-bound): Llama-3-8B heads (Hq=32, Hkv=8, D=128) or Llama-3.2-1B
 // heads (D=64), bf16, blocks of 16 tokens handed out in a shuffled order; bytes = the K and V rows
 // read. batch 1 x 4096 takes the split (flash-decoding) path, batch 64 x 1024 fills the GPU without
-// it, and batch 1 x 256 is the 1B model's decode in zp_bench_generate (a latency, not a bandwidth).
+// it, and batch 1 x 256 and 64 x 256 at D=64 are the 1B model's decode steps in zp_bench_generate
+// (the first a latency, not a bandwidth).
 Tensor dev_ints(const std::vector<int32_t>& h) {
   Tensor t = Tensor::empty({int64_t(h.size())}, DType::I32, Device::cuda(), "bench");
   ZP_CHECK(cudaMemcpy(t.data(), h.data(), h.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
@@ -166,7 +167,7 @@ void BM_PagedDecodeAttention(benchmark::State& st) {
   });
 }
 BENCHMARK(BM_PagedDecodeAttention)->ArgNames({"batch", "ctx", "D"})->Args({1, 4096, 128})->Args({64, 1024, 128})
-    ->Args({1, 256, 64})
+    ->Args({1, 256, 64})->Args({64, 256, 64})
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // --- Norms (memory-bound): bytes = read x (+ dy) and write y (dx), bf16.

@@ -12,11 +12,15 @@
 //  - The repetition penalty is a bitmap of the row's history in shared memory, set with atomicOr
 //    (a token listed twice sets one bit, so it is penalised once) and looked up by every pass. The
 //    logits are never written, so the raw row is still there for the logprobs.
+//  - A few rows (a decode step) would leave most SMs idle, so their first pass (the greedy token
+//    and the logsumexp) runs in slices over many blocks first, which the row's block then merges.
 // Params live on the device, so nothing here can reject bad ones: check_sampling_params on the host.
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/scratch.cuh"
 #include "kernels/sampling.h"
 #include "kernels/sampling_hash.h"
 
@@ -53,13 +57,18 @@ struct Row {
   // then the next left a pass over a 128k vocabulary latency-bound (31 round trips per thread).
   template <class F>
   __device__ __forceinline__ void for_each(F&& f) const {
+    for_each_in(0, V, f);
+  }
+  // The same over columns [c0, c1); c0 is a multiple of 16 / sizeof(T).
+  template <class F>
+  __device__ __forceinline__ void for_each_in(int64_t c0, int64_t c1, F&& f) const {
     constexpr int VEC = 16 / sizeof(T), kBatch = 8;
     using P = Pack<T, VEC>;
-    int64_t start = 0;
+    int64_t start = c0;
     if (vec) {
-      const int64_t n_packs = V / VEC, step = blockDim.x;
+      const int64_t n_packs = c1 / VEC, step = blockDim.x;
       const P* packs = reinterpret_cast<const P*>(x);
-      int64_t i = threadIdx.x;
+      int64_t i = c0 / VEC + threadIdx.x;
       for (; i + (kBatch - 1) * step < n_packs; i += kBatch * step) {
         P p[kBatch];
 #pragma unroll
@@ -76,7 +85,7 @@ struct Row {
       }
       start = n_packs * VEC;
     }
-    for (int64_t c = start + threadIdx.x; c < V; c += blockDim.x) f(c, to_f(x[c]));
+    for (int64_t c = start + threadIdx.x; c < c1; c += blockDim.x) f(c, to_f(x[c]));
   }
 };
 
@@ -292,10 +301,44 @@ __device__ int64_t draw_token(const Row<T>& row, const SamplingParams& P, float 
   return s_found >= 0 ? s_found : am;
 }
 
+// What the first pass over a row (or a slice of it) finds: the greedy token and, for the logprobs,
+// the raw logits' running max and sum.
+struct RowScan {
+  ArgMax best;
+  MaxSum ms;
+};
+
+template <class T>
+__device__ RowScan scan_columns(const Row<T>& row, int64_t c0, int64_t c1, bool lse) {
+  MaxSum ms{-INFINITY, 0.f};
+  ArgMax best{-INFINITY, INT64_MAX};
+  row.for_each_in(c0, c1, [&](int64_t c, float raw) {
+    if (lse) ms = add_value(ms, raw);
+    const ArgMax a{row.value(c, raw), c};
+    if (better(a, best)) best = a;
+  });
+  if (lse) ms = block_merge(ms);
+  return {block_argmax(best), ms};
+}
+
+// Few rows (a decode step of a handful of sequences): one block per row left the first pass, a
+// compute-bound walk over the whole vocabulary on one SM (27 us for Llama 3's 128k on an H200), so
+// grid (rows, slices) scans slices of each row first and the sampling kernel merges their results.
+// Only rows without a repetition penalty (no history bitmap here).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    scan_slices_kernel(RowScan* out, const T* logits, int64_t V, int64_t ld, bool vec, int64_t slice, bool lse) {
+  const Row<T> row{logits + int64_t(blockIdx.x) * ld, V, vec, nullptr, 1.f};
+  const int64_t c0 = int64_t(blockIdx.y) * slice;
+  const RowScan r = scan_columns(row, c0, min(V, c0 + slice), lse);
+  if (threadIdx.x == 0) out[int64_t(blockIdx.x) * gridDim.y + blockIdx.y] = r;
+}
+
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     sample_tokens_kernel(int32_t* tokens, float* logprobs, const T* logits, int64_t V, int64_t ld, bool vec,
-                         const SamplingParams* params, const int32_t* history, const int64_t* history_starts) {
+                         const SamplingParams* params, const int32_t* history, const int64_t* history_starts,
+                         const RowScan* slices, int num_slices) {
   extern __shared__ uint32_t marks[];
   const int64_t r = blockIdx.x;
   const SamplingParams P = params[r];
@@ -311,20 +354,19 @@ __global__ void __launch_bounds__(kThreads)
   }
   const Row<T> row{logits + r * ld, V, vec, pen ? marks : nullptr, P.repetition_penalty};
 
-  // One pass for the greedy token (and the maximum the sampling needs) and the raw logsumexp.
-  MaxSum ms{-INFINITY, 0.f};
-  ArgMax best{-INFINITY, INT64_MAX};
-  row.for_each([&](int64_t c, float raw) {
-    if (logprobs) ms = add_value(ms, raw);
-    const ArgMax a{row.value(c, raw), c};
-    if (better(a, best)) best = a;
-  });
-  float lse = 0.f;
-  if (logprobs) {
-    ms = block_merge(ms);
-    lse = ms.m + logf(ms.s);
+  // One pass for the greedy token (and the maximum the sampling needs) and the raw logsumexp, or
+  // the merge of the slices' passes.
+  RowScan scan;
+  if (slices) {
+    RowScan mine{{-INFINITY, INT64_MAX}, {-INFINITY, 0.f}};
+    if (int(threadIdx.x) < num_slices) mine = slices[r * num_slices + threadIdx.x];
+    scan.best = block_argmax(mine.best);
+    scan.ms = logprobs ? block_merge(mine.ms) : mine.ms;
+  } else {
+    scan = scan_columns(row, 0, V, logprobs != nullptr);
   }
-  best = block_argmax(best);
+  const ArgMax best = scan.best;
+  const float lse = logprobs ? scan.ms.m + logf(scan.ms.s) : 0.f;
 
   int64_t tok = best.i;
   if (P.temperature > 0.f) {
@@ -345,13 +387,27 @@ void sample_tokens(StreamHandle s, DType dt, int32_t* tokens, float* logprobs, v
   ZP_CHECK(S >= 0 && V > 0 && ld >= V && V <= INT32_MAX, "sample_tokens: S ", S, ", V ", V, ", ld ", ld);
   if (S == 0) return;
   const size_t bitmap_bytes = size_t((V + 31) / 32) * sizeof(uint32_t);
+  // Rows that leave most SMs idle (and no history, so no penalty) are first scanned in slices: about
+  // two blocks per SM, at most kThreads slices a row, at least 4096 columns a slice.
+  const int64_t sms = sm_count();
+  int64_t num_slices = 1, slice = V;
+  if (!history && S < sms) {
+    num_slices = std::min<int64_t>({kThreads, (2 * sms + S - 1) / S, (V + 4095) / 4096});
+    slice = ((V + num_slices - 1) / num_slices + 15) / 16 * 16;  // whole packs
+    num_slices = (V + slice - 1) / slice;
+  }
+  KernelScratch scratch(s, num_slices > 1 ? size_t(S * num_slices) * sizeof(RowScan) : 0, "sampling slices");
   ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
     auto kernel = sample_tokens_kernel<T>;
     // Below this, bitmap and static shared memory (about 3 KiB) fit the default 48 KiB.
     if (bitmap_bytes > 40 * 1024) allow_dynamic_smem(kernel, bitmap_bytes, "sample_tokens");
     const bool vec = can_vectorise<T>(ld, {logits});
+    RowScan* slices = scratch.as<RowScan>();
+    if (slices)
+      scan_slices_kernel<T><<<dim3(unsigned(S), unsigned(num_slices)), kThreads, 0, s>>>(
+          slices, static_cast<const T*>(logits), V, ld, vec, slice, logprobs != nullptr);
     kernel<<<unsigned(S), kThreads, bitmap_bytes, s>>>(tokens, logprobs, static_cast<const T*>(logits), V, ld, vec,
-                                                      params, history, history_starts);
+                                                      params, history, history_starts, slices, int(num_slices));
   });
   ZP_CUDA_LAUNCH_CHECK();
 }
