@@ -5,10 +5,11 @@
 // (A SwiGLU input was tried and dropped: every block of the product recomputes f over all of K, and
 // for the down projection, 2048 blocks of silu over 8192 gates, that cost more issue time on an H200
 // than the separate pass it saved.)
-// W is [N, K] row-major with leading dimension ldw; x [M, K] has leading dimension ldx; y and residual (nullptr: none; it may be y itself) have leading dimension ldy. bias [N]
-// may be nullptr. f(x) stays in fp32 (the unfused layers round it to dt first), the product accumulates in fp32,
-// and bias and residual are added before the one rounding to dt. Operands and result are dt, 16-bit
-// on CUDA (F32 and F64 on the CPU too).
+// W is [N, K] row-major with leading dimension ldw; x [M, K] has leading dimension ldx; y and
+// residual (nullptr: none; it may be y itself) have leading dimension ldy; bias [N] may be nullptr.
+// f(x) stays in fp32 (the unfused layers round it to dt first), the product accumulates in fp32, and
+// bias and residual are added before the one rounding to dt. Operands and result are dt, 16-bit on
+// CUDA (F32 and F64 on the CPU too).
 // row_linear_fits says whether the CUDA kernel takes a problem; callers fall back to the unfused
 // layers otherwise.
 #pragma once

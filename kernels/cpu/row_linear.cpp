@@ -1,6 +1,7 @@
 #include "kernels/row_linear.h"
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 namespace zp::kernels::cpu {
@@ -9,8 +10,7 @@ void row_linear(StreamHandle, DType dt, RowInput in, int64_t M, int64_t N, int64
                 const void* norm_weight, float eps, const void* w, int64_t ldw, const void* bias, void* y,
                 int64_t ldy, const void* residual) {
   ZP_CHECK(M >= 0 && N >= 0 && K > 0, "row_linear: M=", M, " N=", N, " K=", K);
-  ZP_CHECK(ldx >= K && ldw >= K && ldy >= N, "row_linear: ldx=", ldx,
-           " ldw=", ldw, " ldy=", ldy);
+  ZP_CHECK(ldx >= K && ldw >= K && ldy >= N, "row_linear: ldx=", ldx, " ldw=", ldw, " ldy=", ldy);
   ZP_CHECK(in != RowInput::RmsNorm || norm_weight, "row_linear: RmsNorm without a norm weight");
   ZP_DISPATCH_FLOAT(dt, T, [&] {
     auto* px = static_cast<const T*>(x);

@@ -35,31 +35,22 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-// Sum over a block whose size is a multiple of 32 (at most 1024); every thread gets the result.
-__device__ __forceinline__ float block_sum(float v) {
+// A warp reduction (warp_sum, warp_max) over a block whose size is a multiple of 32 (at most 1024);
+// every thread gets the result. `identity` fills the missing warps.
+template <float (*WarpOp)(float)>
+__device__ __forceinline__ float block_reduce(float v, float identity) {
   __shared__ float shared[32];
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_sum(v);
+  v = WarpOp(v);
   __syncthreads();
   if (lane == 0) shared[warp] = v;
   __syncthreads();
   int nwarps = (blockDim.x + 31) >> 5;
-  v = lane < nwarps ? shared[lane] : 0.f;
-  return warp_sum(v);
+  v = lane < nwarps ? shared[lane] : identity;
+  return WarpOp(v);
 }
-
-// Maximum over a block, as block_sum.
-__device__ __forceinline__ float block_max(float v) {
-  __shared__ float shared[32];
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  int nwarps = (blockDim.x + 31) >> 5;
-  v = lane < nwarps ? shared[lane] : -INFINITY;
-  return warp_max(v);
-}
+__device__ __forceinline__ float block_sum(float v) { return block_reduce<warp_sum>(v, 0.f); }
+__device__ __forceinline__ float block_max(float v) { return block_reduce<warp_max>(v, -INFINITY); }
 
 // A row reduced by a whole block or by one warp (the norm kernels pick per row width).
 template <bool kBlockPerRow>

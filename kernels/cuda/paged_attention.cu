@@ -103,6 +103,24 @@ __device__ __forceinline__ void load_slice(float (&f)[VE], const T* row, int d0,
   for (int e = 0; e < VE; ++e) f[e] = d0 + e < D ? to_f(row[d0 + e]) : 0.f;
 }
 
+// Query row t's sequence (the last one starting at or before t: every sequence has at least one row)
+// and the keys it sees in partition `part`, [k0, k1), empty when the partition lies past them.
+struct RowKeys {
+  int seq, k0, k1;
+};
+__device__ __forceinline__ RowKeys row_keys(const PagedParams& p, int t, int part) {
+  int lo = 0, hi = p.num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (p.query_starts[mid] <= t) lo = mid;
+    else hi = mid - 1;
+  }
+  // Row i of n_s sits at position ctx - n_s + i and sees that many keys plus one.
+  const int n_vis = p.context_lens[lo] - (p.query_starts[lo + 1] - t) + 1;
+  const int k0 = part * p.part_len;
+  return {lo, k0, min(n_vis, k0 + p.part_len)};
+}
+
 // s[g] += q[g][c .. c+V) . k[0 .. V) for the heads g < nh; q rows have pitch DP (floats, 16-byte aligned).
 template <int NH, int V, int DP>
 __device__ __forceinline__ void dot_pack(float (&s)[NH], const float* q, const float (&k)[V], int nh) {
@@ -144,17 +162,8 @@ __global__ void __launch_bounds__(kThreads)
     qv[r] = i < NH * DP && g < nh && d < p.D ? to_f(qrow[int64_t(g) * p.D + d]) * p.scale_log2 : 0.f;
   }
 
-  // The row's sequence: the last one starting at or before t (every sequence has at least one row).
-  int lo = 0, hi = p.num_seqs - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (p.query_starts[mid] <= t) lo = mid;
-    else hi = mid - 1;
-  }
-  const int seq = lo;
-  // Row i of n_s sits at position ctx - n_s + i and sees that many keys plus one.
-  const int n_vis = p.context_lens[seq] - (p.query_starts[seq + 1] - t) + 1;
-  const int k0 = part * p.part_len, k1 = min(n_vis, k0 + p.part_len);
+  const RowKeys rk = row_keys(p, t, part);
+  const int seq = rk.seq, k0 = rk.k0, k1 = rk.k1;
   const int64_t ml0 = (int64_t(t) * p.Hq + h0) * p.parts + part;  // + g * parts for head h0 + g
   if (k0 >= k1) {  // a partition past this row's keys (partition 0 has a key unless context_lens < n_s)
     if (p.parts > 1) {
@@ -386,15 +395,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 8; ++e) qf[c * 8 + e] = to_f(v.v[e]) * p.scale_log2;
     }
   }
-  int lo = 0, hi = p.num_seqs - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (p.query_starts[mid] <= t) lo = mid;
-    else hi = mid - 1;
-  }
-  const int seq = lo;
-  const int n_vis = p.context_lens[seq] - (p.query_starts[seq + 1] - t) + 1;
-  const int k0 = part * p.part_len, k1 = min(n_vis, k0 + p.part_len);
+  const RowKeys rk = row_keys(p, t, part);
+  const int seq = rk.seq, k0 = rk.k0, k1 = rk.k1;
   const int64_t row_head = int64_t(t) * p.Hq + h, ml = row_head * p.parts + part;
   T* orow = out + int64_t(t) * p.os + int64_t(h) * D;
   if (k0 >= k1) {

@@ -8,8 +8,8 @@
 // rows. The partial dot products meet in a warp sum and then in shared memory; bias and residual are
 // added in fp32 and rounded once, as cuBLASLt's epilogue does.
 // The RMSNorm input (kernels/row_linear.h) costs no pass of its own: the norm weight is one more
-// pack beside each x pack, and the sum of squares is summed with the dot products (the block's threads cover all of K), its rsqrt applied to the finished sums, since
-// sum_k W x w r = r sum_k W x w.
+// pack beside each x pack, and the sum of squares is summed with the dot products (the block's
+// threads cover all of K), its rsqrt applied to the finished sums, since sum_k W x w r = r sum_k W x w.
 #include <cstdlib>
 #include <cstring>
 
@@ -25,7 +25,7 @@ constexpr int kThreads = kWarps * 32;
 
 template <class T, int M, int RB, int U, RowInput IN>
 __global__ void __launch_bounds__(kThreads)
-    decode_gemv_kernel(T* C, int64_t ldc, const T* __restrict__ A, int64_t lda, const T* __restrict__ W, int64_t ldw,
+    row_linear_kernel(T* C, int64_t ldc, const T* __restrict__ A, int64_t lda, const T* __restrict__ W, int64_t ldw,
                        int N, int K, const T* __restrict__ bias, const T* c_in, float beta,
                        const T* __restrict__ norm_w, float eps) {
   using P = Pack<T, 8>;
@@ -149,7 +149,7 @@ void launch(StreamHandle s, const Problem& q) {
   const int64_t per_thread = (q.K / 8 + kThreads - 1) / kThreads;
   auto go = [&](auto rb, auto u) {
     constexpr int RB = decltype(rb)::value, U = decltype(u)::value;
-    decode_gemv_kernel<T, M, RB, U, IN><<<ceil_div(q.N, RB), kThreads, 0, s>>>(
+    row_linear_kernel<T, M, RB, U, IN><<<ceil_div(q.N, RB), kThreads, 0, s>>>(
         static_cast<T*>(q.C), q.ldc, static_cast<const T*>(q.A), q.lda, static_cast<const T*>(q.B), q.ldb, int(q.N),
         int(q.K), static_cast<const T*>(q.bias), static_cast<const T*>(q.c_in ? q.c_in : q.C), q.beta,
         static_cast<const T*>(q.norm_w), q.eps);
@@ -193,10 +193,10 @@ void row_linear(StreamHandle s, DType dt, RowInput in, int64_t M, int64_t N, int
   ZP_CHECK(M >= 0 && N >= 0 && N <= INT32_MAX && ldy >= N && ldx >= K,
            "row_linear: M=", M, " N=", N, " ldx=", ldx, " ldy=", ldy);
   ZP_CHECK(in != RowInput::RmsNorm || norm_weight, "row_linear: RmsNorm without a norm weight");
+  if (M == 0 || N == 0) return;
   ZP_CHECK(row_linear_fits(dt, M, K, ldx, x, ldw, w, in == RowInput::RmsNorm ? norm_weight : nullptr),
            "row_linear: ", dtype_name(dt), " M=", M, " K=", K, " ldx=", ldx, " ldw=", ldw,
            " is not a problem the CUDA kernel takes (see row_linear_fits)");
-  if (M == 0 || N == 0) return;
   run(s, dt, M, {in, N, K, x, w, bias, residual, norm_weight, ldx, ldw, ldy, residual ? 1.f : 0.f, eps, y});
 }
 
