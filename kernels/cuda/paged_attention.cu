@@ -334,10 +334,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The few-rows kernel: grid (num_tokens * Hq, parts), one query head per block, each warp taking its
-// keys 8 at a time. A key's score is the dot product of 4 lanes' quarters of the head (a 2-step
-// shuffle sum), so the 8 keys' rows load at once, and their value rows (lane = a slice of D/32
-// dims) load with them. A warp's step is a few dozen instructions where the GQA kernel's is hundreds.
 // The few-rows kernel's own combine: the block that finishes a (row, head)'s last partition merges
 // all of them (as paged_combine_kernel does), which saves a kernel launch per layer. Each block
 // publishes its partial with a fence before it counts itself in; the last resets the count. The
@@ -374,6 +370,10 @@ __device__ void combine_if_last(T* orow, const PagedParams& p, int64_t row_head)
   }
 }
 
+// The few-rows kernel: grid (num_tokens * Hq, parts), one query head per block, each warp taking its
+// keys 8 at a time. A key's score is the dot product of 4 lanes' quarters of the head (a 2-step
+// shuffle sum), so the 8 keys' rows load at once, and their value rows (lane = a slice of D/32
+// dims) load with them. A warp's step is a few dozen instructions where the GQA kernel's is hundreds.
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads)
     paged_decode_kernel(T* out, const T* q, const T* k_cache, const T* v_cache, PagedParams p) {
