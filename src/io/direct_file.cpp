@@ -25,17 +25,22 @@ namespace zp::io {
 namespace {
 int64_t align_down(int64_t v) { return v / DirectFile::kAlign * DirectFile::kAlign; }
 int64_t align_up(int64_t v) { return align_down(v + DirectFile::kAlign - 1); }
+
+// One piece's I/O buffer: kPieceBytes plus a page at either end (a piece's range rarely starts or
+// ends on a page), page-aligned for O_DIRECT.
+char* allocate_piece_buffer(const std::string& path) {
+  constexpr int64_t page = DirectFile::kAlign, piece = DirectFile::kPieceBytes;
+  void* p = nullptr;
+  ZP_REQUIRE(posix_memalign(&p, size_t(page), size_t(piece + 2 * page)) == 0, path, ": cannot allocate ", piece,
+             " bytes of I/O buffer");
+  return static_cast<char*>(p);
+}
 }  // namespace
 
 DirectFile::DirectFile(const std::string& path, bool writable, int threads)
     : path_(path), threads_(std::max(1, threads)) {
   const int mode = writable ? O_RDWR : O_RDONLY;
-  for (auto& b : bounce_) {
-    void* p = nullptr;
-    ZP_REQUIRE(posix_memalign(&p, size_t(kAlign), size_t(kPieceBytes + 2 * kAlign)) == 0, path, ": cannot allocate ",
-               kPieceBytes, " bytes of I/O buffer");
-    b.reset(static_cast<char*>(p));
-  }
+  for (auto& b : bounce_) b.reset(allocate_piece_buffer(path));
   fd_ = ::open(path.c_str(), mode | O_CLOEXEC);
   ZP_REQUIRE(fd_ >= 0, path, ": cannot open: ", std::strerror(errno));
   direct_fd_ = ::open(path.c_str(), mode | O_DIRECT | O_CLOEXEC);  // -1: the file system refuses O_DIRECT
@@ -145,12 +150,7 @@ char* DirectFile::read_buffer(size_t k) {
   const size_t b = k % size_t(kReadsInFlight + 1);
   if (b < 2) return bounce_[b].get();
   std::unique_ptr<char, Free>& extra = read_ahead_[b - 2];
-  if (!extra) {
-    void* p = nullptr;
-    ZP_REQUIRE(posix_memalign(&p, size_t(kAlign), size_t(kPieceBytes + 2 * kAlign)) == 0, path_, ": cannot allocate ",
-               kPieceBytes, " bytes of I/O buffer");
-    extra.reset(static_cast<char*>(p));
-  }
+  if (!extra) extra.reset(allocate_piece_buffer(path_));
   return extra.get();
 }
 

@@ -124,14 +124,15 @@ void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t
       // and ZB-H1: it starts the first pass and ends the last), as the theory counts it. Against its
       // own span a stage leaves out its wait for the first activation or after its last pass: measured
       // that way on two H200s, P2 with balanced stages at M8 idled 5% against the theory's 11%.
-      double window = t.span, busy = t.busy;
+      double window = t.span;
+      StageTimes mean_stage = t;  // the stages' mean busy time
       if (loop.ctrl) {
         loop.ctrl->all_reduce(&window, &window, 1, DType::F64, comm::ReduceOp::Max);
-        loop.ctrl->all_reduce(&busy, &busy, 1, DType::F64, comm::ReduceOp::Sum);
-        busy /= double(loop.ctrl->size());  // every pipeline has every stage once
+        loop.ctrl->all_reduce(&mean_stage.busy, &mean_stage.busy, 1, DType::F64, comm::ReduceOp::Sum);
+        mean_stage.busy /= double(loop.ctrl->size());  // every pipeline has every stage once
       }
       loop.reporter.set_pipeline({loop.pipeline->stage(), t.busy * 1e3, window * 1e3, t.waiting * 1e3,
-                                  t.bubble_in(window), window > 0 ? 1.0 - busy / window : 0.0,
+                                  t.bubble_in(window), mean_stage.bubble_in(window),
                                   loop.pipeline->theoretical_bubble()});
     }
     loop.reporter.report(step + 1, loss, upd.lr, upd.grad_norm, secs, upd.skipped, loss_scale, val);
