@@ -87,7 +87,7 @@ void BM_Pipeline(benchmark::State& st) {
     // Each row's own peak: the metrics report the allocator's peak, which lasts as long as the process.
     if (rt.device().is_cuda()) device_allocator(rt.device().index).reset_peak();
     runtime::train(cfg, rt, MPI_COMM_NULL, false);
-    double ms = 0, bubble = 0, theory = 0, mem = 0;
+    double ms = 0, bubble = 0, theory = 0, mem = 0, busy = 0, window = 0, recv_gaps = 0, other_gaps = 0;
     if (rt.rank() == 0) {
       int n = 0;
       for (const runtime::StepRecord& r : runtime::read_metrics_file(metrics).steps) {
@@ -98,10 +98,15 @@ void BM_Pipeline(benchmark::State& st) {
         if (!std::isnan(r.mean_bubble)) {
           bubble += r.mean_bubble;
           theory = r.theoretical_bubble;
+          busy += r.stage_busy_ms;
+          window += r.window_ms;
+          recv_gaps += r.recv_gap_ms;
+          other_gaps += r.other_gap_ms;
         }
       }
       ms /= n;
       bubble /= n;
+      for (double* x : {&busy, &window, &recv_gaps, &other_gaps}) *x /= n;
     }
     st.SetIterationTime(ms / 1e3);
     const double tokens_per_step = double(B * T * M * D);
@@ -110,6 +115,12 @@ void BM_Pipeline(benchmark::State& st) {
     st.counters["peak_mem_gib_rank0"] = mem;
     st.counters["bubble_measured"] = bubble;
     st.counters["bubble_theory"] = theory;
+    if (P > 1) {  // rank 0's stage (the first): where its idle time sits (ZP_PIPELINE_TRACE logs every stage's)
+      st.counters["stage0_busy_ms"] = busy;
+      st.counters["window_ms"] = window;
+      st.counters["stage0_recv_gap_ms"] = recv_gaps;
+      st.counters["stage0_other_gap_ms"] = other_gaps;
+    }
     // Bytes per step over all links: each inner chunk boundary carries M activations forward and M
     // gradients back (compute dtype), in each of the D pipelines.
     const double act = double(B * T * C) * (big ? 2 : 4);

@@ -38,6 +38,7 @@ PipelineStep::PipelineStep(parallel::PipelineScheduleKind kind, parallel::Pipeli
              shape.micro_batches, " x ", shape.chunks(), " model chunks is too many pipeline messages per step (at most ",
              kMaxTag - 1, ")");
   train_passes_ = parallel::stage_schedule(kind, shape, stage);
+  received_.assign(train_passes_.size(), 0);
   if (s_)
     for (size_t i = 0; i < 2 * train_passes_.size(); ++i) pass_events_.push_back(std::make_unique<Event>());
 }
@@ -46,8 +47,13 @@ StageTimes PipelineStep::last_times() {
   if (timed_) {  // the device's view: busy = the passes' event-timed durations
     pass_events_.back()->synchronize();
     times_.busy = 0;
-    for (size_t i = 0; i < pass_events_.size(); i += 2)
+    times_.recv_gaps = times_.other_gaps = 0;
+    for (size_t i = 0; i < pass_events_.size(); i += 2) {
       times_.busy += pass_events_[i + 1]->elapsed_ms_since(*pass_events_[i]) / 1e3;
+      if (i == 0) continue;
+      const double gap = std::max(0.f, pass_events_[i]->elapsed_ms_since(*pass_events_[i - 1])) / 1e3;
+      (received_[i / 2] ? times_.recv_gaps : times_.other_gaps) += gap;
+    }
     times_.span = pass_events_.back()->elapsed_ms_since(*pass_events_.front()) / 1e3;
     timed_ = false;
   }
@@ -108,6 +114,7 @@ double PipelineStep::run(const std::vector<PipeAction>& passes, int64_t step, co
     Tensor in;
     if (a.op == PipeOp::Forward && g > 0) in = link_.wait_recv(PipeChannel::Activations, a.micro * C + g);
     if (a.op == PipeOp::Backward && g + 1 < C) in = link_.wait_recv(PipeChannel::Gradients, a.micro * C + g);
+    if (events) received_[k] = in.defined();
     // A chunk's last backward of the step completes its blocks' gradients (stages 0/1 reduce them
     // as each block finishes; the other chunks' blocks go on accumulating). Split (ZB-H1), it is the
     // chunk's last weight pass: the micro-batches' weight passes run in order, and a B leaves most

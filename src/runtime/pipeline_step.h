@@ -73,8 +73,14 @@ class PipelineStageModel {
 // the pipeline's stages): 1 - busy / window, transfers not hidden included.
 // `link_busy`: seconds the link was busy sending and receiving (comm::StageLink::take_busy_ms), the
 // step-time breakdown's "send_recv" communication.
+// Inside the span, the device's idle time between passes (GPUs; 0 on the CPU) splits into
+// `recv_gaps`, before passes that consumed a receive (the peer's compute the schedule waits for, and
+// the transfer's latency, which the theory does not count), and `other_gaps`, before passes that
+// needed nothing (the host launching late). What is left of the idle time is outside the span: the
+// wait for the first input and after the last pass.
 struct StageTimes {
   double busy = 0, span = 0, waiting = 0, link_busy = 0;
+  double recv_gaps = 0, other_gaps = 0;
   double bubble_in(double window) const { return window > 0 ? 1.0 - busy / window : 0.0; }
 };
 
@@ -114,6 +120,7 @@ class PipelineStep {
   std::vector<parallel::PipeAction> train_passes_;
   StreamHandle s_;
   std::vector<std::unique_ptr<Event>> pass_events_;  // GPUs: a start and an end per training pass
+  std::vector<char> received_;                       // per training pass: whether it consumed a receive
   bool timed_ = false;    // the last run() recorded pass_events_
   StageTimes times_;
 };

@@ -114,6 +114,10 @@ StepRecord step_record(const json& o, RunFile& file, const Place& at) {
     r.bubble = number(*p, "bubble", at);
     r.mean_bubble = number(*p, "mean_bubble", at);
     r.theoretical_bubble = number(*p, "theoretical_bubble", at);
+    r.stage_busy_ms = number(*p, "busy_ms", at);
+    r.window_ms = r.stage_busy_ms + number(*p, "idle_ms", at);
+    r.recv_gap_ms = number(*p, "recv_gap_ms", at);
+    r.other_gap_ms = number(*p, "other_gap_ms", at);
   }
   return r;
 }

@@ -40,6 +40,9 @@ struct StepRecord {
   std::vector<std::pair<std::string, double>> comm_busy_by_kind_ms;
   // Pipeline runs only: this rank's stage's bubble, the mean over all stages, and the theory's.
   double bubble = kAbsent, mean_bubble = kAbsent, theoretical_bubble = kAbsent;
+  // This rank's stage: its busy time, the step window, and the device's idle time between passes
+  // before receiving passes and before the others (StageTimes).
+  double stage_busy_ms = kAbsent, window_ms = kAbsent, recv_gap_ms = kAbsent, other_gap_ms = kAbsent;
   bool skipped = false;
   std::optional<StepBreakdown> breakdown;
   // "per_rank": one value per world rank (empty when absent).

@@ -133,7 +133,11 @@ void run_steps(const StepLoop& loop, const std::function<double(int64_t, int64_t
       }
       loop.reporter.set_pipeline({loop.pipeline->stage(), t.busy * 1e3, window * 1e3, t.waiting * 1e3,
                                   t.bubble_in(window), mean_stage.bubble_in(window),
-                                  loop.pipeline->theoretical_bubble()});
+                                  loop.pipeline->theoretical_bubble(), t.recv_gaps * 1e3, t.other_gaps * 1e3});
+      if (comm::pipeline_trace_enabled())
+        ZP_LOG_INFO_ALL("pipeline trace: step ", step + 1, " stage ", loop.pipeline->stage(), ": busy ", t.busy * 1e3,
+                        " ms, span ", t.span * 1e3, " ms, window ", window * 1e3, " ms, idle between passes ",
+                        t.recv_gaps * 1e3, " ms before receiving ones and ", t.other_gaps * 1e3, " ms before others");
     }
     loop.reporter.report(step + 1, loss, upd.lr, upd.grad_norm, secs, upd.skipped, loss_scale, val);
 

@@ -121,7 +121,8 @@ void StepReporter::report(int64_t step, double loss, double lr, double grad_norm
     if (pipeline_)
       j["pipeline"] = {{"stage", pipeline_->stage},         {"busy_ms", pipeline_->busy_ms},
                        {"idle_ms", pipeline_->window_ms - pipeline_->busy_ms},
-                       {"recv_wait_ms", pipeline_->wait_ms}, {"bubble", pipeline_->bubble},
+                       {"recv_wait_ms", pipeline_->wait_ms}, {"recv_gap_ms", pipeline_->recv_gap_ms},
+                       {"other_gap_ms", pipeline_->other_gap_ms}, {"bubble", pipeline_->bubble},
                        {"mean_bubble", pipeline_->mean_bubble}, {"theoretical_bubble", pipeline_->theory}};
     metrics_ << j.dump() << "\n";
     metrics_.flush();

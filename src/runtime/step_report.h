@@ -28,10 +28,12 @@ class StepReporter {
 
   // A pipeline stage's step (issue 12), for the next report(): its busy, idle and link-wait time,
   // its bubble (idle share of the step window: the longest stage span), the mean bubble over all
-  // stages (rank 0's progress line shows it) and the theory's.
+  // stages (rank 0's progress line shows it) and the theory's; the device's idle time between passes
+  // before those that consumed a receive and before the others (StageTimes::recv_gaps, other_gaps).
   struct PipelineTimes {
     int stage = 0;
     double busy_ms = 0, window_ms = 0, wait_ms = 0, bubble = 0, mean_bubble = 0, theory = 0;
+    double recv_gap_ms = 0, other_gap_ms = 0;
   };
   void set_pipeline(const PipelineTimes& t) { pipeline_ = t; }
   // csv_monitor (rank 0 only): DeepSpeed's Train/Samples/train_loss and lr after every step, and

@@ -95,6 +95,12 @@ TEST(Telemetry, PipelineSendRecvIsACommunicationKind) {
     const double busy = p.at("busy_ms").get<double>(), idle = p.at("idle_ms").get<double>();
     EXPECT_GE(idle, -1e-9) << j.dump();
     EXPECT_NEAR(p.at("bubble").get<double>(), idle / (busy + idle), 1e-9) << j.dump();
+    // The device's idle time between passes (0 on the CPU, whose passes the host times) is part of
+    // the idle time.
+    const double recv_gaps = p.at("recv_gap_ms").get<double>(), other_gaps = p.at("other_gap_ms").get<double>();
+    EXPECT_GE(recv_gaps, 0.0) << j.dump();
+    EXPECT_GE(other_gaps, 0.0) << j.dump();
+    EXPECT_LE(recv_gaps + other_gaps, idle + 1e-6) << j.dump();
     mine.insert(mine.end(), {busy + idle, p.at("bubble").get<double>(), p.at("mean_bubble").get<double>()});
   }
   std::vector<double> both(2 * mine.size());
