@@ -341,6 +341,9 @@ void BM_NvmeSwap(benchmark::State& st, bool write, int64_t block_size, int queue
 //   BM_OffloadStepDelayed/stage/offload/accum   the same with the one-step delayed update
 //                                        (zero_optimization.offload_optimizer.delayed_update): the CPU
 //                                        AdamW of step s overlaps step s+1 (parallel/delayed_update.h)
+//   BM_OffloadStepRatio/stage/offload/accum/ratio_pct   the same with zero_optimization.offload_optimizer.ratio
+//                                        = ratio_pct / 100: the rest of the optimizer state stays on the
+//                                        GPU, which updates it while the CPU updates the offloaded part
 //   BM_OffloadLlama7B/offload            a Llama-shaped 7B (d=4096, 32 layers, ffn 11008), B=4,
 //                                        T=1024, activation checkpointing: it does not fit one 80 GB
 //                                        GPU without offload (18 bytes per parameter: 126 GB)
@@ -349,7 +352,7 @@ comm::Runtime* g_rt = nullptr;
 std::map<std::pair<int, int64_t>, double> g_on_device_step_s;
 
 void run_offload_step(benchmark::State& st, const nlohmann::json& hub, int stage, int offload, int64_t accum,
-                      int64_t B, int64_t T, bool checkpoint, bool delayed = false) {
+                      int64_t B, int64_t T, bool checkpoint, bool delayed = false, double ratio = 1.0) {
   if (!g_rt || !g_rt->device().is_cuda()) {
     st.SkipWithError("needs a GPU");
     return;
@@ -377,6 +380,7 @@ void run_offload_step(benchmark::State& st, const nlohmann::json& hub, int stage
     if (!share.note.empty() && rt.rank() == 0) std::fprintf(stderr, "%s\n", share.note.c_str());
     policy.set_host_threads(int(share.cpus.size()));
     policy.set_delayed_update(delayed);
+    policy.set_offload_ratio(ratio);
     parallel::ZeroEngine engine(model.blocks(), policy, dp.get(), hyper, s);
     model.set_block_access(&engine);
     std::mt19937 g(uint32_t(rt.rank() + 1));
@@ -429,6 +433,16 @@ void BM_OffloadStepDelayed(benchmark::State& st) {
 // Registered after BM_OffloadStep, whose offload:0 rows it is measured against.
 BENCHMARK(BM_OffloadStepDelayed)->ArgNames({"stage", "offload", "accum"})->ArgsProduct({{3}, {1, 2}, {1, 8}})
     ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+
+void BM_OffloadStepRatio(benchmark::State& st) {
+  const nlohmann::json hub = {{"model_type", "gpt2"}, {"vocab_size", 50304}, {"n_positions", 1024}, {"n_embd", 2048},
+                              {"n_layer", 24}, {"n_head", 16}};
+  run_offload_step(st, hub, int(st.range(0)), int(st.range(1)), st.range(2), 8, 1024, false, false,
+                   double(st.range(3)) / 100.0);
+}
+// Registered after BM_OffloadStep, whose offload:0 rows it is measured against.
+BENCHMARK(BM_OffloadStepRatio)->ArgNames({"stage", "offload", "accum", "ratio_pct"})
+    ->ArgsProduct({{3}, {1, 2}, {1, 8}, {50, 60}})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 
 void BM_OffloadLlama7B(benchmark::State& st) {
   const nlohmann::json hub = {{"model_type", "llama"}, {"vocab_size", 32000}, {"hidden_size", 4096},

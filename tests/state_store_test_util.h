@@ -93,12 +93,15 @@ inline void expect_store_matches_device(Device dev, DType dt, int64_t rows, int6
       EXPECT_LE(rel_error(wb, wa), std::max(tol, double(tolerance(dt)))) << what << " new weights of range " << i;
   }
 
-  std::vector<float> master = state_of(*store, 1, OptimizerState::Master);
-  for (float& x : master) x = -x;
-  store->write(1, OptimizerState::Master, 0, int64_t(master.size()), master.data(), nullptr);
-  EXPECT_EQ(state_of(*store, 1, OptimizerState::Master), master) << what;
-  store->write_weights(1, out_b[1].data(), nullptr);
-  EXPECT_EQ(download(out_b[1]), round_to(master, dt)) << what;
+  for (size_t i = 0; i < a.ranges.size(); ++i) {
+    std::vector<float> master = state_of(*store, i, OptimizerState::Master);
+    for (float& x : master) x = -x;
+    store->write(i, OptimizerState::Master, 0, int64_t(master.size()), master.data(), nullptr);
+    EXPECT_EQ(state_of(*store, i, OptimizerState::Master), master) << what << " range " << i;
+    store->write_weights(i, out_b[i].data(), nullptr);
+    if (dev.is_cuda()) device_synchronize();
+    EXPECT_EQ(download(out_b[i]), round_to(master, dt)) << what << " range " << i;
+  }
 }
 
 }  // namespace zp::test

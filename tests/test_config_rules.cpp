@@ -381,13 +381,24 @@ TEST(ConfigRules, OffloadKeysAreDeepSpeeds) {
   expect_error([&] { with_sets({opt + "ratio=2"}); }, {opt + "ratio", "in [0, 1]"});
 
   testing::internal::CaptureStderr();
-  with_sets({"zero_optimization.stage=1", opt + "device=cpu", opt + "ratio=0.5", opt + "nvme_path=/x",
-             "aio.thread_count=4"});
+  const runtime::TrainConfig partial = with_sets({"zero_optimization.stage=1", opt + "device=cpu", opt + "ratio=0.5",
+                                                  opt + "nvme_path=/x", "aio.thread_count=4"});
   const std::string log = testing::internal::GetCapturedStderr();
-  for (const std::string& key : {opt + "ratio", opt + "nvme_path", std::string("aio.thread_count")})
+  for (const std::string& key : {opt + "nvme_path", std::string("aio.thread_count")})
     EXPECT_NE(log.find(key), std::string::npos) << key << " not named in: " << log;
   EXPECT_EQ(log.find(opt + "pin_memory"), std::string::npos) << "pin_memory means something with device cpu: " << log;
+  EXPECT_EQ(log.find(opt + "ratio"), std::string::npos) << "ratio means something with device cpu: " << log;
   EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 1) << "one warning: " << log;
+  EXPECT_EQ(partial.offload_optimizer_ratio, 0.5);
+  EXPECT_EQ(runtime::sharding_policy(partial).offload_ratio(), 0.5);
+  // Without an offloaded optimizer the ratio means nothing: one warning naming it.
+  testing::internal::CaptureStderr();
+  with_sets({"zero_optimization.stage=1", opt + "ratio=0.5"});
+  const std::string none_log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(none_log.find(opt + "ratio"), std::string::npos) << none_log;
+  expect_error([&] { with_sets({"zero_optimization.stage=2", opt + "device=cpu", opt + "ratio=0.5",
+                                opt + "delayed_update=true"}); },
+               {opt + "delayed_update needs " + opt + "ratio 1"});
 
   // With the NVMe tier, block_size and queue_depth shape its I/O; the libaio knobs still mean nothing.
   testing::internal::CaptureStderr();

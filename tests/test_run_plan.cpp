@@ -144,6 +144,31 @@ TEST(RunPlan, ModelStatesPerTierAreCountedExactly) {
   EXPECT_DOUBLE_EQ(d2.delayed_update_bytes, shard * (4 + 2));
   EXPECT_DOUBLE_EQ(d2.host_delayed_update_bytes, 0);
   EXPECT_EQ(gpu.delayed_update_bytes + gpu.host_delayed_update_bytes, 0) << "nothing without the delayed update";
+
+  // offload_optimizer.ratio: the leading ranges the policy keeps on the device count there, the rest
+  // in host memory (or on NVMe), and the staging ring is sized to the offloaded ranges.
+  ShardingPolicy partial = p;
+  partial.set_offload_ratio(0.5);
+  std::vector<int64_t> ranges;
+  for (nn::ParamBlock* b : m.blocks()) ranges.push_back(b->padded() / world);
+  const std::vector<char> kept = partial.keeps_on_device(ranges);
+  double on_device = 0, largest_off = 0;
+  for (size_t i = 0; i < ranges.size(); ++i)
+    if (kept[i]) on_device += double(ranges[i]);
+    else largest_off = std::max(largest_off, double(ranges[i]));
+  ASSERT_GT(on_device, 0) << "the tiny model splits at ratio 0.5";
+  ASSERT_LT(on_device, shard);
+  parallel::MemoryPlan half = parallel::plan_memory(m.blocks(), partial, world, false, /*gpu=*/true);
+  EXPECT_DOUBLE_EQ(half.optimizer_bytes, on_device * 12);
+  EXPECT_DOUBLE_EQ(half.host_optimizer_bytes, (shard - on_device) * 12);
+  EXPECT_DOUBLE_EQ(half.host_staging_bytes,
+                   double(parallel::HostStateStore::staging_bytes_for(int64_t(largest_off), DType::BF16)));
+  ShardingPolicy partial_nvme = ShardingPolicy::from_config(2, "nvme", "none");
+  partial_nvme.set_offload_ratio(0.5);
+  parallel::MemoryPlan half_nvme = parallel::plan_memory(m.blocks(), partial_nvme, world, false, true);
+  EXPECT_DOUBLE_EQ(half_nvme.optimizer_bytes, on_device * 12);
+  EXPECT_GE(half_nvme.nvme_optimizer_bytes, (shard - on_device) * 12);
+  EXPECT_LT(half_nvme.nvme_optimizer_bytes, shard * 12);
 }
 
 // The parameter shards on NVMe: off the device (and out of host memory), in the swap file (one

@@ -129,3 +129,38 @@ TEST(ShardingPolicy, DelayedUpdateNeedsTheOptimizerOnTheCpu) {
 }
 
 }  // namespace zp::test
+
+namespace zp::test {
+
+// zero_optimization.offload_optimizer.ratio: the leading ranges that come nearest the device's share
+// keep their state there; all stay with the device tier, none with the whole state offloaded.
+TEST(ShardingPolicy, OffloadRatioKeepsTheLeadingShareOnTheDevice) {
+  const std::vector<int64_t> sizes = {10, 10, 10, 10};
+  auto kept = [&](const char* tier, double ratio) {
+    ShardingPolicy p = ShardingPolicy::from_config(2, tier, "none");
+    p.set_offload_ratio(ratio);
+    return p.keeps_on_device(sizes);
+  };
+  using V = std::vector<char>;
+  EXPECT_EQ(kept("cpu", 1.0), (V{0, 0, 0, 0}));
+  EXPECT_EQ(kept("cpu", 0.0), (V{1, 1, 1, 1}));
+  EXPECT_EQ(kept("cpu", 0.5), (V{1, 1, 0, 0}));
+  EXPECT_EQ(kept("nvme", 0.75), (V{1, 0, 0, 0}));
+  EXPECT_EQ(kept("cpu", 0.7), (V{1, 0, 0, 0})) << "12 of 40 wanted: one range (10) is nearer than two (20)";
+  EXPECT_EQ(kept("cpu", 0.6), (V{1, 1, 0, 0})) << "16 of 40 wanted: two ranges (20) are nearer than one (10)";
+  EXPECT_EQ(kept("none", 0.5), (V{1, 1, 1, 1})) << "the device tier holds everything whatever the ratio";
+  ShardingPolicy p = ShardingPolicy::from_config(3, "cpu", "none");
+  EXPECT_EQ(p.offload_ratio(), 1.0);
+  p.set_offload_ratio(0.25);
+  EXPECT_NE(p.str().find("optimizer state on pinned host memory for 25% of it, the rest on the device"),
+            std::string::npos) << p.str();
+  EXPECT_NE(error_message([&] { p.set_offload_ratio(1.5); }).find("zero_optimization.offload_optimizer.ratio"),
+            std::string::npos);
+  EXPECT_EQ(error_message([&] { p.require_implemented(); }), "");
+  // The delayed update runs the whole update on a host thread: refused, naming both keys.
+  p.set_delayed_update(true);
+  const std::string m = error_message([&] { p.require_implemented(); });
+  EXPECT_NE(m.find("delayed_update needs zero_optimization.offload_optimizer.ratio 1"), std::string::npos) << m;
+}
+
+}  // namespace zp::test

@@ -53,23 +53,28 @@ MemoryPlan plan_memory(std::span<nn::ParamBlock* const> blocks, const ShardingPo
   const double grad_shards = step_in_backward ? 0.0 : psi_trained / n;
   p.grad_bytes = (policy.shards_gradients() ? grad_shards + 2.0 * double(largest_trained) : psi_trained) * 4.0;
   const double owned = policy.shards_optimizer_state() ? psi_trained / n : psi_trained;
-  if (policy.optimizer_tier() == StateTier::Device) {
-    p.optimizer_bytes = owned * 12.0;
-  } else if (policy.optimizer_tier() == StateTier::Nvme) {
-    std::vector<int64_t> ranges;
-    int64_t largest_range = 0;
-    for (const nn::ParamBlock* b : blocks) {
-      if (b->frozen()) continue;
-      ranges.push_back(policy.shards_optimizer_state() ? b->padded() / world : b->padded());
-      largest_range = std::max(largest_range, ranges.back());
-    }
-    p.nvme_optimizer_bytes = double(NvmeStateStore::file_bytes(ranges));
+  // The owned ranges as the engine makes them (a trained block's shard, or all of it), and which keep
+  // their optimizer state on the device (all on the device tier; with offload_optimizer.ratio below 1
+  // the leading share).
+  std::vector<int64_t> ranges;
+  for (const nn::ParamBlock* b : blocks)
+    if (!b->frozen()) ranges.push_back(policy.shards_optimizer_state() ? b->padded() / world : b->padded());
+  const std::vector<char> on_device = policy.keeps_on_device(ranges);
+  std::vector<int64_t> offloaded;
+  double kept = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    if (on_device[i]) kept += double(ranges[i]);
+    else offloaded.push_back(ranges[i]);
+  }
+  p.optimizer_bytes = kept * 12.0;
+  const int64_t largest_range = offloaded.empty() ? 0 : *std::max_element(offloaded.begin(), offloaded.end());
+  if (!offloaded.empty() && policy.optimizer_tier() == StateTier::Nvme) {
+    p.nvme_optimizer_bytes = double(NvmeStateStore::file_bytes(offloaded));
     p.nvme_path = policy.optimizer_nvme().path;
     p.host_staging_bytes +=
         double(NvmeStateStore::buffer_bytes_for(largest_range, dt, policy.optimizer_nvme().buffer_count, on_gpu));
-  } else {
-    p.host_optimizer_bytes = owned * 12.0;
-    const int64_t largest_range = policy.shards_optimizer_state() ? largest_trained / world : largest_trained;
+  } else if (!offloaded.empty()) {
+    for (int64_t r : offloaded) p.host_optimizer_bytes += double(r) * 12.0;
     if (on_gpu) p.host_staging_bytes += double(HostStateStore::staging_bytes_for(largest_range, dt));
   }
   if (policy.delays_update() && policy.optimizer_tier() != StateTier::Device) {

@@ -9,8 +9,10 @@
 // host memory or on NVMe.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace zp::parallel {
 
@@ -68,6 +70,18 @@ class ShardingPolicy {
   void set_keep_gathered(bool on) { keep_gathered_ = on; }
 
   StateTier optimizer_tier() const { return optimizer_tier_; }
+  // The share of the optimizer state the offloaded tier takes (zero_optimization.offload_optimizer.ratio,
+  // DeepSpeed's partial offload, ZeRO-Offload++'s "twin flow"; 1: all of it). The rest stays on the
+  // device, where the GPU updates it while the CPU updates the offloaded part, so a step's exposed CPU
+  // update shrinks with the ratio at the cost of (1 - ratio) x 12 bytes per owned parameter of GPU
+  // memory. Only meaningful with an offloaded optimizer tier.
+  double offload_ratio() const { return offload_ratio_; }
+  void set_offload_ratio(double r);
+  // Which of a rank's owned ranges (their sizes in elements, in the engine's order) keep their
+  // optimizer state on the device: none with the optimizer wholly offloaded, all on the device tier,
+  // and with a ratio below 1 the leading ranges that come nearest (1 - ratio) of the elements. The
+  // leading ones, so that a store built from the two parts still asks for the initial values in order.
+  std::vector<char> keeps_on_device(std::span<const int64_t> range_sizes) const;
   // Whether host-tier state is page-locked (DeepSpeed's pin_memory): pinned memory makes the copies
   // to and from the GPU asynchronous and full speed, but the kernel can never swap it out. When
   // pinning fails the stores fall back to pageable memory with a warning.
@@ -95,8 +109,9 @@ class ShardingPolicy {
   // every one but one).
   int optimizer_threads() const;
   // Throws a zp::Error naming the configuration keys for combinations the engine does not run: the
-  // delayed update without an offloaded optimizer, or with the parameters on NVMe (its lagging
-  // weights would need a second copy of every shard beside the swap file).
+  // delayed update without an offloaded optimizer, with the parameters on NVMe (its lagging weights
+  // would need a second copy of every shard beside the swap file) or with part of the optimizer state
+  // on the device (offload ratio below 1: the delayed update runs the whole update on a host thread).
   void require_implemented() const;
 
   // "ZeRO stage 2 (optimizer state and gradients sharded; optimizer state on device)": for logs.
@@ -109,6 +124,7 @@ class ShardingPolicy {
   int host_threads_ = 0;
   bool delayed_update_ = false;
   bool keep_gathered_ = false;
+  double offload_ratio_ = 1.0;
   NvmeSettings optimizer_nvme_, parameter_nvme_;
 };
 

@@ -8,6 +8,7 @@
 #include "nn/trained_blocks.h"
 #include "parallel/host_state_store.h"
 #include "parallel/nvme_state_store.h"
+#include "parallel/split_state_store.h"
 
 namespace zp::parallel {
 using namespace zp::kernels;
@@ -94,12 +95,13 @@ ZeroEngine::ZeroEngine(std::vector<nn::ParamBlock*> blocks, const ShardingPolicy
   // The device store writes the new weights with a kernel: into host shards only through pinned
   // (device-mapped) memory.
   const bool params_on_nvme = policy_.parameter_tier() == StateTier::Nvme;
+  const bool gpu_updates = policy_.optimizer_tier() == StateTier::Device || policy_.offload_ratio() < 1.0;
   ZP_REQUIRE(!gatherer_ || !gatherer_->shards_on_host() || gatherer_->pinned() || blocks_.empty() ||
-                 blocks_[0]->device().is_cpu() || policy_.optimizer_tier() != StateTier::Device,
+                 blocks_[0]->device().is_cpu() || !gpu_updates,
              "zero_optimization.offload_param.device = \"", params_on_nvme ? "nvme" : "cpu",
              "\" with pageable parameter ", params_on_nvme ? "buffers" : "shards",
              " (pin_memory false, or pinning refused) needs zero_optimization.offload_optimizer.device = \"cpu\" or "
-             "\"nvme\": the GPU's optimizer cannot write pageable host memory");
+             "\"nvme\" with ratio 1: the GPU's optimizer cannot write pageable host memory");
   // With sharded parameters the master weights start from the shards, one at a time (on NVMe they
   // pass through one of its buffers).
   const InitialValues start =
@@ -339,9 +341,10 @@ MemoryPlan ZeroEngine::memory_plan() const {
   const bool gpu = !blocks_.empty() && blocks_[0]->device().is_cuda();
   MemoryPlan p = plan_memory(all_blocks_, policy_, world_, hyper_.step_in_backward, gpu);
   // Pinning may have been refused since the policy asked for it.
-  const auto* host = dynamic_cast<const HostStateStore*>(&opt_->state());
-  if (host) p.host_pinned = host->pinned();
-  if (const auto* nvme = dynamic_cast<const NvmeStateStore*>(&opt_->state())) p.host_pinned = nvme->pinned();
+  const OptimizerStateStore* offloaded = &opt_->state();
+  if (const auto* split = dynamic_cast<const SplitStateStore*>(offloaded)) offloaded = &split->offloaded_part();
+  if (const auto* host = dynamic_cast<const HostStateStore*>(offloaded)) p.host_pinned = host->pinned();
+  if (const auto* nvme = dynamic_cast<const NvmeStateStore*>(offloaded)) p.host_pinned = nvme->pinned();
   if (gatherer_ && gatherer_->shards_on_host()) p.host_pinned = p.host_pinned && gatherer_->pinned();
   return p;
 }

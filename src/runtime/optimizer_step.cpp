@@ -16,6 +16,7 @@ parallel::ShardingPolicy sharding_policy(const TrainConfig& cfg) {
   // pinning one kind and not the other buys nothing.
   p.set_pin_host_memory(cfg.offload_optimizer_pin_memory && cfg.offload_param_pin_memory);
   p.set_delayed_update(cfg.offload_optimizer_delayed_update);
+  p.set_offload_ratio(cfg.offload_optimizer_ratio);
   p.set_keep_gathered(cfg.keep_gathered);
   p.set_optimizer_nvme({cfg.offload_optimizer_nvme_path, cfg.aio_block_size, int(cfg.aio_queue_depth),
                         int(cfg.offload_optimizer_buffer_count)});

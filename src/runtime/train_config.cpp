@@ -181,9 +181,12 @@ void read_offload(io::ConfigReader& r, TrainConfig& t) {
   }
   if (t.offload_param == "nvme")
     r.require(!t.offload_param_nvme_path.empty(), par + "device = \"nvme\" needs " + par + "nvme_path");
+  t.offload_optimizer_ratio = r.number(opt + "ratio", io::Range::closed(0, 1));
+  if (t.offload_optimizer_delayed_update)
+    r.require(t.offload_optimizer_ratio == 1.0, opt + "delayed_update needs " + opt + "ratio 1 (the delayed update "
+              "runs the whole update on a host thread, so none of the optimizer state may stay on the device)");
 
   // Read for their types and ranges even where they mean nothing, so a typo is still an error.
-  r.number(opt + "ratio", io::Range::closed(0, 1));
   r.boolean(opt + "fast_init");
   const double buffer_size = r.number(par + "buffer_size", io::Range::above(0));
   r.require(buffer_size <= 9e15, par + "buffer_size must be at most 9e15 elements");
@@ -204,7 +207,7 @@ void read_offload(io::ConfigReader& r, TrainConfig& t) {
   unless(opt_nvme, opt + "nvme_path");
   unless(opt_nvme, opt + "buffer_count");
   unless(t.offload_optimizer != "none", opt + "pin_memory");
-  unless(false, opt + "ratio");      // partial offload (DeepSpeed's twin-flow): all of a rank's state moves
+  unless(t.offload_optimizer != "none", opt + "ratio");
   unless(false, opt + "fast_init");  // state is created shard by shard on its tier anyway
   unless(par_nvme, par + "nvme_path");
   unless(par_nvme, par + "buffer_count");

@@ -46,6 +46,9 @@ struct TrainConfig {
   // zero_optimization.offload_optimizer.delayed_update (ours): the CPU update of step s overlaps step
   // s+1, which computes with the weights of update s-1 (parallel/delayed_update.h).
   bool offload_optimizer_delayed_update = false;
+  // zero_optimization.offload_optimizer.ratio (DeepSpeed's partial offload): the share of the optimizer
+  // state the offloaded tier takes; the rest stays on the device (parallel::ShardingPolicy).
+  double offload_optimizer_ratio = 1.0;
   bool overlap_comm = true;  // collectives on a communication stream (GPUs)
   // pipeline (issue 12): stages P (world = P x data-parallel size), the schedule, model chunks per
   // stage (interleaved), and how layers are cut: "parameters" | "uniform" | "compute", or the first

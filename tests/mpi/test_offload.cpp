@@ -119,6 +119,48 @@ TEST(OffloadOptimizer, ResumesAcrossTiers) {
   }
 }
 
+// zero_optimization.offload_optimizer.ratio 0.5: the leading blocks' state stays on the device, the
+// rest on the CPU or NVMe tier, on the device trajectory (Llama at stage 1 with accumulation, GPT-2 at
+// 2, the UNet at 3 with its parameter shards in host memory); a run saved with part of its state on
+// the device resumes with all of it offloaded, and the reverse.
+TEST(OffloadOptimizer, PartialOffloadFollowsTheDeviceTrajectory) {
+  comm::Runtime rt;
+  const int world = world_size();
+  for (const std::string model : {"llama", "gpt2", "unet"}) {
+    SharedDir dir("offload_ratio_" + model);
+    const std::string data = data_file(dir, model);
+    const int stage = model == "llama" ? 1 : model == "gpt2" ? 2 : 3;
+    TrainingRun r{model, stage, world};
+    r.grad_accum = model == "llama" ? accumulation() : 1;
+    r.nvme_path = dir / "swap";
+    runtime::TrainResult on_device = run(data, r, rt, MPI_COMM_WORLD, true);
+    r.offload_ratio = 0.5;
+    if (stage == 3) r.offload_param = "cpu";
+    for (const std::string tier : {"cpu", "nvme"}) {
+      r.offload = tier;
+      expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
+                             model + " stage " + std::to_string(stage) + " world " + std::to_string(world) +
+                                 ", half the optimizer state on " + tier);
+    }
+    if (model != "llama") continue;
+    on_device.losses = tail(on_device.losses, kSaveAt);  // the resumed runs' part
+    for (const double saved_ratio : {0.5, 1.0}) {
+      TrainingRun first = r;
+      first.offload = "cpu";
+      first.offload_ratio = saved_ratio;
+      const std::string ckpt = dir / ("ckpt_" + std::to_string(saved_ratio));
+      save_at_half(data, first, ckpt, rt);
+      TrainingRun second{model, stage, world, kSteps, kSaveAt, ckpt};
+      second.grad_accum = r.grad_accum;
+      second.offload = "cpu";
+      second.offload_ratio = saved_ratio == 1.0 ? 0.5 : 1.0;
+      expect_resume_follows(data, second, "latest", on_device, "llama saved with offload ratio " +
+                            std::to_string(saved_ratio) + ", resumed with " + std::to_string(second.offload_ratio) +
+                            ", world " + std::to_string(world), rt);
+    }
+  }
+}
+
 // The parameter shards on NVMe with gradient accumulation for the LMs (the UNet's runs above have it):
 // the micro-steps gather every block from the buffers and the swap file, the update writes once.
 TEST(OffloadParams, NvmeFollowsTheDeviceTrajectoryWithAccumulation) {
@@ -283,6 +325,30 @@ TEST(OffloadOptimizerGpu, CpuTierFollowsTheDeviceTrajectoryOnGpus) {
 TEST(OffloadOptimizerGpu, NvmeTierFollowsTheDeviceTrajectoryOnGpus) {
   if (!every_rank_has_a_gpu()) GTEST_SKIP() << "needs one GPU per rank";
   expect_optimizer_tier_follows_on_gpus("nvme", true);
+}
+
+// offload_optimizer.ratio 0.5 on GPUs: the device part's CUDA AdamW runs on the stream while the CPU
+// updates the rest through the staging ring (or the swap file).
+TEST(OffloadOptimizerGpu, PartialOffloadFollowsTheDeviceTrajectoryOnGpus) {
+  if (!every_rank_has_a_gpu()) GTEST_SKIP() << "needs one GPU per rank";
+  comm::Runtime rt;
+  const int world = world_size();
+  for (const std::string model : {"llama", "unet"}) {
+    SharedDir dir("offload_ratio_gpu_" + model);
+    const std::string data = data_file(dir, model);
+    const int stage = model == "llama" ? 2 : 3;
+    TrainingRun r{model, stage, world};
+    r.device = "cuda";
+    r.grad_accum = model == "llama" ? accumulation() : 1;
+    const runtime::TrainResult on_device = run(data, r, rt, MPI_COMM_WORLD, true);
+    r.offload_ratio = 0.5;
+    for (const std::string tier : {"cpu", "nvme"}) {
+      r.offload = tier;
+      r.offload_param = stage == 3 && tier == "cpu" ? "cpu" : "none";
+      expect_same_trajectory(run(data, r, rt, MPI_COMM_WORLD, true), on_device,
+                             model + " on GPUs, half the optimizer state on " + tier);
+    }
+  }
 }
 
 // The parameter tier on GPUs: each rank's shards of the compute weights live in pinned host memory

@@ -97,6 +97,7 @@ struct TrainingRun {
   // = {val_file} (the training data when empty).
   int64_t eval_every = 0, eval_batches = 4;
   std::string val_file;
+  double offload_ratio = 1.0;  // zero_optimization.offload_optimizer.ratio
   // New fields go last: suites build runs with positional initialisers.
 };
 
@@ -124,6 +125,7 @@ inline io::Config user_config(const std::string& data, const TrainingRun& r) {
                      {"eval_every", r.eval_every},
                      {"eval_batches", r.eval_batches}}}};
   if (r.delayed_update) user["zero_optimization"]["offload_optimizer"]["delayed_update"] = true;
+  if (r.offload_ratio != 1.0) user["zero_optimization"]["offload_optimizer"]["ratio"] = r.offload_ratio;
   if (r.async_save) user["checkpoint"]["async"] = true;
   if (r.bf16) user["bf16"] = {{"enabled", true}};
   if (!r.fp16.is_null()) user["fp16"] = r.fp16;
