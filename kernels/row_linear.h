@@ -28,6 +28,23 @@ inline constexpr int64_t kRowLinearMaxRows = 8;
 bool row_linear_fits(DType dt, int64_t M, int64_t K, int64_t ldx, const void* x, int64_t ldw, const void* w,
                      const void* norm_weight);
 
+// Within its scope, on this thread, products of few rows (row_linear, and gemm's path for them) start
+// reading their weights before the kernel ahead of them on the stream has finished (on GPUs with
+// programmatic dependent launch), so a decode step's weight streams overlap the short kernels between
+// them. Only where no kernel on the stream writes a product's weights: decoding with resident weights,
+// not training (the optimizer's update) nor gathered or streamed weights. Scopes nest.
+class ConstantWeightsScope {
+ public:
+  explicit ConstantWeightsScope(bool on = true);
+  ~ConstantWeightsScope();
+  ConstantWeightsScope(const ConstantWeightsScope&) = delete;
+  ConstantWeightsScope& operator=(const ConstantWeightsScope&) = delete;
+  static bool active();
+
+ private:
+  bool was_;
+};
+
 ZP_KERNEL(void row_linear(StreamHandle s, DType dt, RowInput in, int64_t M, int64_t N, int64_t K, const void* x,
                           int64_t ldx, const void* norm_weight, float eps, const void* w, int64_t ldw,
                           const void* bias, void* y, int64_t ldy, const void* residual))

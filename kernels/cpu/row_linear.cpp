@@ -57,4 +57,12 @@ bool row_linear_fits(DType dt, int64_t M, int64_t K, int64_t ldx, const void* x,
   return true;
 }
 
+namespace {
+thread_local bool constant_weights = false;
+}  // namespace
+
+ConstantWeightsScope::ConstantWeightsScope(bool on) : was_(constant_weights) { constant_weights = was_ || on; }
+ConstantWeightsScope::~ConstantWeightsScope() { constant_weights = was_; }
+bool ConstantWeightsScope::active() { return constant_weights; }
+
 }  // namespace zp::kernels

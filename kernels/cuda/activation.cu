@@ -99,6 +99,8 @@ struct alignas(sizeof(T) * V) Pack {
 // which skips the index division. The last n % V elements (kFlat only) are done one per thread.
 template <int V, bool kFlat, class T, class Op>
 __global__ void map_kernel(Op op, Operands<T> o, int64_t n, int64_t D) {
+  pdl_launch_dependents();  // the next kernel of a decode step may start (cuda_common.cuh)
+  pdl_wait();               // launched as a dependent of the kernel ahead (launch_dependent)
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t npack = n / V;
@@ -167,10 +169,10 @@ void launch_map(StreamHandle s, Op op, const Operands<T>& o, int64_t n, int64_t 
     int64_t blocks = (work + threads - 1) / threads;
     return unsigned(blocks < 65535 * 8 ? (blocks > 0 ? blocks : 1) : 65535 * 8);
   };
-  if (flat && vec) map_kernel<V, true><<<grid(n / V > 0 ? n / V : n), threads, 0, s>>>(op, o, n, D);
-  else if (flat) map_kernel<1, true><<<grid(n), threads, 0, s>>>(op, o, n, D);
-  else if (vec) map_kernel<V, false><<<grid(n / V), threads, 0, s>>>(op, o, n, D);
-  else map_kernel<1, false><<<grid(n), threads, 0, s>>>(op, o, n, D);
+  if (flat && vec) launch_dependent(map_kernel<V, true, T, Op>, dim3(grid(n / V > 0 ? n / V : n)), dim3(threads), 0, s, op, o, n, D);
+  else if (flat) launch_dependent(map_kernel<1, true, T, Op>, dim3(grid(n)), dim3(threads), 0, s, op, o, n, D);
+  else if (vec) launch_dependent(map_kernel<V, false, T, Op>, dim3(grid(n / V)), dim3(threads), 0, s, op, o, n, D);
+  else launch_dependent(map_kernel<1, false, T, Op>, dim3(grid(n)), dim3(threads), 0, s, op, o, n, D);
   ZP_CUDA_LAUNCH_CHECK();
 }
 

@@ -5,7 +5,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <initializer_list>
+#include <utility>
 
 #include "core/cuda_check.h"
 #include "core/dtype.h"
@@ -119,6 +122,61 @@ inline int sm_count() {
   ZP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   if (dev < 64) cached[dev] = sms;
   return sms;
+}
+
+// Programmatic dependent launch (sm_90 and later), which removes the gap between two short kernels
+// of a decode step: a kernel launched with launch_dependent() may start while the kernel before it on
+// the stream still runs, once every block of that one has called pdl_launch_dependents() (or ended).
+// It must call pdl_wait() before it touches anything the kernel before wrote or reads; every thread of
+// it calls pdl_wait() exactly once, so that it cannot finish before its predecessor (the kernels after
+// it are launched plainly and count on that). Both are no-ops on older GPUs and in plain launches.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// Whether launch_dependent() launches programmatically on the current device: compute capability 9
+// or later, and ZP_PDL not "0" (to measure without). Cached per device.
+inline bool programmatic_launch_enabled() {
+  static const bool allowed = [] {
+    const char* v = std::getenv("ZP_PDL");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  if (!allowed) return false;
+  static int cached[64] = {0};  // 0: not asked yet, 1: yes, 2: no
+  int dev = 0;
+  ZP_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 64 && cached[dev]) return cached[dev] == 1;
+  int major = 0;
+  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  if (dev < 64) cached[dev] = major >= 9 ? 1 : 2;
+  return major >= 9;
+}
+
+template <class... Params, class... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                      Args&&... args) {
+  if (!s || !programmatic_launch_enabled()) {  // the legacy default stream synchronises anyway
+    kernel<<<grid, block, smem, s>>>(std::forward<Args>(args)...);
+    return;
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  ZP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
 // Lets `kernel` launch with `bytes` of dynamic shared memory. The default limit (48 KiB) covers the

@@ -21,6 +21,7 @@ template <int V, class T>
 __global__ void embedding_forward_kernel(T* y, const int32_t* ids, const T* table, const T* pos_table,
                                          int64_t N, int64_t C, int64_t T_, int64_t pos_offset,
                                          const int32_t* positions) {
+  pdl_launch_dependents();  // the next kernel of a decode step may start (cuda_common.cuh)
   const int64_t packs_per_row = C / V;
   const int64_t total = N * packs_per_row;
   for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < total; p += int64_t(gridDim.x) * blockDim.x) {

@@ -46,6 +46,8 @@ namespace {
 template <class T, int VEC>
 __global__ void kv_cache_write_kernel(T* kc, T* vc, const T* k, const T* v, int64_t N, int64_t W, int64_t ks,
                                       int64_t vs, const int32_t* slots) {
+  pdl_launch_dependents();  // the next kernel of a decode step may start (cuda_common.cuh)
+  pdl_wait();               // launched as a dependent of the kernel ahead (launch_dependent)
   using P = Pack<T, VEC>;
   const int64_t packs = W / VEC;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N * packs;
@@ -142,6 +144,8 @@ __device__ __forceinline__ void dot_pack(float (&s)[NH], const float* q, const f
 template <class T, int DP, int NH>
 __global__ void __launch_bounds__(kThreads)
     paged_attention_kernel(T* out, const T* q, const T* k_cache, const T* v_cache, PagedParams p) {
+  pdl_launch_dependents();  // the next kernel of a decode step may start (cuda_common.cuh)
+  pdl_wait();               // launched as a dependent of the kernel ahead (launch_dependent)
   constexpr int VE = DP / 32;  // head dims per lane for the values and the output
   __shared__ __align__(16) float qsm[NH * DP];  // query rows; after the key loop, the merge buffer
   __shared__ __align__(16) float psm[kWarps][kChunk][NH];  // probabilities of a warp's 32 keys
@@ -377,6 +381,8 @@ __device__ void combine_if_last(T* orow, const PagedParams& p, int64_t row_head)
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads)
     paged_decode_kernel(T* out, const T* q, const T* k_cache, const T* v_cache, PagedParams p) {
+  pdl_launch_dependents();  // the next kernel of a decode step may start (cuda_common.cuh)
+  pdl_wait();               // launched as a dependent of the kernel ahead (launch_dependent)
   constexpr int QD = D / 4, VD = D / 32, kKeys = 8;
   using QP = Pack<T, 8>;
   using VP = Pack<T, VD>;
@@ -493,6 +499,8 @@ __global__ void __launch_bounds__(kThreads)
 template <class T>
 __global__ void paged_combine_kernel(T* out, const float* part_o, const float2* part_ml, int Hq, int D, int parts,
                                      int64_t os) {
+  pdl_launch_dependents();  // the next kernel of a decode step may start (cuda_common.cuh)
+  pdl_wait();               // launched as a dependent of the kernel ahead (launch_dependent)
   const int t = blockIdx.x, h = blockIdx.y;
   const int64_t base = (int64_t(t) * Hq + h) * parts;
   float mx = -INFINITY;
@@ -542,9 +550,9 @@ void kv_cache_write(StreamHandle s, DType dt, void* k_cache, void* v_cache, cons
     auto launch = [&](auto vec) {
       constexpr int VEC = decltype(vec)::value;
       const unsigned blocks = std::min(ceil_div(N * (W / VEC), 256), unsigned(sm_count()) * 32u);
-      kv_cache_write_kernel<T, VEC><<<blocks, 256, 0, s>>>(static_cast<T*>(k_cache), static_cast<T*>(v_cache),
-                                                           static_cast<const T*>(k), static_cast<const T*>(v), N, W,
-                                                           ks, vs, slots);
+      launch_dependent(kv_cache_write_kernel<T, VEC>, dim3(blocks), dim3(256), 0, s, static_cast<T*>(k_cache),
+                       static_cast<T*>(v_cache), static_cast<const T*>(k), static_cast<const T*>(v), N, W, ks, vs,
+                       slots);
     };
     if (can_vectorise<T>(W, {k_cache, v_cache, k, v}) && ks % V == 0 && vs % V == 0)
       launch(std::integral_constant<int, V>{});
@@ -617,17 +625,17 @@ void paged_attention_forward(StreamHandle s, DType dt, void* out, const void* q,
       auto go = [&](auto d) {
         constexpr int DD = decltype(d)::value;
         if constexpr (sizeof(T) == 2)  // never fp32 (above); no fp32 kernels are built
-          paged_decode_kernel<T, DD><<<dim3(unsigned(num_tokens * Hq), unsigned(p.parts)), kThreads, 0, s>>>(
-              static_cast<T*>(out), static_cast<const T*>(q), static_cast<const T*>(k_cache),
-              static_cast<const T*>(v_cache), p);
+          launch_dependent(paged_decode_kernel<T, DD>, dim3(unsigned(num_tokens * Hq), unsigned(p.parts)),
+                           dim3(kThreads), 0, s, static_cast<T*>(out), static_cast<const T*>(q),
+                           static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), p);
       };
       if (D == 64) go(std::integral_constant<int, 64>{});
       else if (D == 128) go(std::integral_constant<int, 128>{});
       else go(std::integral_constant<int, 256>{});
       ZP_CUDA_LAUNCH_CHECK();
       if (p.parts > 1 && !fused)
-        paged_combine_kernel<T><<<dim3(unsigned(num_tokens), unsigned(Hq)), 128, 0, s>>>(
-            static_cast<T*>(out), p.part_o, p.part_ml, p.Hq, p.D, p.parts, os);
+        launch_dependent(paged_combine_kernel<T>, dim3(unsigned(num_tokens), unsigned(Hq)), dim3(128), 0, s,
+                         static_cast<T*>(out), p.part_o, p.part_ml, p.Hq, p.D, p.parts, os);
     });
     ZP_CUDA_LAUNCH_CHECK();
     return;
@@ -667,15 +675,14 @@ void paged_attention_forward(StreamHandle s, DType dt, void* out, const void* q,
       dispatch_heads(nh, [&](auto heads) {
         constexpr int DP = decltype(dp)::value, NH = decltype(heads)::value;
         dim3 grid(unsigned(num_tokens), unsigned(Hkv * p.head_slices), unsigned(p.parts));
-        paged_attention_kernel<T, DP, NH><<<grid, kThreads, 0, s>>>(
-            static_cast<T*>(out), static_cast<const T*>(q), static_cast<const T*>(k_cache),
-            static_cast<const T*>(v_cache), p);
+        launch_dependent(paged_attention_kernel<T, DP, NH>, grid, dim3(kThreads), 0, s, static_cast<T*>(out),
+                         static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), p);
       });
     });
     ZP_CUDA_LAUNCH_CHECK();
     if (p.parts > 1)
-      paged_combine_kernel<T><<<dim3(unsigned(num_tokens), unsigned(Hq)), 128, 0, s>>>(
-          static_cast<T*>(out), p.part_o, p.part_ml, p.Hq, p.D, p.parts, os);
+      launch_dependent(paged_combine_kernel<T>, dim3(unsigned(num_tokens), unsigned(Hq)), dim3(128), 0, s,
+                       static_cast<T*>(out), p.part_o, p.part_ml, p.Hq, p.D, p.parts, os);
   });
   ZP_CUDA_LAUNCH_CHECK();
 }

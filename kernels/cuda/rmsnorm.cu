@@ -19,6 +19,8 @@ namespace {
 template <class T, int VEC, bool kBlockPerRow>
 __global__ void rmsnorm_forward_kernel(T* __restrict__ y, float* __restrict__ rstd, const T* __restrict__ x,
                                        const T* __restrict__ weight, int64_t N, int C, float eps) {
+  pdl_launch_dependents();  // the next kernel of a decode step may start (cuda_common.cuh)
+  pdl_wait();               // launched as a dependent of the kernel ahead (launch_dependent)
   using P = Pack<T, VEC>;
   int64_t row;
   int tid, nthreads;
@@ -116,10 +118,11 @@ void launch_forward(StreamHandle s, T* y, float* rstd, const T* x, const T* w, i
   // Fewer rows than SMs (a decode step's few tokens): a block per row, so a row's loads go out at
   // once instead of one warp walking them in turn (4.8 us for one 2048-wide row on an H200).
   if (C / VEC <= kWarpRowMaxPacks && N >= sm_count()) {
-    rmsnorm_forward_kernel<T, VEC, false><<<ceil_div(N, kForwardWarpsPerBlock), kForwardWarpsPerBlock * 32, 0, s>>>(
-        y, rstd, x, w, N, C, eps);
+    launch_dependent(rmsnorm_forward_kernel<T, VEC, false>, dim3(ceil_div(N, kForwardWarpsPerBlock)),
+                     dim3(kForwardWarpsPerBlock * 32), 0, s, y, rstd, x, w, N, C, eps);
   } else {
-    rmsnorm_forward_kernel<T, VEC, true><<<unsigned(N), kForwardBlockThreads, 0, s>>>(y, rstd, x, w, N, C, eps);
+    launch_dependent(rmsnorm_forward_kernel<T, VEC, true>, dim3(unsigned(N)), dim3(kForwardBlockThreads), 0, s, y, rstd,
+                     x, w, N, C, eps);
   }
 }
 

@@ -25,6 +25,8 @@ struct InvFreq {
 template <class T, class I>
 __global__ void rope_kernel(T* y, const T* x, I BT, I T_, I H, I D, int64_t pos_offset, int64_t row_stride,
                             const int32_t* __restrict__ positions, float sign, const __grid_constant__ InvFreq inv_freq) {
+  pdl_launch_dependents();  // the next kernel of a decode step may start (cuda_common.cuh)
+  pdl_wait();               // launched as a dependent of the kernel ahead (launch_dependent)
   const I half = D / 2, per_token = H * half, total = BT * per_token;
   for (I p = blockIdx.x * I(blockDim.x) + threadIdx.x; p < total; p += I(gridDim.x) * blockDim.x) {
     const I bt = p / per_token, r = p - bt * per_token, h = r / half, i = r - h * half, t = bt % T_;
@@ -54,11 +56,11 @@ void rope_apply(StreamHandle s, DType dt, void* y, const void* x, int64_t B, int
   const unsigned grid = unsigned(blocks < 65535 * 8 ? blocks : 65535 * 8);
   ZP_CUDA_DISPATCH_FLOAT(dt, E, [&] {
     if (total < (int64_t(1) << 31) - int64_t(grid) * 256)
-      rope_kernel<E, uint32_t><<<grid, 256, 0, s>>>(static_cast<E*>(y), static_cast<const E*>(x), uint32_t(B * T),
+      launch_dependent(rope_kernel<E, uint32_t>, dim3(grid), dim3(256), 0, s, static_cast<E*>(y), static_cast<const E*>(x), uint32_t(B * T),
                                                     uint32_t(T), uint32_t(H), uint32_t(D), pos_offset, row_stride,
                                                     positions, sign, inv_freq);
     else
-      rope_kernel<E, int64_t><<<grid, 256, 0, s>>>(static_cast<E*>(y), static_cast<const E*>(x), B * T, T, H, D,
+      launch_dependent(rope_kernel<E, int64_t>, dim3(grid), dim3(256), 0, s, static_cast<E*>(y), static_cast<const E*>(x), B * T, T, H, D,
                                                    pos_offset, row_stride, positions, sign, inv_freq);
   });
   ZP_CUDA_LAUNCH_CHECK();

@@ -10,6 +10,9 @@
 // The RMSNorm input (kernels/row_linear.h) costs no pass of its own: the norm weight is one more
 // pack beside each x pack, and the sum of squares is summed with the dot products (the block's
 // threads cover all of K), its rsqrt applied to the finished sums, since sum_k W x w r = r sum_k W x w.
+// Decoding with resident weights (ConstantWeightsScope), the kernel is a programmatic dependent launch
+// whose first round of weight loads is issued before it waits for the kernel ahead of it: the short
+// kernels between two products (RoPE, attention, SwiGLU) then run while the weights are in flight.
 #include <cstdlib>
 #include <cstring>
 
@@ -27,8 +30,12 @@ template <class T, int M, int RB, int U, RowInput IN>
 __global__ void __launch_bounds__(kThreads)
     row_linear_kernel(T* C, int64_t ldc, const T* __restrict__ A, int64_t lda, const T* __restrict__ W, int64_t ldw,
                        int N, int K, const T* __restrict__ bias, const T* c_in, float beta,
-                       const T* __restrict__ norm_w, float eps) {
+                       const T* __restrict__ norm_w, float eps, bool weights_first) {
   using P = Pack<T, 8>;
+  pdl_launch_dependents();
+  // Everything but the weights may come from the kernel ahead; each thread waits for it once.
+  bool waited = !weights_first;
+  if (!weights_first) pdl_wait();
   constexpr bool kNorm = IN == RowInput::RmsNorm;
   __shared__ float partial[kWarps][RB][M];
   __shared__ float sq_partial[kWarps][M];
@@ -55,6 +62,10 @@ __global__ void __launch_bounds__(kThreads)
           std::memcpy(&wv[r][u], &raw, sizeof(raw));
         }
       }
+    }
+    if (!waited) {
+      pdl_wait();
+      waited = true;
     }
     float nwf[U][8];
     if constexpr (kNorm) {
@@ -94,6 +105,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
+  if (!waited) pdl_wait();  // a thread with no pack of K
 #pragma unroll
   for (int m = 0; m < M; ++m) {
 #pragma unroll
@@ -149,10 +161,11 @@ void launch(StreamHandle s, const Problem& q) {
   const int64_t per_thread = (q.K / 8 + kThreads - 1) / kThreads;
   auto go = [&](auto rb, auto u) {
     constexpr int RB = decltype(rb)::value, U = decltype(u)::value;
-    row_linear_kernel<T, M, RB, U, IN><<<ceil_div(q.N, RB), kThreads, 0, s>>>(
-        static_cast<T*>(q.C), q.ldc, static_cast<const T*>(q.A), q.lda, static_cast<const T*>(q.B), q.ldb, int(q.N),
-        int(q.K), static_cast<const T*>(q.bias), static_cast<const T*>(q.c_in ? q.c_in : q.C), q.beta,
-        static_cast<const T*>(q.norm_w), q.eps);
+    launch_dependent(row_linear_kernel<T, M, RB, U, IN>, dim3(ceil_div(q.N, RB)), dim3(kThreads), 0, s,
+                     static_cast<T*>(q.C), q.ldc, static_cast<const T*>(q.A), q.lda, static_cast<const T*>(q.B),
+                     q.ldb, int(q.N), int(q.K), static_cast<const T*>(q.bias),
+                     static_cast<const T*>(q.c_in ? q.c_in : q.C), q.beta, static_cast<const T*>(q.norm_w), q.eps,
+                     ConstantWeightsScope::active());
   };
   if (per_thread <= 2) go(std::integral_constant<int, 4>{}, std::integral_constant<int, 2>{});
   else if (per_thread <= 4) go(std::integral_constant<int, 2>{}, std::integral_constant<int, 4>{});

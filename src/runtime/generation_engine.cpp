@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "kernels/row_linear.h"
 #include "kernels/sampling.h"
 
 namespace zp::runtime {
@@ -124,6 +125,8 @@ int64_t next_pow2(int64_t n) {
 
 void GenerationEngine::enqueue_step(const StepPlan& p, int64_t rows, char* d, const ArgOffsets& o) {
   const nn::Ctx c = model_.ctx();
+  // Resident weights never change during a step: the products may read them ahead of their inputs.
+  const kernels::ConstantWeightsScope constant_weights(!before_forward_);
   auto i32 = [&](size_t off) { return reinterpret_cast<int32_t*>(d + off); };
   nn::CachedBatch b;
   b.num_tokens = rows - p.num_prefill_seqs + p.num_prefill_tokens();
