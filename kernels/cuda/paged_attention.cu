@@ -31,9 +31,12 @@
 #include <algorithm>
 #include <bit>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/scratch.cuh"
 #include "kernels/paged_attention.h"
 
@@ -495,6 +498,204 @@ __global__ void __launch_bounds__(kThreads)
   if (p.done) combine_if_last(orow, p, row_head);
 }
 
+// The batched path on tensor cores: grid (num_tokens, Hkv, parts), a block per (row, kv head) with
+// the whole query group (at most 16 heads, padded to the 16 rows of an mma tile). Each warp takes
+// 16-key tiles of the partition in turn, loads them with cp.async into its own two buffers (the next
+// tile in flight while the current one is used), and runs S = Q K^T and O += P V as mma.sync with
+// P straight from the score accumulators (kernels/cuda/mma.cuh, as the flash forward does), keeping
+// its own online softmax on raw scores; the warps merge through shared memory at the end. Per key a
+// warp issues a few tensor-core instructions where the FMA kernel above issues hundreds: at 64 rows
+// of a Llama-3.2-1B step that kernel waited out 15 cycles an instruction (ncu) over 4,600
+// instructions a warp.
+constexpr int kMmaKeys = 16;  // keys per warp tile
+
+template <class T, int D>
+struct MmaTiles {
+  static constexpr int kPitch = D + 8;  // an odd number of 16-byte chunks: ldmatrix without conflicts
+  static constexpr size_t kTile = size_t(kMmaKeys) * kPitch;  // elements of one K or V tile
+  static constexpr size_t kQ = 16 * size_t(kPitch);
+  static constexpr size_t kTiles = size_t(kWarps) * 4 * kTile;  // per warp: two buffers of K and V
+  // The merge reuses the tiles: each warp's O [16][D] and its row maxima and sums, in fp32.
+  static constexpr size_t kMergeBytes = (size_t(kWarps) * 16 * D + 2 * kWarps * 16) * sizeof(float);
+  static_assert(kMergeBytes <= kTiles * sizeof(T), "the merge buffer fits in the tiles");
+  static constexpr size_t kBytes = (kQ + kTiles) * sizeof(T);
+};
+
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads)
+    paged_gqa_mma_kernel(T* out, const T* q, const T* k_cache, const T* v_cache, PagedParams p) {
+  pdl_launch_dependents();  // the next kernel of a decode step may start (cuda_common.cuh)
+  pdl_wait();               // launched as a dependent of the kernel ahead (launch_dependent)
+  using L = MmaTiles<T, D>;
+  constexpr int kPitch = L::kPitch, kKT = D / 16, kDT = D / 8;
+  extern __shared__ __align__(16) unsigned char paged_smem[];
+  T* Qs = reinterpret_cast<T*>(paged_smem);
+  T* tiles = Qs + L::kQ;
+  const int t = blockIdx.x, hk = blockIdx.y, part = blockIdx.z, G = p.group, h0 = hk * G;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const LaneOffsets lo(lane);
+
+  // The group's query rows (rows past G stay zero: their scores are 0 and never written out).
+  const T* qrow = q + int64_t(t) * p.qs + int64_t(h0) * D;
+  for (int c = threadIdx.x; c < 16 * (D / 8); c += kThreads) {
+    const int r = c / (D / 8), ch = c % (D / 8);
+    cp_async_16(Qs + r * kPitch + ch * 8, r < G ? qrow + int64_t(r) * D + ch * 8 : qrow, r < G);
+  }
+  cp_async_commit();
+
+  const RowKeys rk = row_keys(p, t, part);
+  const int k0 = rk.k0, k1 = rk.k1;
+  const int64_t ml0 = (int64_t(t) * p.Hq + h0) * p.parts + part;  // + g * parts for head h0 + g
+  if (k0 >= k1) {  // a partition past this row's keys
+    cp_async_wait<0>();
+    if (p.parts > 1) {
+      if (threadIdx.x < G) p.part_ml[ml0 + int64_t(threadIdx.x) * p.parts] = make_float2(-INFINITY, 0.f);
+    } else {
+      for (int i = threadIdx.x; i < G * D; i += kThreads) out[int64_t(t) * p.os + int64_t(h0) * D + i] = from_f<T>(0.f);
+    }
+    return;
+  }
+  const int32_t* bt = p.block_tables + int64_t(rk.seq) * p.max_blocks;
+  const int bs_mask = (1 << p.log2_bs) - 1;
+  const int64_t slot_stride = int64_t(p.Hkv) * D;
+  const T* kbase = k_cache + int64_t(hk) * D;
+  const T* vbase = v_cache + int64_t(hk) * D;
+  T* mine = tiles + size_t(warp) * 4 * L::kTile;
+  // Keys [j0, j0 + 16) into buffer `buf` of this warp (keys past k1 zero-filled, nothing read).
+  auto load_tile = [&](int j0, int buf) {
+    T* kt = mine + size_t(buf) * 2 * L::kTile;
+    T* vt = kt + L::kTile;
+    constexpr int kChunks = kMmaKeys * (D / 8);
+#pragma unroll
+    for (int i = 0; i < kChunks / 32; ++i) {
+      const int c = lane + 32 * i, r = c / (D / 8), ch = c % (D / 8), j = j0 + r;
+      const bool ok = j < k1;
+      const int64_t at = ok ? int64_t((bt[j >> p.log2_bs] << p.log2_bs) | (j & bs_mask)) * slot_stride + ch * 8 : 0;
+      cp_async_16(kt + r * kPitch + ch * 8, kbase + at, ok);
+      cp_async_16(vt + r * kPitch + ch * 8, vbase + at, ok);
+    }
+  };
+  constexpr int kRound = kWarps * kMmaKeys;  // keys a round of the block's warps takes
+  int j0 = k0 + warp * kMmaKeys;
+  if (j0 < k1) load_tile(j0, 0);
+  cp_async_commit();
+  cp_async_wait<1>();  // this thread's query chunks
+  __syncthreads();     // everyone's
+  uint32_t qf[kKT][4];
+#pragma unroll
+  for (int kk = 0; kk < kKT; ++kk) ldsm_x4(qf[kk], Qs + lo.a_row * kPitch + kk * 16 + lo.a_col);
+
+  float o[kDT][4];
+#pragma unroll
+  for (int i = 0; i < kDT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows g and g + 8: raw-score max, partial sums
+  for (int it = 0; j0 < k1; ++it, j0 += kRound) {
+    const int buf = it & 1;
+    if (j0 + kRound < k1) load_tile(j0 + kRound, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // the current tile, committed a round earlier
+    __syncwarp();
+    const T* kt = mine + size_t(buf) * 2 * L::kTile;
+    const T* vt = kt + L::kTile;
+
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int kk = 0; kk < kKT; ++kk) {
+      uint32_t bb[4];
+      ldsm_x4(bb, kt + lo.b_row * kPitch + kk * 16 + lo.b_col);
+      mma_16816<T>(s[0], qf[kk], bb[0], bb[1]);
+      mma_16816<T>(s[1], qf[kk], bb[2], bb[3]);
+    }
+    if (j0 + kMmaKeys > k1)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (j0 + nt * 8 + 2 * tq + (e & 1) >= k1) s[nt][e] = -INFINITY;
+    // The tile's first key is below k1, so every row's maximum is finite (padding rows score 0).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = fmaxf(m[r], fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1])));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float base = mx * p.scale_log2;
+      const float alpha = fast_exp2(fmaf(m[r], p.scale_log2, -base));  // 0 on the first tile
+      m[r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        s[nt][2 * r] = fast_exp2(fmaf(s[nt][2 * r], p.scale_log2, -base));
+        s[nt][2 * r + 1] = fast_exp2(fmaf(s[nt][2 * r + 1], p.scale_log2, -base));
+        sum += s[nt][2 * r] + s[nt][2 * r + 1];
+      }
+      l[r] = l[r] * alpha + sum;
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) {
+        o[dt][2 * r] *= alpha;
+        o[dt][2 * r + 1] *= alpha;
+      }
+    }
+    uint32_t a[4];
+    acc_to_a<T>(a, s[0], s[1]);
+#pragma unroll
+    for (int dp = 0; dp < kDT / 2; ++dp) {
+      uint32_t bb[4];
+      ldsm_x4_t(bb, vt + lo.a_row * kPitch + dp * 16 + lo.a_col);
+      mma_16816<T>(o[2 * dp], a, bb[0], bb[1]);
+      mma_16816<T>(o[2 * dp + 1], a, bb[2], bb[3]);
+    }
+    __syncwarp();  // this buffer is refilled by the next round's prefetch
+  }
+  cp_async_wait<0>();
+
+  // Merge the warps: each stages its O rows and its rows' maxima and sums over the tiles.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  __syncthreads();  // every warp is done with its tiles
+  float* wo = reinterpret_cast<float*>(tiles);  // [kWarps][16][D]
+  float* wm = wo + kWarps * 16 * D;             // [kWarps][16]
+  float* wl = wm + kWarps * 16;                 // [kWarps][16]
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = g + 8 * r;
+    if (tq == 0) {
+      wm[warp * 16 + row] = m[r];  // -inf for a warp that had no tile
+      wl[warp * 16 + row] = l[r];
+    }
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      wo[(warp * 16 + row) * D + dt * 8 + 2 * tq] = o[dt][2 * r];
+      wo[(warp * 16 + row) * D + dt * 8 + 2 * tq + 1] = o[dt][2 * r + 1];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * D; i += kThreads) {
+    const int row = i / D, d = i % D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, wm[w * 16 + row]);
+    float num = 0.f, den = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = wm[w * 16 + row];
+      if (mw == -INFINITY) continue;
+      const float f = fast_exp2((mw - mx) * p.scale_log2);
+      num = fmaf(f, wo[(w * 16 + row) * D + d], num);
+      den = fmaf(f, wl[w * 16 + row], den);
+    }
+    const float val = den > 0.f ? num / den : 0.f;
+    if (p.parts == 1) {
+      out[int64_t(t) * p.os + int64_t(h0 + row) * D + d] = from_f<T>(val);
+    } else {
+      p.part_o[(ml0 + int64_t(row) * p.parts) * D + d] = val;
+      if (d == 0) p.part_ml[ml0 + int64_t(row) * p.parts] = make_float2(mx * p.scale_log2, den);
+    }
+  }
+}
+
 // Grid (num_tokens, Hq): out = sum over partitions of sum_p * 2^(max_p - max) * o_p, normalised.
 template <class T>
 __global__ void paged_combine_kernel(T* out, const float* part_o, const float2* part_ml, int Hq, int D, int parts,
@@ -520,6 +721,15 @@ __global__ void paged_combine_kernel(T* out, const float* part_o, const float2* 
     }
     out[int64_t(t) * os + int64_t(h) * D + d] = from_f<T>(den > 0.f ? num / den : 0.f);
   }
+}
+
+// ZP_PAGED_MMA=0 keeps the batched path on the FMA kernel, to compare or to rule the tensor-core one out.
+bool paged_mma_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("ZP_PAGED_MMA");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
 }
 
 template <class F> void dispatch_dp(int64_t D, F&& f) {
@@ -646,10 +856,13 @@ void paged_attention_forward(StreamHandle s, DType dt, void* out, const void* q,
   // waits out every instruction's latency (12.6 cycles an instruction, 25 us for 256 keys of one
   // Llama-3.2-1B row with 4 heads a block), so fewer heads a block is proportionally less time; the
   // blocks of one kv head then read its keys and values from L2 more than once.
+  // The tensor-core kernel takes the whole group (up to 16 heads) of 16-bit rows of 64 or 128 dims.
+  const bool mma = paged_mma_enabled() && dt != DType::F32 && (D == 64 || D == 128) && p.group <= 16 && aligned16 &&
+                   qs % 8 == 0;
   int nh = 1;
-  while (nh < kMaxHeads && nh < p.group) nh *= 2;
-  while (nh > 1 && num_tokens * Hkv * ((p.group + nh - 1) / nh) < sms) nh /= 2;
-  p.head_slices = (p.group + nh - 1) / nh;
+  while (!mma && nh < kMaxHeads && nh < p.group) nh *= 2;
+  while (!mma && nh > 1 && num_tokens * Hkv * ((p.group + nh - 1) / nh) < sms) nh /= 2;
+  p.head_slices = mma ? 1 : (p.group + nh - 1) / nh;
 
   // Split the context only when the unsplit grid leaves SMs idle; aim at about two blocks per SM.
   const int64_t pairs = num_tokens * Hkv * p.head_slices;
@@ -671,14 +884,32 @@ void paged_attention_forward(StreamHandle s, DType dt, void* out, const void* q,
 
   ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
     p.packed = can_vectorise<T>(D, {k_cache, v_cache});
-    dispatch_dp(D, [&](auto dp) {
-      dispatch_heads(nh, [&](auto heads) {
-        constexpr int DP = decltype(dp)::value, NH = decltype(heads)::value;
-        dim3 grid(unsigned(num_tokens), unsigned(Hkv * p.head_slices), unsigned(p.parts));
-        launch_dependent(paged_attention_kernel<T, DP, NH>, grid, dim3(kThreads), 0, s, static_cast<T*>(out),
-                         static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), p);
+    if (mma) {
+      auto go = [&](auto d) {
+        constexpr int DD = decltype(d)::value;
+        if constexpr (sizeof(T) == 2) {  // never fp32 (above)
+          static const bool smem_allowed = [] {
+            allow_dynamic_smem(paged_gqa_mma_kernel<T, DD>, MmaTiles<T, DD>::kBytes, "paged attention (tensor cores)");
+            return true;
+          }();
+          (void)smem_allowed;
+          launch_dependent(paged_gqa_mma_kernel<T, DD>, dim3(unsigned(num_tokens), unsigned(Hkv), unsigned(p.parts)),
+                           dim3(kThreads), MmaTiles<T, DD>::kBytes, s, static_cast<T*>(out), static_cast<const T*>(q),
+                           static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), p);
+        }
+      };
+      if (D == 64) go(std::integral_constant<int, 64>{});
+      else go(std::integral_constant<int, 128>{});
+    } else {
+      dispatch_dp(D, [&](auto dp) {
+        dispatch_heads(nh, [&](auto heads) {
+          constexpr int DP = decltype(dp)::value, NH = decltype(heads)::value;
+          dim3 grid(unsigned(num_tokens), unsigned(Hkv * p.head_slices), unsigned(p.parts));
+          launch_dependent(paged_attention_kernel<T, DP, NH>, grid, dim3(kThreads), 0, s, static_cast<T*>(out),
+                           static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), p);
+        });
       });
-    });
+    }
     ZP_CUDA_LAUNCH_CHECK();
     if (p.parts > 1)
       launch_dependent(paged_combine_kernel<T>, dim3(unsigned(num_tokens), unsigned(Hq)), dim3(128), 0, s,
