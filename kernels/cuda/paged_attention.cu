@@ -28,6 +28,9 @@
 // visible length), so prefill chunks run correctly too, just without tuning.
 // Few rows (a decode step of a handful of sequences) take paged_decode_kernel instead: a block per
 // query head and a short partition of the keys, the partitions merged by the last block to finish.
+// A batch of 16-bit rows with 64 or 128 head dims and groups of up to 16 heads takes
+// paged_gqa_mma_kernel, the same layout on tensor cores (its comment); the FMA kernel above keeps the
+// rest (fp32, other head dims, larger groups, unaligned rows).
 #include <algorithm>
 #include <bit>
 #include <climits>
