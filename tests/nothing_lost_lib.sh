@@ -26,6 +26,24 @@ rank_pids() {
   pgrep -f "$tmp" | while read -r p; do [ "$(cat /proc/$p/comm 2>/dev/null)" = zeropipe ] && echo "$p"; done
 }
 
+# requeue_and_restart WHAT (the SLURM tests): after the ranks of job $job were told to stop (WHAT names
+# how), waits until SLURM requeues the job and its batch script, writing to $out, saw status 75; then
+# until the stopped step is gone (else slurmd refuses the rerun: "Job credential revoked"), and starts
+# the rerun at once (a requeued job otherwise waits about two minutes). Needs the caller's state() and
+# fail_with_output().
+requeue_and_restart() {
+  for _ in $(seq 1 600); do
+    case "$(state)" in PENDING|REQUEUED|REQUEUE_HOLD|COMPLETED) break ;; esac
+    sleep 0.1
+  done
+  case "$(state)" in PENDING|REQUEUED|REQUEUE_HOLD) ;; *) fail_with_output "the job did not requeue after $1 (state $(state))" ;; esac
+  grep -q "zeropipe stopped with a checkpoint (status 75): requeueing" "$out" || fail_with_output "the batch script did not see status 75"
+  for _ in $(seq 1 300); do [ -z "$(rank_pids)" ] && ! scontrol listpids "$job" > /dev/null 2>&1 && break; sleep 0.1; done
+  sleep 3
+  scontrol release "$job" 2> /dev/null
+  scontrol update JobId="$job" StartTime=now 2> /dev/null
+}
+
 # wait_for_line FILE PATTERN SECONDS
 wait_for_line() {
   for _ in $(seq 1 $(( $3 * 20 ))); do grep -qE "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done

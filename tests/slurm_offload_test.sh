@@ -75,18 +75,7 @@ done
 
 # Preemption warning: SIGUSR1 to the tasks, as --signal=USR1@T delivers it.
 scancel --signal=USR1 "$job" || fail "scancel --signal=USR1 failed"
-for _ in $(seq 1 600); do
-  case "$(state)" in PENDING|REQUEUED|REQUEUE_HOLD|COMPLETED) break ;; esac
-  sleep 0.1
-done
-case "$(state)" in PENDING|REQUEUED|REQUEUE_HOLD) ;; *) fail_with_output "the job did not requeue after SIGUSR1 (state $(state))" ;; esac
-grep -q "zeropipe stopped with a checkpoint (status 75): requeueing" "$out" || fail_with_output "the batch script did not see status 75"
-# Start the rerun at once (a requeued job otherwise waits about two minutes), once the stopped step
-# is gone (else slurmd refuses it: "Job credential revoked").
-for _ in $(seq 1 300); do [ -z "$(rank_pids)" ] && ! scontrol listpids "$job" > /dev/null 2>&1 && break; sleep 0.1; done
-sleep 3
-scontrol release "$job" 2> /dev/null
-scontrol update JobId="$job" StartTime=now 2> /dev/null
+requeue_and_restart SIGUSR1
 for _ in $(seq 1 1800); do case "$(state)" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) break ;; esac; sleep 0.1; done
 [ "$(state)" = COMPLETED ] || fail_with_output "the job did not complete (state $(state))"
 cp "$out" "$tmp/job.log"

@@ -39,18 +39,7 @@ interrupt() {
     # shellcheck disable=SC2046
     kill -"$sig" $(rank_pids)
   fi
-  for _ in $(seq 1 600); do
-    case "$(state)" in PENDING|REQUEUED|REQUEUE_HOLD) break ;; esac
-    sleep 0.1
-  done
-  case "$(state)" in PENDING|REQUEUED|REQUEUE_HOLD) ;; *) fail_with_output "the job did not requeue after SIG$sig (state $(state))" ;; esac
-  grep -q "zeropipe stopped with a checkpoint (status 75): requeueing" "$out" || fail_with_output "the batch script did not see status 75"
-  # The stopped run's step must be gone before the job may start again (else slurmd refuses it:
-  # "Job credential revoked").
-  for _ in $(seq 1 300); do [ -z "$(rank_pids)" ] && ! scontrol listpids "$job" > /dev/null 2>&1 && break; sleep 0.1; done
-  sleep 3
-  scontrol release "$job" 2> /dev/null
-  scontrol update JobId="$job" StartTime=now 2> /dev/null
+  requeue_and_restart "SIG$sig"
 }
 interrupt USR1 1
 interrupt TERM 2

@@ -10,9 +10,10 @@
 // The RMSNorm input (kernels/row_linear.h) costs no pass of its own: the norm weight is one more
 // pack beside each x pack, and the sum of squares is summed with the dot products (the block's
 // threads cover all of K), its rsqrt applied to the finished sums, since sum_k W x w r = r sum_k W x w.
-// Decoding with resident weights (ConstantWeightsScope), the kernel is a programmatic dependent launch
-// whose first round of weight loads is issued before it waits for the kernel ahead of it: the short
-// kernels between two products (RoPE, attention, SwiGLU) then run while the weights are in flight.
+// It is launched as a programmatic dependent (cuda_common.cuh) and waits for the kernel ahead before it
+// reads anything; decoding with resident weights (ConstantWeightsScope) it issues its first round of
+// weight loads before that wait, so the short kernels between two products (RoPE, attention, SwiGLU)
+// run while the weights are in flight.
 #include <cstdlib>
 #include <cstring>
 
