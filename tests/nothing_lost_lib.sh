@@ -26,11 +26,22 @@ rank_pids() {
   pgrep -f "$tmp" | while read -r p; do [ "$(cat /proc/$p/comm 2>/dev/null)" = zeropipe ] && echo "$p"; done
 }
 
-# requeue_and_restart WHAT (the SLURM tests): after the ranks of job $job were told to stop (WHAT names
-# how), waits until SLURM requeues the job and its batch script, writing to $out, saw status 75; then
-# until the stopped step is gone (else slurmd refuses the rerun: "Job credential revoked"), and starts
-# the rerun at once (a requeued job otherwise waits about two minutes). Needs the caller's state() and
-# fail_with_output().
+# The SLURM tests. start_slurm SOURCE_DIR: a one-node SLURM from ../shared/slurm-local unless one runs.
+start_slurm() {
+  local setup=$1/../shared/slurm-local/setup-slurm.sh
+  sinfo -h -o %T 2> /dev/null | grep -qE '^(idle|mix|alloc)' && return 0
+  [ -x "$setup" ] || [ -f "$setup" ] || fail "no SLURM running and no $setup to start one"
+  bash "$setup" > "$tmp/setup.log" 2>&1 || fail "setting up SLURM failed: $(tail -n 5 "$tmp/setup.log")"
+}
+# state [JOB]: the SLURM state of JOB (default $job). fail_with_output: fail, keeping $out, the job's
+# output file, beside the other logs.
+state() { scontrol show job "${1:-$job}" 2> /dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
+fail_with_output() { cp "$out" "$tmp/job.log" 2> /dev/null; fail "$@"; }
+
+# requeue_and_restart WHAT: after the ranks of job $job were told to stop (WHAT names how), waits
+# until SLURM requeues the job and its batch script, writing to $out, saw status 75; then until the
+# stopped step is gone (else slurmd refuses the rerun: "Job credential revoked"), and starts the rerun
+# at once (a requeued job otherwise waits about two minutes).
 requeue_and_restart() {
   for _ in $(seq 1 600); do
     case "$(state)" in PENDING|REQUEUED|REQUEUE_HOLD|COMPLETED) break ;; esac

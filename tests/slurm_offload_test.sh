@@ -13,11 +13,7 @@
 # Usage: slurm_offload_test.sh ZEROPIPE_BINARY SOURCE_DIR
 bin=$1 src=$2
 source "$(dirname "$0")/nothing_lost_lib.sh"
-setup=$src/../shared/slurm-local/setup-slurm.sh
-if ! sinfo -h -o %T 2> /dev/null | grep -qE '^(idle|mix|alloc)'; then
-  [ -x "$setup" ] || [ -f "$setup" ] || fail "no SLURM running and no $setup to start one"
-  bash "$setup" > "$tmp/setup.log" 2>&1 || fail "setting up SLURM failed: $(tail -n 5 "$tmp/setup.log")"
-fi
+start_slurm "$src"
 export ZEROPIPE_BIN=$bin ZP_CHECKPOINT_DIR=$tmp/ckpt ZP_NVME_DIR=$tmp/nvme
 mkdir -p "$ZP_NVME_DIR"
 steps=200
@@ -48,8 +44,6 @@ echo "job $job"
 trap 'scancel "$job" 2> /dev/null; cleanup' EXIT
 nvme=$ZP_NVME_DIR/zeropipe-$job
 
-state() { scontrol show job "${1:-$job}" 2> /dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
-fail_with_output() { cp "$out" "$tmp/job.log" 2> /dev/null; fail "$@"; }
 # The trajectory of a log: "step | loss | lr | grad norm" of every progress line (no timings).
 trajectory() { grep -E '^step +[0-9]+/' "$1" | sed -E 's/^(step +[0-9]+\/[0-9]+ \| loss [^|]*\| lr [^|]*\| grad norm [^ |]*).*/\1/'; }
 

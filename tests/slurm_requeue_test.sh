@@ -7,11 +7,7 @@
 # Usage: slurm_requeue_test.sh ZEROPIPE_BINARY SOURCE_DIR
 bin=$1 src=$2
 source "$(dirname "$0")/nothing_lost_lib.sh"
-setup=$src/../shared/slurm-local/setup-slurm.sh
-if ! sinfo -h -o %T 2> /dev/null | grep -qE '^(idle|mix|alloc)'; then
-  [ -x "$setup" ] || [ -f "$setup" ] || fail "no SLURM running and no $setup to start one"
-  bash "$setup" > "$tmp/setup.log" 2>&1 || fail "setting up SLURM failed: $(tail -n 5 "$tmp/setup.log")"
-fi
+start_slurm "$src"
 export ZEROPIPE_BIN=$bin ZP_CHECKPOINT_DIR=$tmp/ckpt
 steps=150
 out=$tmp/job.out
@@ -21,8 +17,6 @@ job=$(sbatch --parsable -O -o "$out" slurm/train-1node-5gpu.sbatch configs/demo-
 echo "job $job"
 trap 'scancel "$job" 2> /dev/null; cleanup' EXIT
 
-state() { scontrol show job "$job" 2> /dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
-fail_with_output() { cp "$out" "$tmp/job.log" 2> /dev/null; fail "$@"; }
 # interrupt SIGNAL RUN: waits for run RUN to train 15 steps, signals its ranks, waits for the requeue
 # and starts the rerun at once (a requeued job otherwise waits about two minutes).
 interrupt() {

@@ -891,6 +891,8 @@ void paged_attention_forward(StreamHandle s, DType dt, void* out, const void* q,
       auto go = [&](auto d) {
         constexpr int DD = decltype(d)::value;
         if constexpr (sizeof(T) == 2) {  // never fp32 (above)
+          // Once per process (a rank drives one GPU), at the first, eager use: a decode step's graph is
+          // captured later, and the attribute calls stay out of the capture.
           static const bool smem_allowed = [] {
             allow_dynamic_smem(paged_gqa_mma_kernel<T, DD>, MmaTiles<T, DD>::kBytes, "paged attention (tensor cores)");
             return true;
