@@ -10,6 +10,7 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/host_ops.h"
 
 #ifdef ZP_WITH_CUDA
 #define ZP_KERNEL(...)   \
@@ -32,8 +33,11 @@
 #endif
 
 #ifdef ZP_WITH_CUDA
-#define ZP_KERNEL_CALL(dev, op, ...) \
-  ((dev).is_cuda() ? ::zp::kernels::cuda::op(__VA_ARGS__) : ::zp::kernels::cpu::op(__VA_ARGS__))
+// ZP_HOST_OPS (core/host_ops.h) may send a CUDA run's op to its CPU reference, to bisect a GPU-only
+// numerical difference; unset, that test is one load of a static.
+#define ZP_KERNEL_CALL(dev, op, ...)                                                   \
+  ((dev).is_cuda() && !::zp::runs_on_host(#op) ? ::zp::kernels::cuda::op(__VA_ARGS__) \
+                                              : ::zp::kernels::cpu::op(__VA_ARGS__))
 #else
 #define ZP_KERNEL_CALL(dev, op, ...) \
   ((dev).is_cuda() ? ZP_FATAL("CUDA op " #op " in a CPU-only build") : ::zp::kernels::cpu::op(__VA_ARGS__))

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/host_ops.h"
 #ifdef ZP_WITH_CUDA
 #include "core/cuda_check.h"
 #endif
@@ -114,7 +115,8 @@ class DeviceAllocator final : public Allocator {
     int prev = 0;
     ZP_CUDA_CHECK(cudaGetDevice(&prev));
     if (prev != index_) ZP_CUDA_CHECK(cudaSetDevice(index_));
-    cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, pool_, s);
+    // ZP_HOST_OPS lets CPU references work on device buffers in place: they must be host-readable.
+    cudaError_t e = managed_ ? cudaMallocManaged(&p, bytes) : cudaMallocFromPoolAsync(&p, bytes, pool_, s);
     if (e != cudaSuccess) {
       MemoryStats st = stats();
       ZP_FATAL("out of device memory on cuda:", index_, " allocating ", bytes, " bytes for '", tag,
@@ -126,7 +128,12 @@ class DeviceAllocator final : public Allocator {
     return p;
   }
   void deallocate(void* p, size_t bytes, const std::string& tag, StreamHandle s) override {
-    ZP_CUDA_CHECK(cudaFreeAsync(p, s));
+    if (managed_) {
+      ZP_CUDA_CHECK(cudaDeviceSynchronize());  // cudaFree is not stream-ordered: let the users finish
+      ZP_CUDA_CHECK(cudaFree(p));
+    } else {
+      ZP_CUDA_CHECK(cudaFreeAsync(p, s));
+    }
     note_free(bytes ? bytes : 1, tag);
   }
   Device device() const override { return Device::cuda(index_); }
@@ -134,6 +141,7 @@ class DeviceAllocator final : public Allocator {
  private:
   int index_;
   cudaMemPool_t pool_ = nullptr;
+  const bool managed_ = host_ops_enabled();
 };
 #endif
 
