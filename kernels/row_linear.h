@@ -4,12 +4,16 @@
 //   RmsNorm  f(x)[m, k] = x[m, k] * rsqrt(mean_k x[m, :]^2 + eps) * norm_weight[k]
 // (A SwiGLU input was tried and dropped: every block of the product recomputes f over all of K, and
 // for the down projection, 2048 blocks of silu over 8192 gates, that cost more issue time on an H200
-// than the separate pass it saved.)
+// than the separate pass it saved.) The output may instead be the SwiGLU of a packed gate/up product
+// (RowOutput::SwiGLU): W is then [2N, K], gate rows then up rows as Llama's fused projection packs
+// them, bias (if any) [2N], no residual, and y[m, n] = silu(g) * u with g, u the products of rows n and
+// N + n; the kernel puts both rows of a pair in one block, so the activation costs no pass either.
 // W is [N, K] row-major with leading dimension ldw; x [M, K] has leading dimension ldx; y and
 // residual (nullptr: none; it may be y itself) have leading dimension ldy; bias [N] may be nullptr.
 // f(x) stays in fp32 (the unfused layers round it to dt first), the product accumulates in fp32, and
-// bias and residual are added before the one rounding to dt. Operands and result are dt, 16-bit on
-// CUDA (F32 and F64 on the CPU too).
+// bias, residual and SwiGLU are applied before the one rounding to dt (the unfused layers round the
+// gate and up products first). Operands and result are dt, 16-bit on CUDA (F32 and F64 on the CPU
+// too).
 // row_linear_fits says whether the CUDA kernel takes a problem; callers fall back to the unfused
 // layers otherwise.
 #pragma once
@@ -20,6 +24,7 @@
 namespace zp::kernels {
 
 enum class RowInput : uint8_t { Plain, RmsNorm };
+enum class RowOutput : uint8_t { Plain, SwiGLU };
 
 inline constexpr int64_t kRowLinearMaxRows = 8;
 
@@ -45,7 +50,7 @@ class ConstantWeightsScope {
   bool was_;
 };
 
-ZP_KERNEL(void row_linear(StreamHandle s, DType dt, RowInput in, int64_t M, int64_t N, int64_t K, const void* x,
+ZP_KERNEL(void row_linear(StreamHandle s, DType dt, RowInput in, RowOutput out, int64_t M, int64_t N, int64_t K, const void* x,
                           int64_t ldx, const void* norm_weight, float eps, const void* w, int64_t ldw,
                           const void* bias, void* y, int64_t ldy, const void* residual))
 

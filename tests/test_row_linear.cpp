@@ -38,14 +38,34 @@ TEST(RowLinear, CpuEqualsTheUnfusedLayers) {
     cpu::gemm(nullptr, DType::F64, DType::F64, false, true, M, N, K, 1.f, f.data(), K, w.data(), K, 1.f, want.data(),
               N, GemmEpilogue::Bias, b.data());
     std::vector<double> got(size_t(M * N), NAN);
-    cpu::row_linear(nullptr, DType::F64, in, M, N, K, x.data(), width, nw.data(), 1e-5f, w.data(), K, b.data(),
+    cpu::row_linear(nullptr, DType::F64, in, RowOutput::Plain, M, N, K, x.data(), width, nw.data(), 1e-5f, w.data(), K, b.data(),
                     got.data(), N, r.data());
     for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-9 * (1 + std::abs(want[i]))) << int(in);
     // The residual may be y itself.
     std::vector<double> inplace = r;
-    cpu::row_linear(nullptr, DType::F64, in, M, N, K, x.data(), width, nw.data(), 1e-5f, w.data(), K, b.data(),
+    cpu::row_linear(nullptr, DType::F64, in, RowOutput::Plain, M, N, K, x.data(), width, nw.data(), 1e-5f, w.data(), K, b.data(),
                     inplace.data(), N, inplace.data());
     EXPECT_EQ(inplace, got) << int(in);
+  }
+}
+
+// The SwiGLU output is the packed product (gate rows, then up rows) followed by silu(gate) * up.
+TEST(RowLinear, CpuSwiGluOutputEqualsTheUnfusedLayers) {
+  const int64_t M = 3, F = 5, K = 16;
+  const auto w = to_double(randn(size_t(2 * F * K), 11)), b = to_double(randn(size_t(2 * F), 12));
+  const auto x = to_double(randn(size_t(M * K), 13)), nw = to_double(randn(size_t(K), 14, 0.5f, 1.f));
+  for (RowInput in : {RowInput::Plain, RowInput::RmsNorm}) {
+    std::vector<double> pre(size_t(M * 2 * F)), want(size_t(M * F)), got(size_t(M * F), NAN);
+    cpu::row_linear(nullptr, DType::F64, in, RowOutput::Plain, M, 2 * F, K, x.data(), K, nw.data(), 1e-5f, w.data(), K,
+                    b.data(), pre.data(), 2 * F, nullptr);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < F; ++n) {
+        const double g = pre[size_t(m * 2 * F + n)], u = pre[size_t(m * 2 * F + F + n)];
+        want[size_t(m * F + n)] = g / (1 + std::exp(-g)) * u;
+      }
+    cpu::row_linear(nullptr, DType::F64, in, RowOutput::SwiGLU, M, F, K, x.data(), K, nw.data(), 1e-5f, w.data(), K,
+                    b.data(), got.data(), F, nullptr);
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-9 * (1 + std::abs(want[i]))) << int(in);
   }
 }
 
@@ -81,17 +101,42 @@ TEST(RowLinearGpu, MatchesCpu) {
         auto b = round_to(randn(size_t(c.N), seed++), dt), r = round_to(randn(size_t(c.M * c.N), seed++), dt);
         auto nw = round_to(randn(size_t(c.K), seed++, 0.3f, 1.f), dt);
         std::vector<float> want(size_t(c.M * c.N));
-        cpu::row_linear(nullptr, DType::F32, c.in, c.M, c.N, c.K, x.data(), width, nw.data(), 1e-5f, w.data(), c.K,
+        cpu::row_linear(nullptr, DType::F32, c.in, RowOutput::Plain, c.M, c.N, c.K, x.data(), width, nw.data(), 1e-5f, w.data(), c.K,
                         c.bias ? b.data() : nullptr, want.data(), c.N, c.residual ? r.data() : nullptr);
         Tensor dx = upload(x, dt), dw = upload(w, dt), db = upload(b, dt), dr = upload(r, dt), dn = upload(nw, dt);
         Tensor dy = inplace ? upload(r, dt) : upload(std::vector<float>(size_t(c.M * c.N), NAN), dt);
-        cuda::row_linear(nullptr, dt, c.in, c.M, c.N, c.K, dx.data(), width, dn.data(), 1e-5f, dw.data(), c.K,
+        cuda::row_linear(nullptr, dt, c.in, RowOutput::Plain, c.M, c.N, c.K, dx.data(), width, dn.data(), 1e-5f, dw.data(), c.K,
                          c.bias ? db.data() : nullptr, dy.data(), c.N,
                          !c.residual ? nullptr : inplace ? dy.data() : dr.data());
         EXPECT_LE(rel_error(download(dy), want), tolerance(dt))
             << dtype_name(dt) << " input " << int(c.in) << " M=" << c.M << " N=" << c.N << " K=" << c.K
             << (inplace ? " residual in y" : "");
       }
+}
+
+// The SwiGLU output on the GPU against the CPU reference: each block's share of outputs (2, 1 and
+// K long enough to loop), an output count that leaves the last block half full, bias or none.
+TEST(RowLinearGpu, SwiGluOutputMatchesCpu) {
+  ZP_SKIP_WITHOUT_GPU();
+  uint64_t seed = 90;
+  for (RowInput in : {RowInput::Plain, RowInput::RmsNorm})
+    for (auto [F, K] : {std::pair<int64_t, int64_t>{63, 2048}, {999, 4096}, {25, 8200}})
+      for (int64_t M : {1, 3, 8})
+        for (DType dt : {DType::BF16, DType::F16}) {
+          const bool bias = M != 3;
+          auto x = round_to(randn(size_t(M * K), seed++, 2.f), dt);
+          auto w = round_to(randn(size_t(2 * F * K), seed++, 0.05f), dt);
+          auto b = round_to(randn(size_t(2 * F), seed++), dt), nw = round_to(randn(size_t(K), seed++, 0.3f, 1.f), dt);
+          std::vector<float> want(size_t(M * F));
+          cpu::row_linear(nullptr, DType::F32, in, RowOutput::SwiGLU, M, F, K, x.data(), K, nw.data(), 1e-5f, w.data(),
+                          K, bias ? b.data() : nullptr, want.data(), F, nullptr);
+          Tensor dx = upload(x, dt), dw = upload(w, dt), db = upload(b, dt), dn = upload(nw, dt);
+          Tensor dy = upload(std::vector<float>(size_t(M * F), NAN), dt);
+          cuda::row_linear(nullptr, dt, in, RowOutput::SwiGLU, M, F, K, dx.data(), K, dn.data(), 1e-5f, dw.data(), K,
+                           bias ? db.data() : nullptr, dy.data(), F, nullptr);
+          EXPECT_LE(rel_error(download(dy), want), tolerance(dt))
+              << dtype_name(dt) << " input " << int(in) << " M=" << M << " F=" << F << " K=" << K;
+        }
 }
 
 }  // namespace zp::test
@@ -119,7 +164,7 @@ TEST(RowLinearGpu, ConstantWeightsScopeReadsInputsAfterTheKernelAhead) {
     Tensor rstd = Tensor::empty({1}, DType::F32, Device::cuda(0));
     for (int64_t t = 0; t < steps; ++t) {
       // y = W x + x, then x = rmsnorm(y): each kernel reads what the one before wrote.
-      cuda::row_linear(s, dt, RowInput::Plain, 1, K, K, x.data(), K, nullptr, 0.f, w[size_t(t % 4)].data(), K,
+      cuda::row_linear(s, dt, RowInput::Plain, RowOutput::Plain, 1, K, K, x.data(), K, nullptr, 0.f, w[size_t(t % 4)].data(), K,
                        nullptr, y.data(), K, x.data());
       cuda::rmsnorm_forward(s, dt, x.data(), rstd.data<float>(), y.data(), ones.data(), 1, K, 1e-5f);
     }

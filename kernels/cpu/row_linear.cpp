@@ -6,12 +6,13 @@
 
 namespace zp::kernels::cpu {
 
-void row_linear(StreamHandle, DType dt, RowInput in, int64_t M, int64_t N, int64_t K, const void* x, int64_t ldx,
-                const void* norm_weight, float eps, const void* w, int64_t ldw, const void* bias, void* y,
+void row_linear(StreamHandle, DType dt, RowInput in, RowOutput out, int64_t M, int64_t N, int64_t K, const void* x,
+                int64_t ldx, const void* norm_weight, float eps, const void* w, int64_t ldw, const void* bias, void* y,
                 int64_t ldy, const void* residual) {
   ZP_CHECK(M >= 0 && N >= 0 && K > 0, "row_linear: M=", M, " N=", N, " K=", K);
   ZP_CHECK(ldx >= K && ldw >= K && ldy >= N, "row_linear: ldx=", ldx, " ldw=", ldw, " ldy=", ldy);
   ZP_CHECK(in != RowInput::RmsNorm || norm_weight, "row_linear: RmsNorm without a norm weight");
+  ZP_CHECK(out != RowOutput::SwiGLU || !residual, "row_linear: a SwiGLU output takes no residual");
   ZP_DISPATCH_FLOAT(dt, T, [&] {
     auto* px = static_cast<const T*>(x);
     auto* pw = static_cast<const T*>(w);
@@ -32,12 +33,21 @@ void row_linear(StreamHandle, DType dt, RowInput in, int64_t M, int64_t N, int64
         const double v = double(xr[k]);
         f[size_t(k)] = in == RowInput::RmsNorm ? v * r * double(nw[k]) : v;
       }
-      for (int64_t n = 0; n < N; ++n) {
+      auto product = [&](int64_t row) {
         double acc = 0;
-        for (int64_t k = 0; k < K; ++k) acc += f[size_t(k)] * double(pw[n * ldw + k]);
-        if (pb) acc += double(pb[n]);
-        if (pr) acc += double(pr[m * ldy + n]);
-        py[m * ldy + n] = T(acc);
+        for (int64_t k = 0; k < K; ++k) acc += f[size_t(k)] * double(pw[row * ldw + k]);
+        return pb ? acc + double(pb[row]) : acc;
+      };
+      for (int64_t n = 0; n < N; ++n) {
+        double v;
+        if (out == RowOutput::SwiGLU) {
+          const double g = product(n), u = product(N + n);
+          v = g / (1.0 + std::exp(-g)) * u;
+        } else {
+          v = product(n);
+          if (pr) v += double(pr[m * ldy + n]);
+        }
+        py[m * ldy + n] = T(v);
       }
     }
   });

@@ -10,6 +10,8 @@
 // The RMSNorm input (kernels/row_linear.h) costs no pass of its own: the norm weight is one more
 // pack beside each x pack, and the sum of squares is summed with the dot products (the block's
 // threads cover all of K), its rsqrt applied to the finished sums, since sum_k W x w r = r sum_k W x w.
+// A SwiGLU output (RowOutput::SwiGLU) gives each block RB / 2 outputs and, for each, its gate row and
+// its up row as the block's RB weight rows, so silu(g) * u is one more step of the same epilogue.
 // It is launched as a programmatic dependent (cuda_common.cuh) and waits for the kernel ahead before it
 // reads anything; decoding with resident weights (ConstantWeightsScope) it issues its first round of
 // weight loads before that wait, so the short kernels between two products (RoPE, attention, SwiGLU)
@@ -27,12 +29,22 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 
-template <class T, int M, int RB, int U, RowInput IN>
+// N is the number of outputs; W has N rows, or 2N (gate rows, then up rows) with a SwiGLU output.
+template <class T, int M, int RB, int U, RowInput IN, RowOutput OUT>
 __global__ void __launch_bounds__(kThreads)
     row_linear_kernel(T* C, int64_t ldc, const T* __restrict__ A, int64_t lda, const T* __restrict__ W, int64_t ldw,
                        int N, int K, const T* __restrict__ bias, const T* c_in, float beta,
                        const T* __restrict__ norm_w, float eps, bool weights_first) {
   using P = Pack<T, 8>;
+  constexpr bool kSwiGLU = OUT == RowOutput::SwiGLU;
+  static_assert(!kSwiGLU || RB % 2 == 0, "a SwiGLU block takes pairs of rows");
+  constexpr int kOut = kSwiGLU ? RB / 2 : RB;  // outputs per block
+  const int n0 = int(blockIdx.x) * kOut;  // the block's first output
+  // Weight row of the block's row r (clamped to a real row past the end; its sum is never written).
+  auto weight_row = [&](int r) -> int64_t {
+    if constexpr (kSwiGLU) return r < kOut ? min(n0 + r, N - 1) : int64_t(N) + min(n0 + r - kOut, N - 1);
+    else return min(n0 + r, N - 1);
+  };
   pdl_launch_dependents();
   // Everything but the weights may come from the kernel ahead; each thread waits for it once.
   bool waited = !weights_first;
@@ -41,7 +53,6 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float partial[kWarps][RB][M];
   __shared__ float sq_partial[kWarps][M];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int n0 = blockIdx.x * RB;
   const int packs = K / 8;
   float acc[RB][M], sq[M];
 #pragma unroll
@@ -54,7 +65,7 @@ __global__ void __launch_bounds__(kThreads)
     P wv[RB][U];
 #pragma unroll
     for (int r = 0; r < RB; ++r) {
-      const int4* w = reinterpret_cast<const int4*>(W + int64_t(min(n0 + r, N - 1)) * ldw);
+      const int4* w = reinterpret_cast<const int4*>(W + weight_row(r) * ldw);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int p = p0 + u * kThreads;
@@ -120,20 +131,32 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < RB * M; i += kThreads) {
+  for (int i = threadIdx.x; i < kOut * M; i += kThreads) {
     const int r = i / M, m = i % M, n = n0 + r;
     if (n >= N) continue;
-    float v = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) v += partial[w][r][m];
+    float rstd = 1.f;
     if constexpr (kNorm) {
       float ss = 0.f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) ss += sq_partial[w][m];
-      v *= rsqrtf(ss / float(K) + eps);
+      rstd = rsqrtf(ss / float(K) + eps);
     }
-    if (bias) v += to_f(bias[n]);
-    if (beta != 0.f) v += beta * to_f(c_in[m * ldc + n]);
+    // The product of the block's row rr, weight row `row`.
+    auto product = [&](int rr, int64_t row) {
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) v += partial[w][rr][m];
+      v *= rstd;
+      return bias ? v + to_f(bias[row]) : v;
+    };
+    float v;
+    if constexpr (kSwiGLU) {
+      const float g = product(r, n), u = product(r + kOut, int64_t(N) + n);
+      v = g / (1.f + expf(-g)) * u;
+    } else {
+      v = product(r, n);
+      if (beta != 0.f) v += beta * to_f(c_in[m * ldc + n]);
+    }
     C[m * ldc + n] = from_f<T>(v);
   }
 }
@@ -148,6 +171,7 @@ bool enabled() {
 
 struct Problem {
   RowInput in;
+  RowOutput out;
   int64_t N, K;
   const void *A, *B, *bias, *c_in, *norm_w;
   int64_t lda, ldb, ldc;
@@ -156,13 +180,14 @@ struct Problem {
 };
 
 // RB x U = 8 loads of 16 bytes in flight per thread: the fewer packs K gives each thread, the more
-// rows a block takes. K beyond 8 x 128 packs loops.
-template <class T, int M, RowInput IN>
+// rows a block takes (a SwiGLU block at least a pair). K beyond 8 x 128 packs loops.
+template <class T, int M, RowInput IN, RowOutput OUT>
 void launch(StreamHandle s, const Problem& q) {
   const int64_t per_thread = (q.K / 8 + kThreads - 1) / kThreads;
   auto go = [&](auto rb, auto u) {
     constexpr int RB = decltype(rb)::value, U = decltype(u)::value;
-    launch_dependent(row_linear_kernel<T, M, RB, U, IN>, dim3(ceil_div(q.N, RB)), dim3(kThreads), 0, s,
+    constexpr int outputs = OUT == RowOutput::SwiGLU ? RB / 2 : RB;
+    launch_dependent(row_linear_kernel<T, M, RB, U, IN, OUT>, dim3(ceil_div(q.N, outputs)), dim3(kThreads), 0, s,
                      static_cast<T*>(q.C), q.ldc, static_cast<const T*>(q.A), q.lda, static_cast<const T*>(q.B),
                      q.ldb, int(q.N), int(q.K), static_cast<const T*>(q.bias),
                      static_cast<const T*>(q.c_in ? q.c_in : q.C), q.beta, static_cast<const T*>(q.norm_w), q.eps,
@@ -170,7 +195,14 @@ void launch(StreamHandle s, const Problem& q) {
   };
   if (per_thread <= 2) go(std::integral_constant<int, 4>{}, std::integral_constant<int, 2>{});
   else if (per_thread <= 4) go(std::integral_constant<int, 2>{}, std::integral_constant<int, 4>{});
+  else if constexpr (OUT == RowOutput::SwiGLU) go(std::integral_constant<int, 2>{}, std::integral_constant<int, 4>{});
   else go(std::integral_constant<int, 1>{}, std::integral_constant<int, 8>{});
+}
+
+template <class T, int M, RowInput IN>
+void launch_out(StreamHandle s, const Problem& q) {
+  if (q.out == RowOutput::SwiGLU) return launch<T, M, IN, RowOutput::SwiGLU>(s, q);
+  launch<T, M, IN, RowOutput::Plain>(s, q);
 }
 
 template <class T, int M = 1>
@@ -179,8 +211,8 @@ void launch_rows(int64_t rows, StreamHandle s, const Problem& q) {
     if (rows > M) return launch_rows<T, M + 1>(rows, s, q);
   }
   switch (q.in) {
-    case RowInput::Plain: return launch<T, M, RowInput::Plain>(s, q);
-    case RowInput::RmsNorm: return launch<T, M, RowInput::RmsNorm>(s, q);
+    case RowInput::Plain: return launch_out<T, M, RowInput::Plain>(s, q);
+    case RowInput::RmsNorm: return launch_out<T, M, RowInput::RmsNorm>(s, q);
   }
 }
 
@@ -197,21 +229,22 @@ void run(StreamHandle s, DType dt, int64_t M, const Problem& q) {
 bool decode_gemv(StreamHandle s, DType dt, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
                  int64_t ldb, float beta, void* C, int64_t ldc, const void* bias, const void* c_in) {
   if (!enabled() || N < 1 || N > INT32_MAX || !row_linear_fits(dt, M, K, lda, A, ldb, B, nullptr)) return false;
-  run(s, dt, M, {RowInput::Plain, N, K, A, B, bias, c_in, nullptr, lda, ldb, ldc, beta, 0.f, C});
+  run(s, dt, M, {RowInput::Plain, RowOutput::Plain, N, K, A, B, bias, c_in, nullptr, lda, ldb, ldc, beta, 0.f, C});
   return true;
 }
 
-void row_linear(StreamHandle s, DType dt, RowInput in, int64_t M, int64_t N, int64_t K, const void* x, int64_t ldx,
-                const void* norm_weight, float eps, const void* w, int64_t ldw, const void* bias, void* y,
+void row_linear(StreamHandle s, DType dt, RowInput in, RowOutput out, int64_t M, int64_t N, int64_t K, const void* x,
+                int64_t ldx, const void* norm_weight, float eps, const void* w, int64_t ldw, const void* bias, void* y,
                 int64_t ldy, const void* residual) {
-  ZP_CHECK(M >= 0 && N >= 0 && N <= INT32_MAX && ldy >= N && ldx >= K,
+  ZP_CHECK(M >= 0 && N >= 0 && N <= INT32_MAX / 2 && ldy >= N && ldx >= K,
            "row_linear: M=", M, " N=", N, " ldx=", ldx, " ldy=", ldy);
   ZP_CHECK(in != RowInput::RmsNorm || norm_weight, "row_linear: RmsNorm without a norm weight");
+  ZP_CHECK(out != RowOutput::SwiGLU || !residual, "row_linear: a SwiGLU output takes no residual");
   if (M == 0 || N == 0) return;
   ZP_CHECK(row_linear_fits(dt, M, K, ldx, x, ldw, w, in == RowInput::RmsNorm ? norm_weight : nullptr),
            "row_linear: ", dtype_name(dt), " M=", M, " K=", K, " ldx=", ldx, " ldw=", ldw,
            " is not a problem the CUDA kernel takes (see row_linear_fits)");
-  run(s, dt, M, {in, N, K, x, w, bias, residual, norm_weight, ldx, ldw, ldy, residual ? 1.f : 0.f, eps, y});
+  run(s, dt, M, {in, out, N, K, x, w, bias, residual, norm_weight, ldx, ldw, ldy, residual ? 1.f : 0.f, eps, y});
 }
 
 }  // namespace zp::kernels::cuda

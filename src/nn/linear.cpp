@@ -159,8 +159,8 @@ void Linear::forward_normed(const Ctx& c, void* y, const void* x, const Norm& no
                             const void* residual) const {
   const void* nw = norm.rms_weight();
   if (nw && rows_fit(c, N, x, in_, nw)) {
-    ZP_KERNEL_CALL(c.dev, row_linear, c.s, c.dt, RowInput::RmsNorm, N, out_, in_, x, in_, nw, norm.eps(), w_->v(), in_,
-                   b_ ? b_->v() : nullptr, y, out_, residual);
+    ZP_KERNEL_CALL(c.dev, row_linear, c.s, c.dt, RowInput::RmsNorm, RowOutput::Plain, N, out_, in_, x, in_, nw,
+                   norm.eps(), w_->v(), in_, b_ ? b_->v() : nullptr, y, out_, residual);
     return;
   }
   Ctx working = c;
@@ -169,6 +169,14 @@ void Linear::forward_normed(const Ctx& c, void* y, const void* x, const Norm& no
   Norm::Saved unused;
   norm.forward(working, a.data(), x, N, unused);
   forward(c, y, a.data(), N, 0, residual);
+}
+
+bool Linear::forward_normed_swiglu(const Ctx& c, void* y, const void* x, const Norm& norm, int64_t N) const {
+  const void* nw = norm.rms_weight();
+  if (!nw || out_ % 2 != 0 || !rows_fit(c, N, x, in_, nw)) return false;
+  ZP_KERNEL_CALL(c.dev, row_linear, c.s, c.dt, RowInput::RmsNorm, RowOutput::SwiGLU, N, out_ / 2, in_, x, in_, nw,
+                 norm.eps(), w_->v(), in_, b_ ? b_->v() : nullptr, y, out_ / 2, nullptr);
+  return true;
 }
 
 void Linear::forward_gelu(const Ctx& c, void* y, void* pre, const void* x, int64_t N) const {

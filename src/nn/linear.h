@@ -55,6 +55,10 @@ class Linear {
   // otherwise the norm runs first and then forward(). Nothing is kept.
   void forward_normed(const Ctx& c, void* y, const void* x, const Norm& norm, int64_t N,
                       const void* residual = nullptr) const;
+  // The same for a packed [gate | up] projection (2F outputs) with the SwiGLU applied to its product:
+  // y[N, F] = silu(gate) * up, in one kernel, where that kernel takes the problem (as forward_normed's
+  // fused case). Returns false, having done nothing, where it does not.
+  bool forward_normed_swiglu(const Ctx& c, void* y, const void* x, const Norm& norm, int64_t N) const;
   // y = gelu(pre), pre = x W^T + b, both from one GEMM (its epilogue applies the tanh GELU).
   void forward_gelu(const Ctx& c, void* y, void* pre, const void* x, int64_t N) const;
   // dW += dy^T x, db += colsum(dy); dx = dy W (or dx += when accumulate_dx); dx may be nullptr.

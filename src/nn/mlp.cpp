@@ -31,9 +31,12 @@ void Mlp::forward_normed(const Ctx& c, void* y, const void* x, const Norm& norm,
   Ctx working = c;
   working.saves = false;
   if (kind_ == MlpKind::SwiGLU) {
-    Tensor pre = c.act({N, up_.out()}), h = c.act({N, hidden()});
-    up_.forward_normed(working, pre.data(), x, norm, N);
-    activate(working, h.data(), pre.data(), N);
+    Tensor h = c.act({N, hidden()});
+    if (!up_.forward_normed_swiglu(working, h.data(), x, norm, N)) {
+      Tensor pre = c.act({N, up_.out()});
+      up_.forward_normed(working, pre.data(), x, norm, N);
+      activate(working, h.data(), pre.data(), N);
+    }
     down_.forward(working, y, h.data(), N, 0, residual);
     return;
   }
