@@ -28,4 +28,12 @@ ZP_KERNEL(void rope_backward(StreamHandle s, DType dt, void* dx, const void* dy,
                              int64_t D, float theta, int64_t pos_offset, int64_t row_stride = 0,
                              const int32_t* positions = nullptr))
 
+// A decode step's two kernels in one: rope_forward on the q and k heads of N packed [q | k | v]
+// projection rows (in place; row_stride = the row width, positions int32 [N], required), then
+// kv_cache_write (kernels/paged_attention.h) of the rotated keys and the values to their slots. The
+// same numbers as those two calls, which are its definition and its CPU reference.
+ZP_KERNEL(void rope_kv_cache_write(StreamHandle s, DType dt, void* qkv, int64_t N, int64_t Hq, int64_t Hkv, int64_t D,
+                                   int64_t row_stride, float theta, const int32_t* positions, void* k_cache,
+                                   void* v_cache, const int32_t* slots, int64_t block_size))
+
 }  // namespace zp::kernels

@@ -8,6 +8,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/paged_attention.h"
+#include "kernels/rope.h"
 #include "test_util.h"
 
 namespace zp::test {
@@ -274,6 +275,46 @@ TEST(PagedAttentionGpu, CacheWriteUnalignedMatchesCpu) {
                          stride, stride, g.slots.data<int32_t>(), P.c.block_size);
     EXPECT_EQ(mismatches(download(g.kc), kc), 0u) << dtype_name(dt);
     EXPECT_EQ(mismatches(download(g.vc), vc), 0u) << dtype_name(dt);
+  }
+}
+
+// rope_kv_cache_write gives on a GPU, bit for bit, what its two kernels give there (rope_forward in
+// place, then kv_cache_write), and what the CPU reference gives within the dtype's tolerance. Rows
+// with slot -1 (padding tokens) are rotated but not stored; Hq > Hkv (GQA) and a padded row width.
+TEST(PagedAttentionGpu, RopeAndCacheWriteInOneKernelEqualsTheTwo) {
+  ZP_SKIP_WITHOUT_GPU();
+  PagedProblem P({6, 2, 64, 16, {40, 7, 19}, {1, 1, 1}}, 11);
+  const int64_t Hq = P.c.Hq, Hkv = P.c.Hkv, D = P.c.D, W = (Hq + 2 * Hkv) * D + 8, N = P.rows;
+  const float theta = 500000.f;
+  std::vector<float> positions_f(static_cast<size_t>(N));
+  std::vector<int32_t> positions(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = int32_t((n * 977) % 5000), positions_f[size_t(n)] = float(positions[size_t(n)]);
+  for (DType dt : gpu_float_dtypes()) {
+    SCOPED_TRACE(dtype_name(dt));
+    const std::vector<float> qkv = round_to(randn(size_t(N * W), 12, 2.f), dt);
+    std::vector<float> want = qkv, kc(size_t(P.cache_size()), kUntouched), vc(kc);
+    cpu::rope_kv_cache_write(nullptr, DType::F32, want.data(), N, Hq, Hkv, D, W, theta, positions.data(), kc.data(),
+                             vc.data(), P.slots.data(), P.c.block_size);
+    want = round_to(want, dt);
+    GpuData g = upload_problem(P, dt);
+    const Tensor pos = upload(positions_f, DType::I32);
+    Tensor fused = upload(qkv, dt), two = upload(qkv, dt);
+    Tensor kc2 = upload(std::vector<float>(size_t(P.cache_size()), kUntouched), dt), vc2 = upload(download(kc2), dt);
+    cuda::rope_kv_cache_write(nullptr, dt, fused.data(), N, Hq, Hkv, D, W, theta, pos.data<int32_t>(), g.kc.data(),
+                              g.vc.data(), g.slots.data<int32_t>(), P.c.block_size);
+    char* base = static_cast<char*>(two.data());
+    const size_t esz = dtype_size(dt);
+    cuda::rope_forward(nullptr, dt, base, base, 1, N, Hq + Hkv, D, theta, 0, W, pos.data<int32_t>());
+    cuda::kv_cache_write(nullptr, dt, kc2.data(), vc2.data(), base + size_t(Hq * D) * esz,
+                         base + size_t((Hq + Hkv) * D) * esz, N, Hkv, D, W, W, g.slots.data<int32_t>(),
+                         P.c.block_size);
+    EXPECT_EQ(mismatches(download(fused), download(two)), 0u) << "rotated rows";
+    EXPECT_EQ(mismatches(download(g.kc), download(kc2)), 0u) << "k cache";
+    EXPECT_EQ(mismatches(download(g.vc), download(vc2)), 0u) << "v cache";
+    EXPECT_EQ(mismatches(download(g.vc), vc), 0u) << "v cache against the CPU";
+    EXPECT_LE(rel_error(download(fused), want), tolerance(dt)) << "rotated rows against the CPU";
+    EXPECT_LE(rel_error(download(g.kc), kc), tolerance(dt)) << "k cache against the CPU";
+    EXPECT_GT(rel_error(download(fused), qkv), 0.1) << "the rotation changed the rows";
   }
 }
 

@@ -1,5 +1,7 @@
 #include "kernels/rope.h"
 
+#include "kernels/paged_attention.h"
+
 #include <cmath>
 #include <vector>
 
@@ -51,6 +53,18 @@ void rope_forward(StreamHandle, DType dt, void* y, const void* x, int64_t B, int
 void rope_backward(StreamHandle, DType dt, void* dx, const void* dy, int64_t B, int64_t T, int64_t H, int64_t D,
                    float theta, int64_t pos_offset, int64_t row_stride, const int32_t* positions) {
   rope_apply(dt, dx, dy, B, T, H, D, theta, pos_offset, row_stride ? row_stride : H * D, positions, -1.0);
+}
+
+void rope_kv_cache_write(StreamHandle s, DType dt, void* qkv, int64_t N, int64_t Hq, int64_t Hkv, int64_t D,
+                         int64_t row_stride, float theta, const int32_t* positions, void* k_cache, void* v_cache,
+                         const int32_t* slots, int64_t block_size) {
+  ZP_CHECK(positions, "rope_kv_cache_write: positions are required");
+  ZP_CHECK(row_stride >= (Hq + 2 * Hkv) * D, "rope_kv_cache_write: row stride ", row_stride, " too small");
+  rope_forward(s, dt, qkv, qkv, 1, N, Hq + Hkv, D, theta, 0, row_stride, positions);
+  const size_t esz = dtype_size(dt);
+  const char* base = static_cast<const char*>(qkv);
+  kv_cache_write(s, dt, k_cache, v_cache, base + size_t(Hq * D) * esz, base + size_t((Hq + Hkv) * D) * esz, N, Hkv, D,
+                 row_stride, row_stride, slots, block_size);
 }
 
 }  // namespace zp::kernels::cpu

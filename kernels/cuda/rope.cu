@@ -20,6 +20,16 @@ struct InvFreq {
   float v[kMaxHalf];
 };
 
+// The rotation of one pair by angle a (times sign = +-1), with explicit FMAs so that both kernels
+// below round exactly alike (rope_kv_cache_write promises rope_forward's numbers).
+__device__ __forceinline__ void rotate_pair(float x1, float x2, float a, float sign, float& y1, float& y2) {
+  float sn, c;
+  sincosf(a, &sn, &c);
+  sn *= sign;
+  y1 = fmaf(x1, c, -(x2 * sn));
+  y2 = fmaf(x2, c, x1 * sn);
+}
+
 // I: the index type of the (token, head, pair) enumeration, 32-bit when it fits (64-bit division
 // would cost more than the rotation).
 template <class T, class I>
@@ -31,14 +41,11 @@ __global__ void rope_kernel(T* y, const T* x, I BT, I T_, I H, I D, int64_t pos_
   for (I p = blockIdx.x * I(blockDim.x) + threadIdx.x; p < total; p += I(gridDim.x) * blockDim.x) {
     const I bt = p / per_token, r = p - bt * per_token, h = r / half, i = r - h * half, t = bt % T_;
     const int64_t pos = positions ? int64_t(positions[bt]) : pos_offset + t;
-    const float a = float(pos) * inv_freq.v[i];
-    float sn, c;
-    sincosf(a, &sn, &c);
-    sn *= sign;
     const int64_t off = int64_t(bt) * row_stride + int64_t(h) * D + i;
-    const float x1 = to_f(x[off]), x2 = to_f(x[off + half]);
-    y[off] = from_f<T>(x1 * c - x2 * sn);
-    y[off + half] = from_f<T>(x2 * c + x1 * sn);
+    float y1, y2;
+    rotate_pair(to_f(x[off]), to_f(x[off + half]), float(pos) * inv_freq.v[i], sign, y1, y2);
+    y[off] = from_f<T>(y1);
+    y[off + half] = from_f<T>(y2);
   }
 }
 
@@ -66,7 +73,65 @@ void rope_apply(StreamHandle s, DType dt, void* y, const void* x, int64_t B, int
   ZP_CUDA_LAUNCH_CHECK();
 }
 
+// rope_kv_cache_write: the rotation above over the q and k heads of each packed row, a rotated key
+// pair also stored to the key cache, and then one more item per value pair, copied to the value cache.
+template <class T, class I>
+__global__ void rope_kv_cache_kernel(T* qkv, I N, I Hq, I Hkv, I D, int64_t row_stride,
+                                     const int32_t* __restrict__ positions, T* __restrict__ kc, T* __restrict__ vc,
+                                     const int32_t* __restrict__ slots, const __grid_constant__ InvFreq inv_freq) {
+  pdl_launch_dependents();
+  pdl_wait();
+  const I half = D / 2, rotated = (Hq + Hkv) * half, per_token = rotated + Hkv * half, total = N * per_token;
+  for (I p = blockIdx.x * I(blockDim.x) + threadIdx.x; p < total; p += I(gridDim.x) * blockDim.x) {
+    const I n = p / per_token, r = p - n * per_token;
+    const int32_t slot = slots[n];
+    T* row = qkv + int64_t(n) * row_stride;
+    if (r < rotated) {
+      const I h = r / half, i = r - h * half;
+      const int64_t off = int64_t(h) * D + i;
+      float f1, f2;
+      rotate_pair(to_f(row[off]), to_f(row[off + half]), float(positions[n]) * inv_freq.v[i], 1.f, f1, f2);
+      const T y1 = from_f<T>(f1), y2 = from_f<T>(f2);
+      row[off] = y1;
+      row[off + half] = y2;
+      if (h >= Hq && slot >= 0) {
+        T* k = kc + (int64_t(slot) * Hkv + (h - Hq)) * D + i;
+        k[0] = y1;
+        k[half] = y2;
+      }
+    } else if (slot >= 0) {
+      const I j = r - rotated, h = j / half, i = j - h * half;
+      const T* v = row + (int64_t(Hq + Hkv) + h) * D + i;
+      T* out = vc + (int64_t(slot) * Hkv + h) * D + i;
+      out[0] = v[0];
+      out[half] = v[half];
+    }
+  }
+}
+
 }  // namespace
+
+void rope_kv_cache_write(StreamHandle s, DType dt, void* qkv, int64_t N, int64_t Hq, int64_t Hkv, int64_t D,
+                         int64_t row_stride, float theta, const int32_t* positions, void* k_cache, void* v_cache,
+                         const int32_t* slots, int64_t block_size) {
+  ZP_CHECK(N >= 0 && Hq > 0 && Hkv > 0 && D > 0 && D % 2 == 0 && D / 2 <= kMaxHalf && block_size > 0, "N=", N,
+           " Hq=", Hq, " Hkv=", Hkv, " D=", D);
+  ZP_CHECK(theta > 0 && positions, "rope_kv_cache_write: theta ", theta, ", positions are required");
+  ZP_CHECK(row_stride >= (Hq + 2 * Hkv) * D, "rope_kv_cache_write: row stride ", row_stride, " too small");
+  const int64_t half = D / 2, total = N * (Hq + 2 * Hkv) * half;
+  if (total == 0) return;
+  ZP_CHECK(total < (int64_t(1) << 31) - int64_t(65535) * 8 * 256, "rope_kv_cache_write: ", N, " rows is too many");
+  InvFreq inv_freq{};
+  for (int64_t i = 0; i < half; ++i) inv_freq.v[i] = 1.0f / std::pow(theta, float(2 * i) / float(D));
+  const int64_t blocks = (total + 255) / 256;
+  const unsigned grid = unsigned(blocks < 65535 * 8 ? blocks : 65535 * 8);
+  ZP_CUDA_DISPATCH_FLOAT(dt, E, [&] {
+    launch_dependent(rope_kv_cache_kernel<E, uint32_t>, dim3(grid), dim3(256), 0, s, static_cast<E*>(qkv), uint32_t(N),
+                     uint32_t(Hq), uint32_t(Hkv), uint32_t(D), row_stride, positions, static_cast<E*>(k_cache),
+                     static_cast<E*>(v_cache), slots, inv_freq);
+  });
+  ZP_CUDA_LAUNCH_CHECK();
+}
 
 void rope_forward(StreamHandle s, DType dt, void* y, const void* x, int64_t B, int64_t T, int64_t H, int64_t D,
                   float theta, int64_t pos_offset, int64_t row_stride, const int32_t* positions) {

@@ -41,9 +41,11 @@ void SelfAttention::forward_cached(const Ctx& c, void* y, const void* x, const C
   char* base = static_cast<char*>(qkv.data());
   const size_t esz = dtype_size(c.dt), ko = size_t(Hq * D) * esz, vo = size_t((Hq + Hkv) * D) * esz;
   if (sh_.rope)
-    ZP_KERNEL_CALL(c.dev, rope_forward, c.s, c.dt, base, base, 1, N, Hq + Hkv, D, sh_.rope_theta, 0, W, b.positions);
-  ZP_KERNEL_CALL(c.dev, kv_cache_write, c.s, c.dt, cache.k(layer), cache.v(layer), base + ko, base + vo, N, Hkv, D, W,
-                 W, b.slots, cache.block_size());
+    ZP_KERNEL_CALL(c.dev, rope_kv_cache_write, c.s, c.dt, base, N, Hq, Hkv, D, W, sh_.rope_theta, b.positions,
+                   cache.k(layer), cache.v(layer), b.slots, cache.block_size());
+  else
+    ZP_KERNEL_CALL(c.dev, kv_cache_write, c.s, c.dt, cache.k(layer), cache.v(layer), base + ko, base + vo, N, Hkv, D,
+                   W, W, b.slots, cache.block_size());
   Tensor att = c.act({N, Hq * D});
   const float scale = attention_default_scale(D);
   // Fresh prompts see only themselves: one packed row through the flash kernels, a segment per
