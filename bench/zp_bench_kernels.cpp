@@ -250,6 +250,7 @@ void BM_Conv2d(benchmark::State& st) {
 }
 BENCHMARK(BM_Conv2d)->ArgNames({"N", "Cin", "HW", "Cout", "op"})
     ->Args({8, 320, 64, 320, 0})->Args({8, 320, 64, 320, 1})->Args({8, 320, 64, 320, 2})
+    ->Args({8, 640, 32, 640, 0})->Args({8, 1280, 16, 1280, 0})->Args({8, 1280, 8, 1280, 0})  // SD 1.5's other levels
     ->UseManualTime()->Unit(benchmark::kMillisecond);
 
 // --- Cross-entropy over GPT-2's padded vocabulary: forward reads the logits, backward reads and writes them.

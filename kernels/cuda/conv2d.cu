@@ -4,9 +4,12 @@
 // dw ourselves; for f32 it accumulates straight into dw (beta = 1). Per (device, dtype, shape) we
 // cache descriptors and the algorithms the v7 heuristics rank first, preferring deterministic ones
 // and, for f32, plain FMA math (never TF32) so that f32 matches the CPU reference at 1e-5.
-// The bias is written into y first and cuDNN adds the product to it (beta = 1, blended in fp32), so
-// a bf16/f16 output is rounded once, as the CPU reference does, not once after the product and again
-// after a separate bias add.
+// The bias is written into y first and cuDNN adds the product to it (beta = 1), meant to blend in fp32
+// so that a bf16/f16 output is rounded once, as the CPU reference does. Measured on an H200 (cuDNN
+// 9.14), IMPLICIT_PRECOMP_GEMM's 16-bit kernels act as if they rounded the product before the blend:
+// 26-30% of outputs miss the exact sum's nearest bf16 (tests/test_conv2d.cpp). IMPLICIT_GEMM and GEMM
+// blend right but run 10x slower; one rounding at tensor-core speed needs cuDNN's graph API (an fp32
+// intermediate).
 #include <cudnn.h>
 
 #include <array>
