@@ -34,7 +34,7 @@
 
 #ifdef ZP_WITH_CUDA
 // ZP_HOST_OPS (core/host_ops.h) may send a CUDA run's op to its CPU reference, to bisect a GPU-only
-// numerical difference; unset, that test is one load of a static.
+// numerical difference; unset, that test is a call that reads one flag.
 #define ZP_KERNEL_CALL(dev, op, ...)                                                   \
   ((dev).is_cuda() && !::zp::runs_on_host(#op) ? ::zp::kernels::cuda::op(__VA_ARGS__) \
                                               : ::zp::kernels::cpu::op(__VA_ARGS__))

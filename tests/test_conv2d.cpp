@@ -192,6 +192,15 @@ struct ExactRounding {
             conv_shape(2, 32, 8, 8, 32, 3, 3, 1, 1, 1, 1),    conv_shape(2, 64, 8, 8, 32, 3, 3, 1, 1, 1, 1),
             conv_shape(2, 64, 8, 8, 32, 1, 1, 1, 1, 0, 0),    conv_shape(2, 48, 16, 16, 16, 3, 3, 1, 1, 1, 1)};
   }
+  // A shape's bf16 operands: x, w (scaled to keep y near unit size), a bias and an upstream gradient.
+  struct Operands {
+    std::vector<float> x, w, b, dy;
+    Operands(const Conv2dShape& c, uint64_t seed)
+        : x(round_to(randn(size_t(c.x_numel()), seed), dt)),
+          w(round_to(randn(size_t(c.w_numel()), seed + 1, 1.f / std::sqrt(float(c.Cin * c.KH * c.KW))), dt)),
+          b(round_to(randn(size_t(c.Cout), seed + 2), dt)),
+          dy(round_to(randn(size_t(c.y_numel()), seed + 3), dt)) {}
+  };
   // Checks that at most 1% of `got` differ from the exact value's nearest bf16, and prints that share
   // and how many are not even a neighbouring bf16.
   static void check(const std::vector<float>& got, const std::vector<double>& exact, const char* what,
@@ -215,9 +224,8 @@ TEST(Conv2dGpu, Bf16ProductsAreExactSumsRoundedOnce) {
   const DType dt = ExactRounding::dt;
   uint64_t seed = 300;
   for (const auto& c : ExactRounding::shapes()) {
-    const float wscale = 1.f / std::sqrt(float(c.Cin * c.KH * c.KW));
-    const auto x = round_to(randn(size_t(c.x_numel()), ++seed), dt), w = round_to(randn(size_t(c.w_numel()), ++seed, wscale), dt);
-    const auto dy = round_to(randn(size_t(c.y_numel()), ++seed), dt);
+    const ExactRounding::Operands o(c, seed += 4);
+    const auto &x = o.x, &w = o.w, &dy = o.dy;
     std::vector<double> y(size_t(c.y_numel())), dx(size_t(c.x_numel()));
     const auto xd = to_double(x), wd = to_double(w), dyd = to_double(dy);
     cpu::conv2d_forward(nullptr, DType::F64, y.data(), xd.data(), wd.data(), nullptr, c);
@@ -240,9 +248,8 @@ TEST(Conv2dGpu, Bf16BiasIsAddedBeforeTheOneRounding) {
   const DType dt = ExactRounding::dt;
   uint64_t seed = 400;
   for (const auto& c : ExactRounding::shapes()) {
-    const float wscale = 1.f / std::sqrt(float(c.Cin * c.KH * c.KW));
-    const auto x = round_to(randn(size_t(c.x_numel()), ++seed), dt), w = round_to(randn(size_t(c.w_numel()), ++seed, wscale), dt);
-    const auto b = round_to(randn(size_t(c.Cout), ++seed), dt);
+    const ExactRounding::Operands o(c, seed += 4);
+    const auto &x = o.x, &w = o.w, &b = o.b;
     std::vector<double> y(size_t(c.y_numel()));
     const auto xd = to_double(x), wd = to_double(w), bd = to_double(b);
     cpu::conv2d_forward(nullptr, DType::F64, y.data(), xd.data(), wd.data(), bd.data(), c);

@@ -41,10 +41,13 @@ bool runs_on_host(const char* op) {
   const HostOps& ops = host_ops();
   if (!ops.enabled || (!ops.all && !ops.names.count(op))) return false;
 #ifdef ZP_WITH_CUDA
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  ZP_CUDA_CHECK(cudaStreamIsCapturing(cudaStreamLegacy, &capturing));
-  ZP_REQUIRE(capturing == cudaStreamCaptureStatusNone, "ZP_HOST_OPS: ", op, " cannot run on the host inside a CUDA graph's capture");
-  ZP_CUDA_CHECK(cudaDeviceSynchronize());
+  // Waiting for the device is refused while a stream captures a CUDA graph (a decode step's).
+  const cudaError_t e = cudaDeviceSynchronize();
+  if (e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureImplicit ||
+      e == cudaErrorStreamCaptureInvalidated)
+    ZP_FATAL("ZP_HOST_OPS: ", op, " cannot run on the host while a CUDA graph is captured; set ZP_HOST_OPS for "
+             "runs without graphs (training, parity)");
+  ZP_CUDA_CHECK(e);
 #endif
   return true;
 }
