@@ -1,9 +1,9 @@
 #include "kernels/rope.h"
 
-#include "kernels/paged_attention.h"
-
 #include <cmath>
 #include <vector>
+
+#include "kernels/paged_attention.h"
 
 namespace zp::kernels::cpu {
 namespace {

@@ -49,6 +49,19 @@ __global__ void rope_kernel(T* y, const T* x, I BT, I T_, I H, I D, int64_t pos_
   }
 }
 
+// The host's inverse frequencies for head dim D (the CPU reference's and HF's float32 pow).
+InvFreq inv_freqs(float theta, int64_t D) {
+  InvFreq f{};
+  for (int64_t i = 0; i < D / 2; ++i) f.v[i] = 1.0f / std::pow(theta, float(2 * i) / float(D));
+  return f;
+}
+
+// Blocks of 256 threads for `total` items, capped (the kernels stride over the rest).
+unsigned grid_for(int64_t total) {
+  const int64_t blocks = (total + 255) / 256;
+  return unsigned(blocks < 65535 * 8 ? blocks : 65535 * 8);
+}
+
 void rope_apply(StreamHandle s, DType dt, void* y, const void* x, int64_t B, int64_t T, int64_t H, int64_t D,
                 float theta, int64_t pos_offset, int64_t row_stride, const int32_t* positions, float sign) {
   ZP_CHECK(B >= 0 && T >= 0 && H >= 0 && D > 0 && D % 2 == 0 && D / 2 <= kMaxHalf, "B=", B, " T=", T, " H=", H,
@@ -57,10 +70,8 @@ void rope_apply(StreamHandle s, DType dt, void* y, const void* x, int64_t B, int
   ZP_CHECK(!positions || pos_offset == 0, "rope: pos_offset ", pos_offset, " together with explicit positions");
   const int64_t half = D / 2, total = B * T * H * half;
   if (total == 0) return;
-  InvFreq inv_freq{};
-  for (int64_t i = 0; i < half; ++i) inv_freq.v[i] = 1.0f / std::pow(theta, float(2 * i) / float(D));
-  int64_t blocks = (total + 255) / 256;
-  const unsigned grid = unsigned(blocks < 65535 * 8 ? blocks : 65535 * 8);
+  const InvFreq inv_freq = inv_freqs(theta, D);
+  const unsigned grid = grid_for(total);
   ZP_CUDA_DISPATCH_FLOAT(dt, E, [&] {
     if (total < (int64_t(1) << 31) - int64_t(grid) * 256)
       launch_dependent(rope_kernel<E, uint32_t>, dim3(grid), dim3(256), 0, s, static_cast<E*>(y), static_cast<const E*>(x), uint32_t(B * T),
@@ -121,10 +132,8 @@ void rope_kv_cache_write(StreamHandle s, DType dt, void* qkv, int64_t N, int64_t
   const int64_t half = D / 2, total = N * (Hq + 2 * Hkv) * half;
   if (total == 0) return;
   ZP_CHECK(total < (int64_t(1) << 31) - int64_t(65535) * 8 * 256, "rope_kv_cache_write: ", N, " rows is too many");
-  InvFreq inv_freq{};
-  for (int64_t i = 0; i < half; ++i) inv_freq.v[i] = 1.0f / std::pow(theta, float(2 * i) / float(D));
-  const int64_t blocks = (total + 255) / 256;
-  const unsigned grid = unsigned(blocks < 65535 * 8 ? blocks : 65535 * 8);
+  const InvFreq inv_freq = inv_freqs(theta, D);
+  const unsigned grid = grid_for(total);
   ZP_CUDA_DISPATCH_FLOAT(dt, E, [&] {
     launch_dependent(rope_kv_cache_kernel<E, uint32_t>, dim3(grid), dim3(256), 0, s, static_cast<E*>(qkv), uint32_t(N),
                      uint32_t(Hq), uint32_t(Hkv), uint32_t(D), row_stride, positions, static_cast<E*>(k_cache),
