@@ -16,9 +16,8 @@ struct Conv2dShape {
   bool operator==(const Conv2dShape&) const = default;
 };
 
-// y = conv(x, w) + bias (bias may be nullptr); in 16-bit dtypes the sum is meant to be rounded once,
-// as the CPU reference does. On the GPU that holds without a bias but not with one where cuDNN picks
-// IMPLICIT_PRECOMP_GEMM (most tensor-core shapes): Conv2dGpu.Bf16BiasIsAddedBeforeTheOneRounding.
+// y = conv(x, w) + bias (bias may be nullptr); in 16-bit dtypes the sum is rounded once, as the CPU
+// reference does (on the GPU: cuDNN's fused bias epilogue where it matters, kernels/cuda/conv2d.cu).
 ZP_KERNEL(void conv2d_forward(StreamHandle s, DType dt, void* y, const void* x, const void* w, const void* bias,
                               const Conv2dShape& shape))
 // dx = conv_transpose(dy, w)  (written).

@@ -239,10 +239,10 @@ TEST(Conv2dGpu, Bf16ProductsAreExactSumsRoundedOnce) {
   }
 }
 
-// conv + bias rounded once (kernels/conv2d.h). Known to fail on an H200 with cuDNN 9.14: where the
-// heuristics pick IMPLICIT_PRECOMP_GEMM (every shape here but the 4-channel one), 26-30% of outputs
-// are not the nearest bf16 and 7-9% not even a neighbour, while the same kernel without the bias, and
-// IMPLICIT_GEMM or GEMM with it, give 0-0.02% (those two run 10x slower on SD 1.5's shapes).
+// conv + bias rounded once (kernels/conv2d.h). Before the fused bias epilogue, where the heuristics
+// pick IMPLICIT_PRECOMP_GEMM (every shape here but the 4-channel one) 26-30% of outputs were not the
+// nearest bf16 and 7-9% not even a neighbour (H200, cuDNN 9.14). y starts as NaN: the fused call's
+// z input aliases y with a zero weight, and a kernel that read it anyway would spread the NaN.
 TEST(Conv2dGpu, Bf16BiasIsAddedBeforeTheOneRounding) {
   ZP_SKIP_WITHOUT_GPU();
   const DType dt = ExactRounding::dt;
@@ -254,7 +254,7 @@ TEST(Conv2dGpu, Bf16BiasIsAddedBeforeTheOneRounding) {
     const auto xd = to_double(x), wd = to_double(w), bd = to_double(b);
     cpu::conv2d_forward(nullptr, DType::F64, y.data(), xd.data(), wd.data(), bd.data(), c);
     Tensor gx = upload(x, dt), gw = upload(w, dt), gb = upload(b, dt);
-    Tensor gy = Tensor::empty({c.y_numel()}, dt, Device::cuda());
+    Tensor gy = upload(std::vector<float>(size_t(c.y_numel()), NAN), dt);
     cuda::conv2d_forward(nullptr, dt, gy.data(), gx.data(), gw.data(), gb.data(), c);
     ExactRounding::check(download(gy), y, "forward + bias", c);
   }

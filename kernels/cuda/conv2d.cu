@@ -4,12 +4,14 @@
 // dw ourselves; for f32 it accumulates straight into dw (beta = 1). Per (device, dtype, shape) we
 // cache descriptors and the algorithms the v7 heuristics rank first, preferring deterministic ones
 // and, for f32, plain FMA math (never TF32) so that f32 matches the CPU reference at 1e-5.
-// The bias is written into y first and cuDNN adds the product to it (beta = 1), meant to blend in fp32
-// so that a bf16/f16 output is rounded once, as the CPU reference does. Measured on an H200 (cuDNN
-// 9.14), IMPLICIT_PRECOMP_GEMM's 16-bit kernels act as if they rounded the product before the blend:
-// 26-30% of outputs miss the exact sum's nearest bf16 (tests/test_conv2d.cpp). IMPLICIT_GEMM and GEMM
-// blend right but run 10x slower; one rounding at tensor-core speed needs cuDNN's graph API (an fp32
-// intermediate).
+// The bias: in 16-bit dtypes conv + bias must be rounded once, as the CPU reference does. Measured on
+// an H200 (cuDNN 9.14), IMPLICIT_PRECOMP_GEMM, the algorithm the heuristics rank first for nearly every
+// UNet shape, does not blend a prior y in fp32: with y preset to the bias and beta = 1, 26-30% of
+// outputs missed the exact sum's nearest bf16 (tests/test_conv2d.cpp), enough to fail the bf16 UNet
+// parity dumps. Its fused epilogue does add in fp32, so where that algorithm is chosen a forward with a
+// bias goes through cudnnConvolutionBiasActivationForward with an identity activation (which cuDNN
+// allows with that algorithm only). Other algorithms (IMPLICIT_GEMM, GEMM: measured) blend right, so
+// they keep the preset bias and beta = 1; so does f32.
 #include <cudnn.h>
 
 #include <array>
@@ -48,6 +50,10 @@ struct ConvPlan {
   cudnnConvolutionBwdDataAlgo_t bwd_data_algo{};
   cudnnConvolutionBwdFilterAlgo_t bwd_filter_algo{};
   size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
+  // 16-bit forwards with a bias where fwd_algo is IMPLICIT_PRECOMP_GEMM: bias [1, Cout, 1, 1] and the
+  // identity activation of cudnnConvolutionBiasActivationForward (null otherwise).
+  cudnnTensorDescriptor_t bias = nullptr;
+  cudnnActivationDescriptor_t identity = nullptr;
 };
 
 // Everything cuDNN needs on one device. cuDNN handles are not safe to share between host threads, so
@@ -126,6 +132,12 @@ std::unique_ptr<ConvPlan> make_plan(cudnnHandle_t h, const Conv2dShape& c, DType
     p->fwd_algo = best.algo;
     ZP_CUDNN_CHECK(cudnnSetConvolutionMathType(p->fwd, best.mathType));
     ZP_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->fwd, p->y, p->fwd_algo, &p->fwd_ws));
+    if (dt != DType::F32 && p->fwd_algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) {
+      ZP_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->bias));
+      ZP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NCHW, t, 1, int(c.Cout), 1, 1));
+      ZP_CUDNN_CHECK(cudnnCreateActivationDescriptor(&p->identity));
+      ZP_CUDNN_CHECK(cudnnSetActivationDescriptor(p->identity, CUDNN_ACTIVATION_IDENTITY, CUDNN_NOT_PROPAGATE_NAN, 0.0));
+    }
   }
   {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
@@ -212,7 +224,18 @@ unsigned grid_for(int64_t n, int64_t cap = 65535 * 8) {
 
 void conv2d_forward(StreamHandle s, DType dt, void* y, const void* x, const void* w, const void* bias,
                     const Conv2dShape& c) {
-  // With a bias, y starts as the bias and cuDNN accumulates into it: one rounding of conv + bias.
+  Bound b = bind(s, dt, c);
+  KernelScratch ws(s, b.plan.fwd_ws, "cudnn_scratch");
+  const float one = 1.f, zero = 0.f;
+  if (bias && b.plan.identity) {
+    // y = identity(conv + 0 * z + bias), z aliasing y: with alpha2 = 0 the epilogue does not read z
+    // (Conv2dGpu.Bf16BiasIsAddedBeforeTheOneRounding starts y as NaN).
+    ZP_CUDNN_CHECK(cudnnConvolutionBiasActivationForward(
+        b.ctx.handle, &one, b.plan.x, x, b.plan.w, w, b.plan.fwd, b.plan.fwd_algo, ws.get(), ws.bytes(), &zero,
+        b.plan.y, y, b.plan.bias, bias, b.plan.identity, b.plan.y, y));
+    return;
+  }
+  // Otherwise y starts as the bias and cuDNN accumulates into it (beta = 1), blending in fp32.
   if (bias) {
     const int64_t HW = c.oh() * c.ow();
     ZP_CHECK(c.N * c.Cout < INT_MAX);
@@ -222,11 +245,8 @@ void conv2d_forward(StreamHandle s, DType dt, void* y, const void* x, const void
     });
     ZP_CUDA_LAUNCH_CHECK();
   }
-  Bound b = bind(s, dt, c);
-  KernelScratch ws(s, b.plan.fwd_ws, "cudnn_scratch");
-  const float one = 1.f, beta = bias ? 1.f : 0.f;
   ZP_CUDNN_CHECK(cudnnConvolutionForward(b.ctx.handle, &one, b.plan.x, x, b.plan.w, w, b.plan.fwd, b.plan.fwd_algo,
-                                         ws.get(), ws.bytes(), &beta, b.plan.y, y));
+                                         ws.get(), ws.bytes(), bias ? &one : &zero, b.plan.y, y));
 }
 
 void conv2d_backward_data(StreamHandle s, DType dt, void* dx, const void* dy, const void* w, const Conv2dShape& c) {
