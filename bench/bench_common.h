@@ -20,9 +20,11 @@ namespace zp::bench {
 
 // Runs `step` once to warm up (plans, workspaces, the allocator's pool), then `after_warmup`, then
 // times each benchmark iteration with CUDA events on `s` as manual time. Returns the mean seconds
-// per iteration.
+// per iteration. `reps` > 1 runs `step` that many times between the events and counts the time of
+// one: for kernels of a few microseconds, where one launch alone also times the host's launch (the
+// device idles until it arrives), while a training step queues its launches ahead of the device.
 inline double timed_iterations(benchmark::State& st, StreamHandle s, const std::function<void()>& step,
-                               const std::function<void()>& after_warmup = {}) {
+                               const std::function<void()>& after_warmup = {}, int reps = 1) {
   step();
   stream_synchronize(s);
   if (after_warmup) after_warmup();
@@ -30,10 +32,10 @@ inline double timed_iterations(benchmark::State& st, StreamHandle s, const std::
   double total_ms = 0;
   for (auto _ : st) {
     a.record(s);
-    step();
+    for (int i = 0; i < reps; ++i) step();
     b.record(s);
     b.synchronize();
-    const double ms = b.elapsed_ms_since(a);
+    const double ms = b.elapsed_ms_since(a) / reps;
     total_ms += ms;
     st.SetIterationTime(ms / 1e3);
   }

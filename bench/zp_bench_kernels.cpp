@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -41,8 +42,10 @@ Peak device_peak() {
 }
 
 // Times `f` with CUDA events on `s`; reports flop and byte rates over the manual time.
-void run(benchmark::State& st, StreamHandle s, double flops, double bytes, const std::function<void()>& f) {
-  const double secs = timed_iterations(st, s, f);
+// `reps`: as timed_iterations'.
+void run(benchmark::State& st, StreamHandle s, double flops, double bytes, const std::function<void()>& f,
+         int reps = 1) {
+  const double secs = timed_iterations(st, s, f, {}, reps);
   if (flops > 0) {
     st.counters["TFLOP/s"] = flops / secs / 1e12;
     st.counters["peak_TFLOP/s"] = device_peak().tflops_bf16;
@@ -170,7 +173,9 @@ BENCHMARK(BM_PagedDecodeAttention)->ArgNames({"batch", "ctx", "D"})->Args({1, 40
     ->Args({1, 256, 64})->Args({64, 256, 64})
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
 
-// --- Norms (memory-bound): bytes = read x (+ dy) and write y (dx), bf16.
+// --- Norms (memory-bound): bytes = read x (+ dy) and write y (dx), bf16. Timed as queued launches
+// (run's reps): each takes tens of microseconds or less.
+constexpr int kQueuedReps = 20;
 void BM_LayerNorm(benchmark::State& st) {
   int64_t N = st.range(0), C = st.range(1);
   bool backward = st.range(2);
@@ -187,7 +192,7 @@ void BM_LayerNorm(benchmark::State& st) {
     else
       cuda::layernorm_backward(nullptr, DType::BF16, y.data(), dw.data<float>(), db.data<float>(), x.data(), x.data(),
                                w.data(), mean.data<float>(), rstd.data<float>(), N, C, false);
-  });
+  }, kQueuedReps);
 }
 BENCHMARK(BM_LayerNorm)->ArgNames({"N", "C", "bwd"})->Args({32768, 768, 0})->Args({32768, 768, 1})
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
@@ -205,14 +210,17 @@ void BM_RMSNorm(benchmark::State& st) {
     else
       cuda::rmsnorm_backward(nullptr, DType::BF16, y.data(), dw.data<float>(), x.data(), x.data(), w.data(),
                              rstd.data<float>(), N, C, false);
-  });
+  }, kQueuedReps);
 }
 BENCHMARK(BM_RMSNorm)->ArgNames({"N", "C", "bwd"})->Args({16384, 2048, 0})->Args({16384, 2048, 1})
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
 
+// `cluster` sets ZP_GROUPNORM_CLUSTER (0: the per-group kernels, 1: the cluster ones on sm_90) to
+// compare both in one run; a run without it chooses by shape (kernels/cuda/groupnorm.cu).
 void BM_GroupNormSiLU(benchmark::State& st) {
   int64_t N = st.range(0), C = st.range(1), HW = st.range(2), G = 32;
   bool backward = st.range(3);
+  setenv("ZP_GROUPNORM_CLUSTER", st.range(4) ? "1" : "0", 1);
   Tensor x = dev_rand(N * C * HW, DType::BF16), y = dev_rand(N * C * HW, DType::BF16);
   Tensor w = dev_rand(C, DType::BF16), b = dev_rand(C, DType::BF16);
   Tensor mean = Tensor::empty({N * G}, DType::F32, Device::cuda()), rstd = Tensor::empty({N * G}, DType::F32, Device::cuda());
@@ -226,9 +234,12 @@ void BM_GroupNormSiLU(benchmark::State& st) {
     else
       cuda::groupnorm_backward(nullptr, DType::BF16, y.data(), dw.data<float>(), db.data<float>(), x.data(), x.data(),
                                w.data(), b.data(), mean.data<float>(), rstd.data<float>(), N, C, HW, G, true);
-  });
+  }, kQueuedReps);
 }
-BENCHMARK(BM_GroupNormSiLU)->ArgNames({"N", "C", "HW", "bwd"})->Args({8, 320, 4096, 0})->Args({8, 320, 4096, 1})
+// SD 1.5 at B=8 (64x64, 32x32 and 16x16 latents' channels) and SDXL at B=2 (128x128).
+BENCHMARK(BM_GroupNormSiLU)->ArgNames({"N", "C", "HW", "bwd", "cluster"})
+    ->ArgsProduct({{8}, {320}, {4096}, {0, 1}, {0, 1}})->ArgsProduct({{8}, {640}, {1024}, {0, 1}, {0, 1}})
+    ->ArgsProduct({{8}, {1280}, {256}, {0, 1}, {0, 1}})->ArgsProduct({{2}, {320}, {16384}, {0, 1}, {0, 1}})
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // --- Conv2d: the SD1.5 UNet's first-level 3x3 conv at B=8, 64x64 latents; forward and both grads.

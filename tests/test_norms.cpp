@@ -1,6 +1,7 @@
 // LayerNorm, RMSNorm and GroupNorm (+SiLU): hand-checked forwards, backward vs finite differences in
 // F64 on the CPU, accumulation semantics, and CUDA vs the CPU reference for F32, BF16 and F16.
 #include <cmath>
+#include <cstdlib>
 
 #include "kernels/groupnorm.h"
 #include "kernels/layernorm.h"
@@ -337,50 +338,60 @@ TEST(GroupNorm, ParameterGradientsAccumulate) {
   }
 }
 
+// Both CUDA paths on every shape: ZP_GROUPNORM_CLUSTER=1 forces the cluster kernels (sm_90), =0 the
+// per-group ones.
+// The shapes include groups split across the cluster's blocks mid-channel (C=640 at 16x16, C=1280 at
+// 8x8), unvectorised widths (HW=35, 63) and groups of fewer packs than a cluster has blocks.
 TEST(GroupNormGpu, MatchesCpu) {
   ZP_SKIP_WITHOUT_GPU();
   struct Shape { int64_t N, C, HW, G; };
-  const std::vector<Shape> shapes = {{2, 32, 8 * 8, 8},  {1, 320, 64 * 64, 32}, {3, 6, 5 * 7, 3},
-                                     {2, 4, 3 * 3, 4},   {4, 64, 16 * 16, 32},  {1, 3, 1, 1}};
+  const std::vector<Shape> shapes = {{2, 32, 8 * 8, 8},   {1, 320, 64 * 64, 32}, {3, 6, 5 * 7, 3},
+                                     {2, 4, 3 * 3, 4},    {4, 64, 16 * 16, 32},  {1, 3, 1, 1},
+                                     {2, 640, 16 * 16, 32}, {1, 1280, 8 * 8, 32}, {1, 96, 7 * 9, 32}};
   const float eps = 1e-5f;
   uint64_t seed = 900;
-  for (const Shape& sh : shapes) {
-    for (DType dt : gpu_float_dtypes()) {
-      for (bool use_silu : {false, true}) {
-        seed += 10;
-        const auto [N, C, HW, G] = sh;
-        const size_t n = sz(N * C * HW);
-        auto x = round_to(randn(n, seed, 1.f, 0.5f), dt), w = round_to(randn(sz(C), seed + 1, 0.2f, 1.f), dt);
-        auto b = round_to(randn(sz(C), seed + 2, 0.3f), dt), dy = round_to(randn(n, seed + 3), dt);
-        auto dw0 = randn(sz(C), seed + 5), db0 = randn(sz(C), seed + 6);
+  for (const char* cluster : {"1", "0"}) {
+    ASSERT_EQ(setenv("ZP_GROUPNORM_CLUSTER", cluster, 1), 0);
+    for (const Shape& sh : shapes) {
+      for (DType dt : gpu_float_dtypes()) {
+        for (bool use_silu : {false, true}) {
+          seed += 10;
+          const auto [N, C, HW, G] = sh;
+          const size_t n = sz(N * C * HW);
+          auto x = round_to(randn(n, seed, 1.f, 0.5f), dt), w = round_to(randn(sz(C), seed + 1, 0.2f, 1.f), dt);
+          auto b = round_to(randn(sz(C), seed + 2, 0.3f), dt), dy = round_to(randn(n, seed + 3), dt);
+          auto dw0 = randn(sz(C), seed + 5), db0 = randn(sz(C), seed + 6);
 
-        std::vector<float> y(n), mean(sz(N * G)), rstd(sz(N * G)), dx(n), dw = dw0, db = db0;
-        cpu::groupnorm_forward(nullptr, DType::F32, y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
-                               N, C, HW, G, eps, use_silu);
-        cpu::groupnorm_backward(nullptr, DType::F32, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
-                                b.data(), mean.data(), rstd.data(), N, C, HW, G, use_silu);
+          std::vector<float> y(n), mean(sz(N * G)), rstd(sz(N * G)), dx(n), dw = dw0, db = db0;
+          cpu::groupnorm_forward(nullptr, DType::F32, y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
+                                 N, C, HW, G, eps, use_silu);
+          cpu::groupnorm_backward(nullptr, DType::F32, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                                  b.data(), mean.data(), rstd.data(), N, C, HW, G, use_silu);
 
-        Tensor gx = upload(x, dt), gw = upload(w, dt), gb = upload(b, dt), gdy = upload(dy, dt);
-        Tensor gdw = upload(dw0, DType::F32), gdb = upload(db0, DType::F32);
-        Tensor gy = gpu_empty(int64_t(n), dt), gdx = gpu_empty(int64_t(n), dt);
-        Tensor gmean = gpu_empty(N * G, DType::F32), grstd = gpu_empty(N * G, DType::F32);
-        cuda::groupnorm_forward(nullptr, dt, gy.data(), gmean.data<float>(), grstd.data<float>(), gx.data(),
-                                gw.data(), gb.data(), N, C, HW, G, eps, use_silu);
-        cuda::groupnorm_backward(nullptr, dt, gdx.data(), gdw.data<float>(), gdb.data<float>(), gdy.data(),
-                                 gx.data(), gw.data(), gb.data(), gmean.data<float>(), grstd.data<float>(), N, C, HW,
-                                 G, use_silu);
+          Tensor gx = upload(x, dt), gw = upload(w, dt), gb = upload(b, dt), gdy = upload(dy, dt);
+          Tensor gdw = upload(dw0, DType::F32), gdb = upload(db0, DType::F32);
+          Tensor gy = gpu_empty(int64_t(n), dt), gdx = gpu_empty(int64_t(n), dt);
+          Tensor gmean = gpu_empty(N * G, DType::F32), grstd = gpu_empty(N * G, DType::F32);
+          cuda::groupnorm_forward(nullptr, dt, gy.data(), gmean.data<float>(), grstd.data<float>(), gx.data(),
+                                  gw.data(), gb.data(), N, C, HW, G, eps, use_silu);
+          cuda::groupnorm_backward(nullptr, dt, gdx.data(), gdw.data<float>(), gdb.data<float>(), gdy.data(),
+                                   gx.data(), gw.data(), gb.data(), gmean.data<float>(), grstd.data<float>(), N, C, HW,
+                                   G, use_silu);
 
-        std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(N) + " C=" + std::to_string(C) +
-                           " HW=" + std::to_string(HW) + " G=" + std::to_string(G) + (use_silu ? " silu" : "");
-        EXPECT_LE(rel_error(download(gy), y), tolerance(dt)) << "y " << what;
-        EXPECT_LE(rel_error(download(gmean), mean), kStatsTol) << "mean " << what;
-        EXPECT_LE(rel_error(download(grstd), rstd), kStatsTol) << "rstd " << what;
-        EXPECT_LE(rel_error(download(gdx), dx), tolerance(dt)) << "dx " << what;
-        EXPECT_LE(rel_error(download(gdw), dw), tolerance(dt)) << "dweight " << what;
-        EXPECT_LE(rel_error(download(gdb), db), tolerance(dt)) << "dbias " << what;
+          std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(N) + " C=" + std::to_string(C) +
+                             " HW=" + std::to_string(HW) + " G=" + std::to_string(G) + (use_silu ? " silu" : "") +
+                             " ZP_GROUPNORM_CLUSTER=" + cluster;
+          EXPECT_LE(rel_error(download(gy), y), tolerance(dt)) << "y " << what;
+          EXPECT_LE(rel_error(download(gmean), mean), kStatsTol) << "mean " << what;
+          EXPECT_LE(rel_error(download(grstd), rstd), kStatsTol) << "rstd " << what;
+          EXPECT_LE(rel_error(download(gdx), dx), tolerance(dt)) << "dx " << what;
+          EXPECT_LE(rel_error(download(gdw), dw), tolerance(dt)) << "dweight " << what;
+          EXPECT_LE(rel_error(download(gdb), db), tolerance(dt)) << "dbias " << what;
+        }
       }
     }
   }
+  unsetenv("ZP_GROUPNORM_CLUSTER");
 }
 
 }  // namespace zp::test
