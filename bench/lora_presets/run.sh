@@ -4,13 +4,14 @@
 # to 5), each for a few steps from random base weights (make_inputs.py; the hosts cannot download the
 # real ones). Prints each run's banner, steps, the engine's peak per rank and nvidia-smi's per GPU,
 # then converts each checkpoint's adapter and loads the Llama one into transformers + PEFT
-# (peft_load_check.py). Run from the repository root; writes models/, data/, checkpoints and adapters
-# under WORK (default: the root), logs under OUT.
-# Usage: bench/lora_presets/run.sh BIN_DIR OUT_DIR [WORK]
+# (peft_load_check.py). Writes models/, data/, checkpoints and adapters under the repository root,
+# where the presets' relative paths point, and logs under OUT_DIR.
+# Usage: bench/lora_presets/run.sh BIN_DIR OUT_DIR
 set -u
-B=$(realpath "$1") out=$(realpath "$2") work=${3:-$PWD}
+mkdir -p "$2"
+B=$(realpath "$1") out=$(realpath "$2")
 here=$(dirname "$(realpath "$0")")
-mkdir -p "$out"
+cd "$here/../.."
 gpus=$(nvidia-smi -L | grep -c '^GPU')
 watch_mem() { nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 200 > "$out/smi_$1.csv" & SMI=$!; }
 peak_mem() {
@@ -24,7 +25,6 @@ summary() {  # LOG: the banner, plan, steps and per-rank peaks of one run
   done
   rm -f metrics-*.jsonl
 }
-cd "$work"
 python3 "$here/make_inputs.py" . "$out/sdxl-unet-lora-random.json" | tail -1
 
 ranks=4

@@ -136,7 +136,8 @@ std::unique_ptr<ConvPlan> make_plan(cudnnHandle_t h, const Conv2dShape& c, DType
       ZP_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->bias));
       ZP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NCHW, t, 1, int(c.Cout), 1, 1));
       ZP_CUDNN_CHECK(cudnnCreateActivationDescriptor(&p->identity));
-      ZP_CUDNN_CHECK(cudnnSetActivationDescriptor(p->identity, CUDNN_ACTIVATION_IDENTITY, CUDNN_NOT_PROPAGATE_NAN, 0.0));
+      ZP_CUDNN_CHECK(
+          cudnnSetActivationDescriptor(p->identity, CUDNN_ACTIVATION_IDENTITY, CUDNN_NOT_PROPAGATE_NAN, 0.0));
     }
   }
   {
