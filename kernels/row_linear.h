@@ -50,8 +50,8 @@ class ConstantWeightsScope {
   bool was_;
 };
 
-ZP_KERNEL(void row_linear(StreamHandle s, DType dt, RowInput in, RowOutput out, int64_t M, int64_t N, int64_t K, const void* x,
-                          int64_t ldx, const void* norm_weight, float eps, const void* w, int64_t ldw,
+ZP_KERNEL(void row_linear(StreamHandle s, DType dt, RowInput in, RowOutput out, int64_t M, int64_t N, int64_t K,
+                          const void* x, int64_t ldx, const void* norm_weight, float eps, const void* w, int64_t ldw,
                           const void* bias, void* y, int64_t ldy, const void* residual))
 
 }  // namespace zp::kernels

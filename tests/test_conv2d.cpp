@@ -143,7 +143,8 @@ TEST(Conv2dGpu, MatchesCpu) {
       cpu::conv2d_backward_filter(nullptr, DType::F32, dw.data(), db.data(), dy.data(), x.data(), c);
 
       Tensor gx = upload(x, dt), gw = upload(w, dt), gb = upload(b, dt), gdy = upload(dy, dt);
-      Tensor gy = Tensor::empty({c.y_numel()}, dt, Device::cuda()), gdx = Tensor::empty({c.x_numel()}, dt, Device::cuda());
+      Tensor gy = Tensor::empty({c.y_numel()}, dt, Device::cuda());
+    Tensor gdx = Tensor::empty({c.x_numel()}, dt, Device::cuda());
       Tensor gdw = upload(dw0, DType::F32), gdb = upload(db0, DType::F32);
       cuda::conv2d_forward(nullptr, dt, gy.data(), gx.data(), gw.data(), gb.data(), c);
       cuda::conv2d_backward_data(nullptr, dt, gdx.data(), gdy.data(), gw.data(), c);
@@ -231,7 +232,8 @@ TEST(Conv2dGpu, Bf16ProductsAreExactSumsRoundedOnce) {
     cpu::conv2d_forward(nullptr, DType::F64, y.data(), xd.data(), wd.data(), nullptr, c);
     cpu::conv2d_backward_data(nullptr, DType::F64, dx.data(), dyd.data(), wd.data(), c);
     Tensor gx = upload(x, dt), gw = upload(w, dt), gdy = upload(dy, dt);
-    Tensor gy = Tensor::empty({c.y_numel()}, dt, Device::cuda()), gdx = Tensor::empty({c.x_numel()}, dt, Device::cuda());
+    Tensor gy = Tensor::empty({c.y_numel()}, dt, Device::cuda());
+    Tensor gdx = Tensor::empty({c.x_numel()}, dt, Device::cuda());
     cuda::conv2d_forward(nullptr, dt, gy.data(), gx.data(), gw.data(), nullptr, c);
     cuda::conv2d_backward_data(nullptr, dt, gdx.data(), gdy.data(), gw.data(), c);
     ExactRounding::check(download(gy), y, "forward", c);

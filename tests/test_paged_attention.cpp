@@ -288,7 +288,10 @@ TEST(PagedAttentionGpu, RopeAndCacheWriteInOneKernelEqualsTheTwo) {
   const float theta = 500000.f;
   std::vector<float> positions_f(static_cast<size_t>(N));
   std::vector<int32_t> positions(static_cast<size_t>(N));
-  for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = int32_t((n * 977) % 5000), positions_f[size_t(n)] = float(positions[size_t(n)]);
+  for (int64_t n = 0; n < N; ++n) {
+    positions[size_t(n)] = int32_t((n * 977) % 5000);
+    positions_f[size_t(n)] = float(positions[size_t(n)]);
+  }
   for (DType dt : gpu_float_dtypes()) {
     SCOPED_TRACE(dtype_name(dt));
     const std::vector<float> qkv = round_to(randn(size_t(N * W), 12, 2.f), dt);

@@ -38,13 +38,13 @@ TEST(RowLinear, CpuEqualsTheUnfusedLayers) {
     cpu::gemm(nullptr, DType::F64, DType::F64, false, true, M, N, K, 1.f, f.data(), K, w.data(), K, 1.f, want.data(),
               N, GemmEpilogue::Bias, b.data());
     std::vector<double> got(size_t(M * N), NAN);
-    cpu::row_linear(nullptr, DType::F64, in, RowOutput::Plain, M, N, K, x.data(), width, nw.data(), 1e-5f, w.data(), K, b.data(),
-                    got.data(), N, r.data());
+    cpu::row_linear(nullptr, DType::F64, in, RowOutput::Plain, M, N, K, x.data(), width, nw.data(), 1e-5f, w.data(),
+                    K, b.data(), got.data(), N, r.data());
     for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-9 * (1 + std::abs(want[i]))) << int(in);
     // The residual may be y itself.
     std::vector<double> inplace = r;
-    cpu::row_linear(nullptr, DType::F64, in, RowOutput::Plain, M, N, K, x.data(), width, nw.data(), 1e-5f, w.data(), K, b.data(),
-                    inplace.data(), N, inplace.data());
+    cpu::row_linear(nullptr, DType::F64, in, RowOutput::Plain, M, N, K, x.data(), width, nw.data(), 1e-5f, w.data(),
+                    K, b.data(), inplace.data(), N, inplace.data());
     EXPECT_EQ(inplace, got) << int(in);
   }
 }
@@ -101,12 +101,13 @@ TEST(RowLinearGpu, MatchesCpu) {
         auto b = round_to(randn(size_t(c.N), seed++), dt), r = round_to(randn(size_t(c.M * c.N), seed++), dt);
         auto nw = round_to(randn(size_t(c.K), seed++, 0.3f, 1.f), dt);
         std::vector<float> want(size_t(c.M * c.N));
-        cpu::row_linear(nullptr, DType::F32, c.in, RowOutput::Plain, c.M, c.N, c.K, x.data(), width, nw.data(), 1e-5f, w.data(), c.K,
-                        c.bias ? b.data() : nullptr, want.data(), c.N, c.residual ? r.data() : nullptr);
+        cpu::row_linear(nullptr, DType::F32, c.in, RowOutput::Plain, c.M, c.N, c.K, x.data(), width, nw.data(), 1e-5f,
+                        w.data(), c.K, c.bias ? b.data() : nullptr, want.data(), c.N,
+                        c.residual ? r.data() : nullptr);
         Tensor dx = upload(x, dt), dw = upload(w, dt), db = upload(b, dt), dr = upload(r, dt), dn = upload(nw, dt);
         Tensor dy = inplace ? upload(r, dt) : upload(std::vector<float>(size_t(c.M * c.N), NAN), dt);
-        cuda::row_linear(nullptr, dt, c.in, RowOutput::Plain, c.M, c.N, c.K, dx.data(), width, dn.data(), 1e-5f, dw.data(), c.K,
-                         c.bias ? db.data() : nullptr, dy.data(), c.N,
+        cuda::row_linear(nullptr, dt, c.in, RowOutput::Plain, c.M, c.N, c.K, dx.data(), width, dn.data(), 1e-5f,
+                         dw.data(), c.K, c.bias ? db.data() : nullptr, dy.data(), c.N,
                          !c.residual ? nullptr : inplace ? dy.data() : dr.data());
         EXPECT_LE(rel_error(download(dy), want), tolerance(dt))
             << dtype_name(dt) << " input " << int(c.in) << " M=" << c.M << " N=" << c.N << " K=" << c.K
@@ -164,8 +165,8 @@ TEST(RowLinearGpu, ConstantWeightsScopeReadsInputsAfterTheKernelAhead) {
     Tensor rstd = Tensor::empty({1}, DType::F32, Device::cuda(0));
     for (int64_t t = 0; t < steps; ++t) {
       // y = W x + x, then x = rmsnorm(y): each kernel reads what the one before wrote.
-      cuda::row_linear(s, dt, RowInput::Plain, RowOutput::Plain, 1, K, K, x.data(), K, nullptr, 0.f, w[size_t(t % 4)].data(), K,
-                       nullptr, y.data(), K, x.data());
+      cuda::row_linear(s, dt, RowInput::Plain, RowOutput::Plain, 1, K, K, x.data(), K, nullptr, 0.f,
+                       w[size_t(t % 4)].data(), K, nullptr, y.data(), K, x.data());
       cuda::rmsnorm_forward(s, dt, x.data(), rstd.data<float>(), y.data(), ones.data(), 1, K, 1e-5f);
     }
     stream_synchronize(s);

@@ -39,7 +39,8 @@ for l in range(L):
                 (p + "self_attn.v_proj.weight", lambda: rnd(KV, H)), (p + "self_attn.o_proj.weight", lambda: rnd(H, H)),
                 (p + "mlp.gate_proj.weight", lambda: rnd(I, H)), (p + "mlp.up_proj.weight", lambda: rnd(I, H)),
                 (p + "mlp.down_proj.weight", lambda: rnd(H, I)),
-                (p + "input_layernorm.weight", lambda: ones(H)), (p + "post_attention_layernorm.weight", lambda: ones(H))]
+                (p + "input_layernorm.weight", lambda: ones(H)),
+                (p + "post_attention_layernorm.weight", lambda: ones(H))]
 tensors += [("model.norm.weight", lambda: ones(H)), ("lm_head.weight", lambda: rnd(V, H))]
 def save(path, part):
     header, off = {"__metadata__": {"format": "pt"}}, 0

@@ -17,8 +17,10 @@ for k in keys:
         missing += 1
         continue
     differ += not torch.equal(state[k2].cpu(), f.get_tensor(k).to(state[k2].dtype))
-lora_layers = sum(1 for n, m in peft_model.named_modules() if hasattr(m, "lora_A") and "default" in getattr(m, "lora_A", {}))
+lora_layers = sum(1 for _, m in peft_model.named_modules()
+                  if hasattr(m, "lora_A") and "default" in getattr(m, "lora_A", {}))
 nonzero_b = sum(1 for k in keys if "lora_B" in k and f.get_tensor(k).abs().max() > 0)
 out = peft_model(torch.tensor([[128000, 791, 1917, 374]], device="cuda")).logits
 print(f"PEFT: {len(keys)} adapter tensors, {missing} not found in the PEFT model, {differ} differ after loading; "
-      f"{lora_layers} LoRA layers; {nonzero_b} lora_B trained away from zero; logits finite: {bool(torch.isfinite(out).all())}")
+      f"{lora_layers} LoRA layers; {nonzero_b} lora_B trained away from zero; "
+      f"logits finite: {bool(torch.isfinite(out).all())}")

@@ -13,10 +13,14 @@ B=$(realpath "$1") out=$(realpath "$2")
 here=$(dirname "$(realpath "$0")")
 cd "$here/../.."
 gpus=$(nvidia-smi -L | grep -c '^GPU')
-watch_mem() { nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 200 > "$out/smi_$1.csv" & SMI=$!; }
+watch_mem() {  # NAME: samples every GPU's memory in use until peak_mem NAME
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 200 > "$out/smi_$1.csv" &
+  SMI=$!
+}
 peak_mem() {
   kill "$SMI"
-  awk -F', ' '{if ($2 > m[$1]) m[$1] = $2} END {for (g in m) printf "GPU %s peak %.2f GiB (nvidia-smi)\n", g, m[g] / 1024}' "$out/smi_$1.csv" | sort
+  awk -F', ' '{if ($2 > m[$1]) m[$1] = $2}
+              END {for (g in m) printf "GPU %s peak %.2f GiB (nvidia-smi)\n", g, m[g] / 1024}' "$out/smi_$1.csv" | sort
 }
 summary() {  # LOG: the banner, plan, steps and per-rank peaks of one run
   grep -a "model llama\|model unet\|memory plan\|^step\|run done\|rror" "$1" | cut -c1-400
