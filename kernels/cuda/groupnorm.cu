@@ -21,7 +21,6 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -319,21 +318,17 @@ int block_threads(int64_t packs) {
 }
 
 // Whether the cluster kernels can run here: a device of compute capability 9 or later and a binary
-// with sm_90 code for `kernel` (asked once per device: every kernel of this file is built for the
-// same architectures).
+// with sm_90 code for them (asked once: every kernel of this file is built for the same
+// architectures).
 template <class Kernel>
 bool cluster_kernels_usable(Kernel kernel) {
-  static std::atomic<int> cached[64] = {};  // 0: not asked yet, 1: yes, 2: no
-  int dev = 0;
-  ZP_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 64 && cached[dev]) return cached[dev] == 1;
-  int major = 0;
-  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  cudaFuncAttributes attr{};
-  ZP_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-  const bool usable = major >= 9 && attr.binaryVersion >= 90;
-  if (dev < 64) cached[dev] = usable ? 1 : 2;
-  return usable;
+  if (device_compute_major() < 9) return false;
+  static const bool built_for_sm90 = [&] {
+    cudaFuncAttributes attr{};
+    ZP_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    return attr.binaryVersion >= 90;
+  }();
+  return built_for_sm90;
 }
 
 // Groups of at least this many elements take the cluster kernels (the top of this file).
