@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -141,22 +142,27 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// The current device's compute capability major version, asked once per device (kernels choose
+// paths by it: 8 for mma.sync and cp.async, 9 for programmatic launches and thread-block clusters).
+inline int device_compute_major() {
+  static std::atomic<int> cached[64] = {};  // 0: not asked yet
+  int dev = 0;
+  ZP_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 64 && cached[dev]) return cached[dev];
+  int major = 0;
+  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  if (dev < 64) cached[dev] = major;
+  return major;
+}
+
 // Whether launch_dependent() launches programmatically on the current device: compute capability 9
-// or later, and ZP_PDL not "0" (to measure without). Cached per device.
+// or later, and ZP_PDL not "0" (to measure without).
 inline bool programmatic_launch_enabled() {
   static const bool allowed = [] {
     const char* v = std::getenv("ZP_PDL");
     return !(v && std::strcmp(v, "0") == 0);
   }();
-  if (!allowed) return false;
-  static int cached[64] = {0};  // 0: not asked yet, 1: yes, 2: no
-  int dev = 0;
-  ZP_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 64 && cached[dev]) return cached[dev] == 1;
-  int major = 0;
-  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  if (dev < 64) cached[dev] = major >= 9 ? 1 : 2;
-  return major >= 9;
+  return allowed && device_compute_major() >= 9;
 }
 
 template <class... Params, class... Args>

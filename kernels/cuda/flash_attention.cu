@@ -690,16 +690,7 @@ void dispatch_half(DType dt, Fn&& fn) {
 }
 
 // mma.sync with bf16 operands, ldmatrix and cp.async all need sm_80.
-bool device_is_ampere_or_newer() {
-  static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
-  int dev = 0;
-  ZP_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 64 && cached[dev]) return cached[dev] == 1;
-  int major = 0;
-  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  if (dev < 64) cached[dev] = major >= 8 ? 1 : 2;
-  return major >= 8;
-}
+bool device_is_ampere_or_newer() { return device_compute_major() >= 8; }
 
 
 template <class T, class Tile, bool SEG>

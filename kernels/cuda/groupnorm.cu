@@ -21,7 +21,6 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -96,6 +95,51 @@ __device__ __forceinline__ float grad_pre_activation(float dy, float xhat, float
   return dy * s * (1.f + z * (1.f - s));
 }
 
+// One channel's share of a group's backward over the group's packs [lo, hi) (xg, dyg: the group's
+// first pack): its sums of dz and dz * xhat go to dbias[c] and dweight[c] (one atomicAdd each), and
+// weighted by weight[c] into g (the group's sums). Every thread of the block calls it.
+template <class T, int VEC>
+__device__ __forceinline__ void reduce_channel(const Pack<T, VEC>* xg, const Pack<T, VEC>* dyg, int64_t lo,
+                                               int64_t hi, int c, const T* weight, const T* bias, float m, float r,
+                                               bool silu, float* dweight, float* dbias, float (&g)[2]) {
+  const float w = to_f(weight[c]), b = to_f(bias[c]);
+  float dz_sum = 0.f, dzx_sum = 0.f;
+  for (int64_t p = lo + threadIdx.x; p < hi; p += blockDim.x) {
+    const Pack<T, VEC> xv = xg[p], dv = dyg[p];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float xhat = (to_f(xv.v[j]) - m) * r;
+      const float dz = grad_pre_activation(to_f(dv.v[j]), xhat, w, b, silu);
+      dz_sum += dz;
+      dzx_sum += dz * xhat;
+    }
+  }
+  dz_sum = block_sum(dz_sum);
+  dzx_sum = block_sum(dzx_sum);
+  if (threadIdx.x == 0) {
+    atomicAdd(dbias + c, dz_sum);
+    atomicAdd(dweight + c, dzx_sum);
+  }
+  g[0] += w * dz_sum;
+  g[1] += w * dzx_sum;
+}
+
+// dx of one pack of channel c, from the group's means of weight * dz and weight * dz * xhat.
+template <class T, int VEC>
+__device__ __forceinline__ Pack<T, VEC> input_grad(const Pack<T, VEC>& xv, const Pack<T, VEC>& dv, int c,
+                                                   const T* weight, const T* bias, float m, float r, float g_mean,
+                                                   float gx_mean, bool silu) {
+  const float w = to_f(weight[c]), b = to_f(bias[c]);
+  Pack<T, VEC> out;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float xhat = (to_f(xv.v[j]) - m) * r;
+    const float dz = grad_pre_activation(to_f(dv.v[j]), xhat, w, b, silu);
+    out.v[j] = from_f<T>(r * (dz * w - g_mean - xhat * gx_mean));
+  }
+  return out;
+}
+
 template <class T, int VEC>
 __global__ void groupnorm_backward_kernel(T* __restrict__ dx, float* __restrict__ dweight, float* __restrict__ dbias,
                                           const T* __restrict__ dy, const T* __restrict__ x,
@@ -105,58 +149,22 @@ __global__ void groupnorm_backward_kernel(T* __restrict__ dx, float* __restrict_
   using P = Pack<T, VEC>;
   const int64_t ng = blockIdx.x;
   const int c0 = int(ng % G) * Cg;
-  const int64_t base = ng * Cg * HW;
-  const int64_t packs = HW / VEC;
+  const int64_t PC = HW / VEC;  // packs per channel
+  const P* xg = reinterpret_cast<const P*>(x + ng * Cg * HW);
+  const P* dyg = reinterpret_cast<const P*>(dy + ng * Cg * HW);
   const float m = mean[ng], r = rstd[ng];
 
   // Every thread receives each block_sum result, so all threads carry the same group sums.
-  float g_sum = 0.f, gx_sum = 0.f;
-  for (int ci = 0; ci < Cg; ++ci) {
-    const int c = c0 + ci;
-    const float w = to_f(weight[c]), b = to_f(bias[c]);
-    const P* xp = reinterpret_cast<const P*>(x + base + ci * HW);
-    const P* dyp = reinterpret_cast<const P*>(dy + base + ci * HW);
-    float dz_sum = 0.f, dzx_sum = 0.f;
-    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
-      const P xv = xp[p], dv = dyp[p];
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float xhat = (to_f(xv.v[j]) - m) * r;
-        const float dz = grad_pre_activation(to_f(dv.v[j]), xhat, w, b, silu);
-        dz_sum += dz;
-        dzx_sum += dz * xhat;
-      }
-    }
-    dz_sum = block_sum(dz_sum);
-    dzx_sum = block_sum(dzx_sum);
-    if (threadIdx.x == 0) {
-      atomicAdd(dbias + c, dz_sum);
-      atomicAdd(dweight + c, dzx_sum);
-    }
-    g_sum += w * dz_sum;
-    gx_sum += w * dzx_sum;
-  }
+  float g[2] = {0.f, 0.f};
+  for (int ci = 0; ci < Cg; ++ci)
+    reduce_channel(xg, dyg, ci * PC, (ci + 1) * PC, c0 + ci, weight, bias, m, r, silu, dweight, dbias, g);
   const float inv_m = 1.f / float(int64_t(Cg) * HW);
-  const float g_mean = g_sum * inv_m, gx_mean = gx_sum * inv_m;
+  const float g_mean = g[0] * inv_m, gx_mean = g[1] * inv_m;
 
-  for (int ci = 0; ci < Cg; ++ci) {
-    const int c = c0 + ci;
-    const float w = to_f(weight[c]), b = to_f(bias[c]);
-    const P* xp = reinterpret_cast<const P*>(x + base + ci * HW);
-    const P* dyp = reinterpret_cast<const P*>(dy + base + ci * HW);
-    P* dxp = reinterpret_cast<P*>(dx + base + ci * HW);
-    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
-      const P xv = xp[p], dv = dyp[p];
-      P out;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float xhat = (to_f(xv.v[j]) - m) * r;
-        const float dz = grad_pre_activation(to_f(dv.v[j]), xhat, w, b, silu);
-        out.v[j] = from_f<T>(r * (dz * w - g_mean - xhat * gx_mean));
-      }
-      dxp[p] = out;
-    }
-  }
+  P* dxg = reinterpret_cast<P*>(dx + ng * Cg * HW);
+  for (int ci = 0; ci < Cg; ++ci)
+    for (int64_t p = ci * PC + threadIdx.x; p < (ci + 1) * PC; p += blockDim.x)
+      dxg[p] = input_grad(xg[p], dyg[p], c0 + ci, weight, bias, m, r, g_mean, gx_mean, silu);
 }
 
 // --- sm_90: one cluster of kClusterBlocks blocks per group.
@@ -286,49 +294,16 @@ __global__ void __launch_bounds__(kClusterThreads)
   const P* dyg = reinterpret_cast<const P*>(dy + base);
   const float m = mean[ng], r = rstd[ng];
   float g[2] = {0.f, 0.f};  // sums of weight * dz and weight * dz * xhat over the slice
-  if (sl.begin < sl.end) {  // the same in the whole block, so its block_sums are safe
-    for (int64_t ci = sl.begin / PC; ci <= (sl.end - 1) / PC; ++ci) {
-      const int c = c0 + int(ci);
-      const float w = to_f(weight[c]), b = to_f(bias[c]);
-      const int64_t hi = min(sl.end, (ci + 1) * PC);
-      float dz_sum = 0.f, dzx_sum = 0.f;
-      for (int64_t p = max(sl.begin, ci * PC) + threadIdx.x; p < hi; p += blockDim.x) {
-        const P xv = xg[p], dv = dyg[p];
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float xhat = (to_f(xv.v[j]) - m) * r;
-          const float dz = grad_pre_activation(to_f(dv.v[j]), xhat, w, b, silu);
-          dz_sum += dz;
-          dzx_sum += dz * xhat;
-        }
-      }
-      dz_sum = block_sum(dz_sum);
-      dzx_sum = block_sum(dzx_sum);
-      if (threadIdx.x == 0) {
-        atomicAdd(dbias + c, dz_sum);
-        atomicAdd(dweight + c, dzx_sum);
-      }
-      g[0] += w * dz_sum;
-      g[1] += w * dzx_sum;
-    }
-  }
+  if (sl.begin < sl.end)      // the same in the whole block, so reduce_channel's block_sums are safe
+    for (int64_t ci = sl.begin / PC; ci <= (sl.end - 1) / PC; ++ci)
+      reduce_channel(xg, dyg, max(sl.begin, ci * PC), min(sl.end, (ci + 1) * PC), c0 + int(ci), weight, bias, m, r,
+                     silu, dweight, dbias, g);
   cluster_sums(cluster, g, slot);
   const float inv_m = 1.f / float(int64_t(Cg) * HW);
   const float g_mean = g[0] * inv_m, gx_mean = g[1] * inv_m;
   P* dxg = reinterpret_cast<P*>(dx + base);
-  for (int64_t p = sl.begin + threadIdx.x; p < sl.end; p += blockDim.x) {
-    const int c = c0 + int(p / PC);
-    const float w = to_f(weight[c]), b = to_f(bias[c]);
-    const P xv = xg[p], dv = dyg[p];
-    P out;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float xhat = (to_f(xv.v[j]) - m) * r;
-      const float dz = grad_pre_activation(to_f(dv.v[j]), xhat, w, b, silu);
-      out.v[j] = from_f<T>(r * (dz * w - g_mean - xhat * gx_mean));
-    }
-    dxg[p] = out;
-  }
+  for (int64_t p = sl.begin + threadIdx.x; p < sl.end; p += blockDim.x)
+    dxg[p] = input_grad(xg[p], dyg[p], c0 + int(p / PC), weight, bias, m, r, g_mean, gx_mean, silu);
 #else
   __trap();
 #endif
@@ -343,21 +318,17 @@ int block_threads(int64_t packs) {
 }
 
 // Whether the cluster kernels can run here: a device of compute capability 9 or later and a binary
-// with sm_90 code for `kernel` (asked once per device: every kernel of this file is built for the
-// same architectures).
+// with sm_90 code for them (asked once: every kernel of this file is built for the same
+// architectures).
 template <class Kernel>
 bool cluster_kernels_usable(Kernel kernel) {
-  static std::atomic<int> cached[64] = {};  // 0: not asked yet, 1: yes, 2: no
-  int dev = 0;
-  ZP_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 64 && cached[dev]) return cached[dev] == 1;
-  int major = 0;
-  ZP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  cudaFuncAttributes attr{};
-  ZP_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-  const bool usable = major >= 9 && attr.binaryVersion >= 90;
-  if (dev < 64) cached[dev] = usable ? 1 : 2;
-  return usable;
+  if (device_compute_major() < 9) return false;
+  static const bool built_for_sm90 = [&] {
+    cudaFuncAttributes attr{};
+    ZP_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    return attr.binaryVersion >= 90;
+  }();
+  return built_for_sm90;
 }
 
 // Groups of at least this many elements take the cluster kernels (the top of this file).
