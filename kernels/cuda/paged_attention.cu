@@ -388,7 +388,6 @@ template <class T, int D>
 __global__ void __launch_bounds__(kThreads)
     paged_decode_kernel(T* out, const T* q, const T* k_cache, const T* v_cache, PagedParams p) {
   pdl_launch_dependents();  // the next kernel of a decode step may start (cuda_common.cuh)
-  pdl_wait();               // launched as a dependent of the kernel ahead (launch_dependent)
   constexpr int QD = D / 4, VD = D / 32, kKeys = 8;
   using QP = Pack<T, 8>;
   using VP = Pack<T, VD>;
@@ -396,22 +395,16 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ __align__(16) float wacc[kWarps][D];
   const int t = blockIdx.x / p.Hq, h = blockIdx.x % p.Hq, part = blockIdx.y, hk = h / p.group;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, key = lane >> 2, quarter = lane & 3;
-
-  float qf[QD];
-  {
-    const QP* qr = reinterpret_cast<const QP*>(q + int64_t(t) * p.qs + int64_t(h) * D + quarter * QD);
-#pragma unroll
-    for (int c = 0; c < QD / 8; ++c) {
-      const QP v = qr[c];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) qf[c * 8 + e] = to_f(v.v[e]) * p.scale_log2;
-    }
-  }
+  // The block tables and lengths come from the host before the step, and the cache rows of the keys
+  // earlier steps wrote are read by nothing and written by nothing in this step: those load before
+  // the wait. The query and this step's own keys come from the kernel ahead, after it.
   const RowKeys rk = row_keys(p, t, part);
   const int seq = rk.seq, k0 = rk.k0, k1 = rk.k1;
+  const int earlier = p.context_lens[seq] - (p.query_starts[seq + 1] - p.query_starts[seq]);
   const int64_t row_head = int64_t(t) * p.Hq + h, ml = row_head * p.parts + part;
   T* orow = out + int64_t(t) * p.os + int64_t(h) * D;
   if (k0 >= k1) {
+    pdl_wait();
     if (p.parts > 1) {
       if (threadIdx.x == 0) p.part_ml[ml] = make_float2(-INFINITY, 0.f);
       if (p.done) combine_if_last(orow, p, row_head);
@@ -425,26 +418,48 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t slot_stride = int64_t(p.Hkv) * D;
   const T* kbase = k_cache + int64_t(hk) * D + quarter * QD;
   const T* vbase = v_cache + int64_t(hk) * D + lane * VD;
-
-  float m = -INFINITY, l = 0.f, acc[VD];
-#pragma unroll
-  for (int r = 0; r < VD; ++r) acc[r] = 0.f;
-  for (int j0 = k0 + warp * kKeys; j0 < k1; j0 += kWarps * kKeys) {
+  // A step of the warp: its 8 keys from j0, the lane's key row (a quarter of it) and the 8 value rows
+  // (a slice each), those at positions [lo, hi) loaded.
+  QP kp[QD / 8];
+  VP vp[kKeys];
+  int slot = 0;
+  auto load = [&](int j0, int lo, int hi) {
     const int j = j0 + key;
-    const bool valid = j < k1;
-    const int slot = valid ? (bt[j >> p.log2_bs] << p.log2_bs) | (j & bs_mask) : 0;
-    QP kp[QD / 8];
-    if (valid) {
+    slot = j < k1 ? (bt[j >> p.log2_bs] << p.log2_bs) | (j & bs_mask) : 0;
+    if (j < k1 && j >= lo && j < hi) {
       const QP* kr = reinterpret_cast<const QP*>(kbase + int64_t(slot) * slot_stride);
 #pragma unroll
       for (int c = 0; c < QD / 8; ++c) kp[c] = kr[c];
     }
-    VP vp[kKeys];
 #pragma unroll
     for (int u = 0; u < kKeys; ++u) {
       const int vs = __shfl_sync(0xffffffffu, slot, 4 * u);
-      if (j0 + u < k1) vp[u] = *reinterpret_cast<const VP*>(vbase + int64_t(vs) * slot_stride);
+      if (j0 + u < k1 && j0 + u >= lo && j0 + u < hi)
+        vp[u] = *reinterpret_cast<const VP*>(vbase + int64_t(vs) * slot_stride);
     }
+  };
+  const int first = k0 + warp * kKeys;
+  if (first < k1) load(first, 0, earlier);
+  pdl_wait();  // launched as a dependent of the kernel ahead (launch_dependent)
+
+  float qf[QD];
+  {
+    const QP* qr = reinterpret_cast<const QP*>(q + int64_t(t) * p.qs + int64_t(h) * D + quarter * QD);
+#pragma unroll
+    for (int c = 0; c < QD / 8; ++c) {
+      const QP v = qr[c];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) qf[c * 8 + e] = to_f(v.v[e]) * p.scale_log2;
+    }
+  }
+  float m = -INFINITY, l = 0.f, acc[VD];
+#pragma unroll
+  for (int r = 0; r < VD; ++r) acc[r] = 0.f;
+  for (int j0 = first; j0 < k1; j0 += kWarps * kKeys) {
+    if (j0 == first) load(j0, earlier, k1);  // this step's keys, if any, on top of the early loads
+    else load(j0, 0, k1);
+    const int j = j0 + key;
+    const bool valid = j < k1;
     float sc = 0.f;
     if (valid)
 #pragma unroll
