@@ -8,6 +8,12 @@
 // (RowOutput::SwiGLU): W is then [2N, K], gate rows then up rows as Llama's fused projection packs
 // them, bias (if any) [2N], no residual, and y[m, n] = silu(g) * u with g, u the products of rows n and
 // N + n; the kernel puts both rows of a pair in one block, so the activation costs no pass either.
+// The output may also be a packed [q | k | v] projection row with RoPE and the KV cache write fused
+// (RowOutput::RopeCache, with a RowRopeCache below): N = (Hq + 2 Hkv) D outputs, q and k heads rotated
+// at the row's position (kernels/rope.h's rotation and angles), k and v heads also stored to the
+// row's cache slot (kv_cache_write's layout, kernels/paged_attention.h); no residual. That is
+// rope_kv_cache_write after a plain product, except that the rotation takes the fp32 sums before the
+// one rounding; the kernel puts channels i and i + D/2 of a head in one block.
 // W is [N, K] row-major with leading dimension ldw; x [M, K] has leading dimension ldx; y and
 // residual (nullptr: none; it may be y itself) have leading dimension ldy; bias [N] may be nullptr.
 // f(x) stays in fp32 (the unfused layers round it to dt first), the product accumulates in fp32, and
@@ -24,9 +30,23 @@
 namespace zp::kernels {
 
 enum class RowInput : uint8_t { Plain, RmsNorm };
-enum class RowOutput : uint8_t { Plain, SwiGLU };
+enum class RowOutput : uint8_t { Plain, SwiGLU, RopeCache };
+
+// RowOutput::RopeCache's heads, angles and cache. A row whose slot is negative stores nothing to the
+// cache (as kv_cache_write).
+struct RowRopeCache {
+  int64_t Hq = 0, Hkv = 0, D = 0;
+  float theta = 0.f;
+  const int32_t* positions = nullptr;  // [M], on the device of the product
+  const int32_t* slots = nullptr;      // [M]
+  void* k_cache = nullptr;             // [slots, Hkv, D] in dt
+  void* v_cache = nullptr;
+};
 
 inline constexpr int64_t kRowLinearMaxRows = 8;
+
+// Throws unless `rope` describes a RoPE + cache output of N outputs (nothing to check for other outputs).
+void row_rope_cache_check(RowOutput out, int64_t N, const RowRopeCache* rope);
 
 // The CUDA kernel's conditions: at most kRowLinearMaxRows rows, 16-bit operands, K and the leading
 // dimensions of x and W multiples of 8 (16-byte packs), and x, W (and the norm weight) 16-byte aligned.
@@ -52,6 +72,7 @@ class ConstantWeightsScope {
 
 ZP_KERNEL(void row_linear(StreamHandle s, DType dt, RowInput in, RowOutput out, int64_t M, int64_t N, int64_t K,
                           const void* x, int64_t ldx, const void* norm_weight, float eps, const void* w, int64_t ldw,
-                          const void* bias, void* y, int64_t ldy, const void* residual))
+                          const void* bias, void* y, int64_t ldy, const void* residual,
+                          const RowRopeCache* rope = nullptr))
 
 }  // namespace zp::kernels

@@ -2,6 +2,7 @@
 
 #include "kernels/gemm.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
 #include "kernels/row_linear.h"
 #include "test_util.h"
 
@@ -66,6 +67,33 @@ TEST(RowLinear, CpuSwiGluOutputEqualsTheUnfusedLayers) {
     cpu::row_linear(nullptr, DType::F64, in, RowOutput::SwiGLU, M, F, K, x.data(), K, nw.data(), 1e-5f, w.data(), K,
                     b.data(), got.data(), F, nullptr);
     for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-9 * (1 + std::abs(want[i]))) << int(in);
+  }
+}
+
+// The RoPE + cache output is the plain product followed by rope_kv_cache_write, in float64 (where the
+// unfused product's rounding before the rotation is no rounding at all); a row with a negative slot
+// leaves the caches alone.
+TEST(RowLinear, CpuRopeCacheOutputEqualsTheUnfusedLayers) {
+  const int64_t M = 3, Hq = 4, Hkv = 2, D = 8, N = (Hq + 2 * Hkv) * D, K = 16, slots_n = 6;
+  const auto w = to_double(randn(size_t(N * K), 21)), b = to_double(randn(size_t(N), 22));
+  const auto x = to_double(randn(size_t(M * K), 23)), nw = to_double(randn(size_t(K), 24, 0.5f, 1.f));
+  const std::vector<int32_t> positions{0, 7, 1000}, slots{4, -1, 1};
+  for (RowInput in : {RowInput::Plain, RowInput::RmsNorm}) {
+    std::vector<double> want(size_t(M * N)), got(size_t(M * N), NAN);
+    std::vector<double> want_k(size_t(slots_n * Hkv * D), -7.0), want_v = want_k, got_k = want_k, got_v = want_k;
+    cpu::row_linear(nullptr, DType::F64, in, RowOutput::Plain, M, N, K, x.data(), K, nw.data(), 1e-5f, w.data(), K,
+                    b.data(), want.data(), N, nullptr);
+    cpu::rope_kv_cache_write(nullptr, DType::F64, want.data(), M, Hq, Hkv, D, N, 5e5f, positions.data(),
+                             want_k.data(), want_v.data(), slots.data(), 4);
+    const RowRopeCache rope{Hq, Hkv, D, 5e5f, positions.data(), slots.data(), got_k.data(), got_v.data()};
+    cpu::row_linear(nullptr, DType::F64, in, RowOutput::RopeCache, M, N, K, x.data(), K, nw.data(), 1e-5f, w.data(),
+                    K, b.data(), got.data(), N, nullptr, &rope);
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-9 * (1 + std::abs(want[i]))) << int(in);
+    for (size_t i = 0; i < got_k.size(); ++i) {
+      EXPECT_NEAR(got_k[i], want_k[i], 1e-9 * (1 + std::abs(want_k[i]))) << int(in) << " key " << i;
+      EXPECT_NEAR(got_v[i], want_v[i], 1e-9 * (1 + std::abs(want_v[i]))) << int(in) << " value " << i;
+    }
+    EXPECT_EQ(got_k[0], -7.0);  // slot 0: no row's
   }
 }
 
@@ -138,6 +166,50 @@ TEST(RowLinearGpu, SwiGluOutputMatchesCpu) {
           EXPECT_LE(rel_error(download(dy), want), tolerance(dt))
               << dtype_name(dt) << " input " << int(in) << " M=" << M << " F=" << F << " K=" << K;
         }
+}
+
+// The RoPE + cache output on the GPU against the CPU reference: Llama 3.2 1B's heads (K = 2048, 4
+// rows a block), 128-wide heads with a q/k/v bias as Qwen2 has (K = 4096: 8 rows a block at one row),
+// 16-wide heads at K = 1000; positions far into the context, a row with no slot; y and both caches.
+TEST(RowLinearGpu, RopeCacheOutputMatchesCpu) {
+  ZP_SKIP_WITHOUT_GPU();
+  uint64_t seed = 140;
+  struct Heads {
+    int64_t Hq, Hkv, D, K;
+    bool bias;
+  };
+  for (const Heads& h : {Heads{32, 8, 64, 2048, false}, Heads{4, 2, 128, 4096, true}, Heads{2, 1, 16, 1000, true}})
+    for (int64_t M : {1, 3, 8})
+      for (DType dt : {DType::BF16, DType::F16}) {
+        const int64_t N = (h.Hq + 2 * h.Hkv) * h.D, slots_n = 16, cache_n = slots_n * h.Hkv * h.D;
+        std::vector<int32_t> positions, slots;
+        for (int64_t m = 0; m < M; ++m) {
+          positions.push_back(int32_t(m * 977 + 5));
+          slots.push_back(m == 1 ? -1 : int32_t((m * 5 + 3) % slots_n));
+        }
+        auto x = round_to(randn(size_t(M * h.K), seed++, 2.f), dt);
+        auto w = round_to(randn(size_t(N * h.K), seed++, 0.05f), dt);
+        auto b = round_to(randn(size_t(N), seed++), dt), nw = round_to(randn(size_t(h.K), seed++, 0.3f, 1.f), dt);
+        std::vector<float> want(size_t(M * N)), want_k(size_t(cache_n), 0.f), want_v = want_k;
+        const RowRopeCache cpu_rope{h.Hq, h.Hkv, h.D, 5e5f, positions.data(), slots.data(), want_k.data(),
+                                    want_v.data()};
+        cpu::row_linear(nullptr, DType::F32, RowInput::RmsNorm, RowOutput::RopeCache, M, N, h.K, x.data(), h.K,
+                        nw.data(), 1e-5f, w.data(), h.K, h.bias ? b.data() : nullptr, want.data(), N, nullptr,
+                        &cpu_rope);
+        Tensor dx = upload(x, dt), dw = upload(w, dt), db = upload(b, dt), dn = upload(nw, dt);
+        Tensor dy = upload(std::vector<float>(size_t(M * N), NAN), dt);
+        Tensor dk = upload(want_k, dt), dv = upload(want_v, dt);  // zeros: the slots no row stores to
+        Tensor dpos = upload(std::vector<float>(positions.begin(), positions.end()), DType::I32);
+        Tensor dslots = upload(std::vector<float>(slots.begin(), slots.end()), DType::I32);
+        const RowRopeCache rope{h.Hq, h.Hkv, h.D, 5e5f, dpos.data<int32_t>(), dslots.data<int32_t>(), dk.data(),
+                                dv.data()};
+        cuda::row_linear(nullptr, dt, RowInput::RmsNorm, RowOutput::RopeCache, M, N, h.K, dx.data(), h.K, dn.data(),
+                         1e-5f, dw.data(), h.K, h.bias ? db.data() : nullptr, dy.data(), N, nullptr, &rope);
+        const std::string what = std::string(dtype_name(dt)) + " D=" + std::to_string(h.D) + " M=" + std::to_string(M);
+        EXPECT_LE(rel_error(download(dy), want), tolerance(dt)) << what;
+        EXPECT_LE(rel_error(download(dk), want_k), tolerance(dt)) << what << " key cache";
+        EXPECT_LE(rel_error(download(dv), want_v), tolerance(dt)) << what << " value cache";
+      }
 }
 
 }  // namespace zp::test

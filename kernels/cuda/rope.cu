@@ -1,6 +1,4 @@
-// RoPE. The inverse frequencies are computed on the host, exactly as the CPU reference and HF do
-// (float32 pow), and passed by value as a __grid_constant__ kernel parameter, so the device never
-// re-derives them with its own, differently rounded powf. Each thread owns one (token, head, pair i)
+// RoPE (angles and rotation in rope.cuh). Each thread owns one (token, head, pair i)
 // and computes its own sincosf: a thread that looped over the heads serialised H dependent loads (y
 // may alias x), which left a decode step's one-token rotation latency-bound at 40 round trips (18 us
 // on an H200); the recomputed sines are cheap next to the memory traffic. Consecutive threads take
@@ -10,25 +8,11 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/rope.cuh"
 #include "kernels/rope.h"
 
 namespace zp::kernels::cuda {
 namespace {
-
-constexpr int kMaxHalf = 512;  // D <= 1024
-struct InvFreq {
-  float v[kMaxHalf];
-};
-
-// The rotation of one pair by angle a (times sign = +-1), with explicit FMAs so that both kernels
-// below round exactly alike (rope_kv_cache_write promises rope_forward's numbers).
-__device__ __forceinline__ void rotate_pair(float x1, float x2, float a, float sign, float& y1, float& y2) {
-  float sn, c;
-  sincosf(a, &sn, &c);
-  sn *= sign;
-  y1 = fmaf(x1, c, -(x2 * sn));
-  y2 = fmaf(x2, c, x1 * sn);
-}
 
 // I: the index type of the (token, head, pair) enumeration, 32-bit when it fits (64-bit division
 // would cost more than the rotation).
@@ -49,13 +33,6 @@ __global__ void rope_kernel(T* y, const T* x, I BT, I T_, I H, I D, int64_t pos_
   }
 }
 
-// The host's inverse frequencies for head dim D (the CPU reference's and HF's float32 pow).
-InvFreq inv_freqs(float theta, int64_t D) {
-  InvFreq f{};
-  for (int64_t i = 0; i < D / 2; ++i) f.v[i] = 1.0f / std::pow(theta, float(2 * i) / float(D));
-  return f;
-}
-
 // Blocks of 256 threads for `total` items, capped (the kernels stride over the rest).
 unsigned grid_for(int64_t total) {
   const int64_t blocks = (total + 255) / 256;
@@ -64,7 +41,7 @@ unsigned grid_for(int64_t total) {
 
 void rope_apply(StreamHandle s, DType dt, void* y, const void* x, int64_t B, int64_t T, int64_t H, int64_t D,
                 float theta, int64_t pos_offset, int64_t row_stride, const int32_t* positions, float sign) {
-  ZP_CHECK(B >= 0 && T >= 0 && H >= 0 && D > 0 && D % 2 == 0 && D / 2 <= kMaxHalf, "B=", B, " T=", T, " H=", H,
+  ZP_CHECK(B >= 0 && T >= 0 && H >= 0 && D > 0 && D % 2 == 0 && D / 2 <= kRopeMaxHalf, "B=", B, " T=", T, " H=", H,
            " D=", D);
   ZP_CHECK(theta > 0 && pos_offset >= 0, "theta=", theta, " pos_offset=", pos_offset);
   ZP_CHECK(!positions || pos_offset == 0, "rope: pos_offset ", pos_offset, " together with explicit positions");
@@ -125,7 +102,7 @@ __global__ void rope_kv_cache_kernel(T* qkv, I N, I Hq, I Hkv, I D, int64_t row_
 void rope_kv_cache_write(StreamHandle s, DType dt, void* qkv, int64_t N, int64_t Hq, int64_t Hkv, int64_t D,
                          int64_t row_stride, float theta, const int32_t* positions, void* k_cache, void* v_cache,
                          const int32_t* slots, int64_t block_size) {
-  ZP_CHECK(N >= 0 && Hq > 0 && Hkv > 0 && D > 0 && D % 2 == 0 && D / 2 <= kMaxHalf && block_size > 0, "N=", N,
+  ZP_CHECK(N >= 0 && Hq > 0 && Hkv > 0 && D > 0 && D % 2 == 0 && D / 2 <= kRopeMaxHalf && block_size > 0, "N=", N,
            " Hq=", Hq, " Hkv=", Hkv, " D=", D);
   ZP_CHECK(theta > 0 && positions, "rope_kv_cache_write: theta ", theta, ", positions are required");
   ZP_CHECK(row_stride >= (Hq + 2 * Hkv) * D, "rope_kv_cache_write: row stride ", row_stride, " too small");

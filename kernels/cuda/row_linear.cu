@@ -11,7 +11,10 @@
 // pack beside each x pack, and the sum of squares is summed with the dot products (the block's
 // threads cover all of K), its rsqrt applied to the finished sums, since sum_k W x w r = r sum_k W x w.
 // A SwiGLU output (RowOutput::SwiGLU) gives each block RB / 2 outputs and, for each, its gate row and
-// its up row as the block's RB weight rows, so silu(g) * u is one more step of the same epilogue.
+// its up row as the block's RB weight rows, so silu(g) * u is one more step of the same epilogue. A
+// RoPE + cache output (RowOutput::RopeCache) pairs rows the same way, channel i of a head with channel
+// i + D/2, so the rotation (rope.cuh's, on the fp32 sums) and the key and value stores to the cache
+// slot are the epilogue too: a decode step's q/k/v projection needs no kernel of its own after it.
 // It is launched as a programmatic dependent (cuda_common.cuh) and waits for the kernel ahead before it
 // reads anything; decoding with resident weights (ConstantWeightsScope) it issues its first round of
 // weight loads before that wait, so the short kernels between two products (RoPE, attention, SwiGLU)
@@ -20,6 +23,7 @@
 #include <cstring>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/row_linear.cuh"
 #include "kernels/row_linear.h"
 
@@ -29,21 +33,43 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 
-// N is the number of outputs; W has N rows, or 2N (gate rows, then up rows) with a SwiGLU output.
+// What an output needs beyond the product: nothing, or for RowOutput::RopeCache the heads, the
+// angles and the cache (a __grid_constant__ parameter of that kernel only).
+template <RowOutput OUT>
+struct Epilogue {};
+template <>
+struct Epilogue<RowOutput::RopeCache> {
+  int Hq, Hkv, D;
+  const int32_t* positions;
+  const int32_t* slots;
+  void* k_cache;
+  void* v_cache;
+  InvFreq inv_freq;
+};
+
+// N is the number of outputs; W has N rows, or 2N (gate rows, then up rows) with a SwiGLU output. With
+// a RoPE + cache output N counts pairs (channels i and i + D/2 of a head): W has 2N rows.
 template <class T, int M, int RB, int U, RowInput IN, RowOutput OUT>
 __global__ void __launch_bounds__(kThreads)
     row_linear_kernel(T* C, int64_t ldc, const T* __restrict__ A, int64_t lda, const T* __restrict__ W, int64_t ldw,
                        int N, int K, const T* __restrict__ bias, const T* c_in, float beta,
-                       const T* __restrict__ norm_w, float eps, bool weights_first) {
+                       const T* __restrict__ norm_w, float eps, bool weights_first,
+                       const __grid_constant__ Epilogue<OUT> ep) {
   using P = Pack<T, 8>;
-  constexpr bool kSwiGLU = OUT == RowOutput::SwiGLU;
-  static_assert(!kSwiGLU || RB % 2 == 0, "a SwiGLU block takes pairs of rows");
-  constexpr int kOut = kSwiGLU ? RB / 2 : RB;  // outputs per block
+  constexpr bool kSwiGLU = OUT == RowOutput::SwiGLU, kRope = OUT == RowOutput::RopeCache;
+  static_assert(!(kSwiGLU || kRope) || RB % 2 == 0, "a SwiGLU or RoPE block takes pairs of rows");
+  constexpr int kOut = kSwiGLU || kRope ? RB / 2 : RB;  // outputs (pairs) per block
   const int n0 = int(blockIdx.x) * kOut;  // the block's first output
   // Weight row of the block's row r (clamped to a real row past the end; its sum is never written).
   auto weight_row = [&](int r) -> int64_t {
-    if constexpr (kSwiGLU) return r < kOut ? min(n0 + r, N - 1) : int64_t(N) + min(n0 + r - kOut, N - 1);
-    else return min(n0 + r, N - 1);
+    if constexpr (kSwiGLU) {
+      return r < kOut ? min(n0 + r, N - 1) : int64_t(N) + min(n0 + r - kOut, N - 1);
+    } else if constexpr (kRope) {  // pair n is channel n % half of head n / half, and that + half
+      const int half = ep.D / 2, n = min(n0 + (r < kOut ? r : r - kOut), N - 1);
+      return int64_t(n / half) * ep.D + n % half + (r < kOut ? 0 : half);
+    } else {
+      return min(n0 + r, N - 1);
+    }
   };
   pdl_launch_dependents();
   // Everything but the weights may come from the kernel ahead; each thread waits for it once.
@@ -149,15 +175,33 @@ __global__ void __launch_bounds__(kThreads)
       v *= rstd;
       return bias ? v + to_f(bias[row]) : v;
     };
-    float v;
-    if constexpr (kSwiGLU) {
+    if constexpr (kRope) {
+      const int half = ep.D / 2, h = n / half, i = n % half;
+      const int64_t c1 = int64_t(h) * ep.D + i;
+      float y1 = product(r, c1), y2 = product(r + kOut, c1 + half);
+      if (h < ep.Hq + ep.Hkv) {
+        const float x1 = y1, x2 = y2;
+        rotate_pair(x1, x2, float(ep.positions[m]) * ep.inv_freq.v[i], 1.f, y1, y2);
+      }
+      const T t1 = from_f<T>(y1), t2 = from_f<T>(y2);
+      C[m * ldc + c1] = t1;
+      C[m * ldc + c1 + half] = t2;
+      const int32_t slot = ep.slots[m];
+      if (h >= ep.Hq && slot >= 0) {
+        const bool key = h < ep.Hq + ep.Hkv;
+        T* at = static_cast<T*>(key ? ep.k_cache : ep.v_cache) +
+                (int64_t(slot) * ep.Hkv + (key ? h - ep.Hq : h - ep.Hq - ep.Hkv)) * ep.D + i;
+        at[0] = t1;
+        at[half] = t2;
+      }
+    } else if constexpr (kSwiGLU) {
       const float g = product(r, n), u = product(r + kOut, int64_t(N) + n);
-      v = g / (1.f + expf(-g)) * u;
+      C[m * ldc + n] = from_f<T>(g / (1.f + expf(-g)) * u);
     } else {
-      v = product(r, n);
+      float v = product(r, n);
       if (beta != 0.f) v += beta * to_f(c_in[m * ldc + n]);
+      C[m * ldc + n] = from_f<T>(v);
     }
-    C[m * ldc + n] = from_f<T>(v);
   }
 }
 
@@ -177,31 +221,40 @@ struct Problem {
   int64_t lda, ldb, ldc;
   float beta, eps;
   void* C;
+  const RowRopeCache* rope;
 };
 
 // RB x U = 8 loads of 16 bytes in flight per thread: the fewer packs K gives each thread, the more
-// rows a block takes (a SwiGLU block at least a pair). K beyond 8 x 128 packs loops.
+// rows a block takes (a SwiGLU or RoPE block at least a pair). K beyond 8 x 128 packs loops.
 template <class T, int M, RowInput IN, RowOutput OUT>
 void launch(StreamHandle s, const Problem& q) {
   const int64_t per_thread = (q.K / 8 + kThreads - 1) / kThreads;
+  Epilogue<OUT> ep{};
+  int64_t n = q.N;
+  if constexpr (OUT == RowOutput::RopeCache) {
+    const RowRopeCache& r = *q.rope;
+    ep = {int(r.Hq), int(r.Hkv), int(r.D), r.positions, r.slots, r.k_cache, r.v_cache, inv_freqs(r.theta, r.D)};
+    n = q.N / 2;
+  }
   auto go = [&](auto rb, auto u) {
     constexpr int RB = decltype(rb)::value, U = decltype(u)::value;
-    constexpr int outputs = OUT == RowOutput::SwiGLU ? RB / 2 : RB;
-    launch_dependent(row_linear_kernel<T, M, RB, U, IN, OUT>, dim3(ceil_div(q.N, outputs)), dim3(kThreads), 0, s,
+    constexpr int outputs = OUT == RowOutput::Plain ? RB : RB / 2;
+    launch_dependent(row_linear_kernel<T, M, RB, U, IN, OUT>, dim3(ceil_div(n, outputs)), dim3(kThreads), 0, s,
                      static_cast<T*>(q.C), q.ldc, static_cast<const T*>(q.A), q.lda, static_cast<const T*>(q.B),
-                     q.ldb, int(q.N), int(q.K), static_cast<const T*>(q.bias),
+                     q.ldb, int(n), int(q.K), static_cast<const T*>(q.bias),
                      static_cast<const T*>(q.c_in ? q.c_in : q.C), q.beta, static_cast<const T*>(q.norm_w), q.eps,
-                     ConstantWeightsScope::active());
+                     ConstantWeightsScope::active(), ep);
   };
   if (per_thread <= 2) go(std::integral_constant<int, 4>{}, std::integral_constant<int, 2>{});
   else if (per_thread <= 4) go(std::integral_constant<int, 2>{}, std::integral_constant<int, 4>{});
-  else if constexpr (OUT == RowOutput::SwiGLU) go(std::integral_constant<int, 2>{}, std::integral_constant<int, 4>{});
+  else if constexpr (OUT != RowOutput::Plain) go(std::integral_constant<int, 2>{}, std::integral_constant<int, 4>{});
   else go(std::integral_constant<int, 1>{}, std::integral_constant<int, 8>{});
 }
 
 template <class T, int M, RowInput IN>
 void launch_out(StreamHandle s, const Problem& q) {
   if (q.out == RowOutput::SwiGLU) return launch<T, M, IN, RowOutput::SwiGLU>(s, q);
+  if (q.out == RowOutput::RopeCache) return launch<T, M, IN, RowOutput::RopeCache>(s, q);
   launch<T, M, IN, RowOutput::Plain>(s, q);
 }
 
@@ -229,22 +282,24 @@ void run(StreamHandle s, DType dt, int64_t M, const Problem& q) {
 bool decode_gemv(StreamHandle s, DType dt, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
                  int64_t ldb, float beta, void* C, int64_t ldc, const void* bias, const void* c_in) {
   if (!enabled() || N < 1 || N > INT32_MAX || !row_linear_fits(dt, M, K, lda, A, ldb, B, nullptr)) return false;
-  run(s, dt, M, {RowInput::Plain, RowOutput::Plain, N, K, A, B, bias, c_in, nullptr, lda, ldb, ldc, beta, 0.f, C});
+  run(s, dt, M, {RowInput::Plain, RowOutput::Plain, N, K, A, B, bias, c_in, nullptr, lda, ldb, ldc, beta, 0.f, C,
+                 nullptr});
   return true;
 }
 
 void row_linear(StreamHandle s, DType dt, RowInput in, RowOutput out, int64_t M, int64_t N, int64_t K, const void* x,
                 int64_t ldx, const void* norm_weight, float eps, const void* w, int64_t ldw, const void* bias, void* y,
-                int64_t ldy, const void* residual) {
+                int64_t ldy, const void* residual, const RowRopeCache* rope) {
   ZP_CHECK(M >= 0 && N >= 0 && N <= INT32_MAX / 2 && ldy >= N && ldx >= K,
            "row_linear: M=", M, " N=", N, " ldx=", ldx, " ldy=", ldy);
   ZP_CHECK(in != RowInput::RmsNorm || norm_weight, "row_linear: RmsNorm without a norm weight");
-  ZP_CHECK(out != RowOutput::SwiGLU || !residual, "row_linear: a SwiGLU output takes no residual");
+  ZP_CHECK(out == RowOutput::Plain || !residual, "row_linear: a SwiGLU or RoPE + cache output takes no residual");
+  row_rope_cache_check(out, N, rope);  // also D <= 2 * kRopeMaxHalf
   if (M == 0 || N == 0) return;
   ZP_CHECK(row_linear_fits(dt, M, K, ldx, x, ldw, w, in == RowInput::RmsNorm ? norm_weight : nullptr),
            "row_linear: ", dtype_name(dt), " M=", M, " K=", K, " ldx=", ldx, " ldw=", ldw,
            " is not a problem the CUDA kernel takes (see row_linear_fits)");
-  run(s, dt, M, {in, out, N, K, x, w, bias, residual, norm_weight, ldx, ldw, ldy, residual ? 1.f : 0.f, eps, y});
+  run(s, dt, M, {in, out, N, K, x, w, bias, residual, norm_weight, ldx, ldw, ldy, residual ? 1.f : 0.f, eps, y, rope});
 }
 
 }  // namespace zp::kernels::cuda

@@ -3,6 +3,7 @@
 #include "kernels/attention.h"
 #include "kernels/paged_attention.h"
 #include "kernels/rope.h"
+#include "kernels/row_linear.h"
 #include "nn/deferred_weight_grads.h"
 
 namespace zp::nn {
@@ -34,18 +35,22 @@ void SelfAttention::forward_cached(const Ctx& c, void* y, const void* x, const C
   const int64_t N = b.num_tokens, Np = b.num_prefill_tokens, W = sh_.qkv_width(), Hq = sh_.Hq, Hkv = sh_.Hkv,
                 D = sh_.D;
   Tensor qkv = c.act({N, W});
-  if (norm)
-    qkv_.forward_normed(c, qkv.data(), x, *norm, N);
-  else
-    qkv_.forward(c, qkv.data(), x, N);
   char* base = static_cast<char*>(qkv.data());
   const size_t esz = dtype_size(c.dt), ko = size_t(Hq * D) * esz, vo = size_t((Hq + Hkv) * D) * esz;
-  if (sh_.rope)
-    ZP_KERNEL_CALL(c.dev, rope_kv_cache_write, c.s, c.dt, base, N, Hq, Hkv, D, W, sh_.rope_theta, b.positions,
-                   cache.k(layer), cache.v(layer), b.slots, cache.block_size());
-  else
-    ZP_KERNEL_CALL(c.dev, kv_cache_write, c.s, c.dt, cache.k(layer), cache.v(layer), base + ko, base + vo, N, Hkv, D,
-                   W, W, b.slots, cache.block_size());
+  // A decode step's few rows on a GPU: norm, projection, rotation and cache write in one kernel.
+  const RowRopeCache rope{Hq, Hkv, D, sh_.rope_theta, b.positions, b.slots, cache.k(layer), cache.v(layer)};
+  if (!(sh_.rope && norm && qkv_.forward_normed_rope_cache(c, base, x, *norm, N, rope))) {
+    if (norm)
+      qkv_.forward_normed(c, base, x, *norm, N);
+    else
+      qkv_.forward(c, base, x, N);
+    if (sh_.rope)
+      ZP_KERNEL_CALL(c.dev, rope_kv_cache_write, c.s, c.dt, base, N, Hq, Hkv, D, W, sh_.rope_theta, b.positions,
+                     cache.k(layer), cache.v(layer), b.slots, cache.block_size());
+    else
+      ZP_KERNEL_CALL(c.dev, kv_cache_write, c.s, c.dt, cache.k(layer), cache.v(layer), base + ko, base + vo, N, Hkv,
+                     D, W, W, b.slots, cache.block_size());
+  }
   Tensor att = c.act({N, Hq * D});
   const float scale = attention_default_scale(D);
   // Fresh prompts see only themselves: one packed row through the flash kernels, a segment per

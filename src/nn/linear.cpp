@@ -179,6 +179,15 @@ bool Linear::forward_normed_swiglu(const Ctx& c, void* y, const void* x, const N
   return true;
 }
 
+bool Linear::forward_normed_rope_cache(const Ctx& c, void* y, const void* x, const Norm& norm, int64_t N,
+                                       const RowRopeCache& rope) const {
+  const void* nw = norm.rms_weight();
+  if (!nw || !rows_fit(c, N, x, in_, nw)) return false;
+  ZP_KERNEL_CALL(c.dev, row_linear, c.s, c.dt, RowInput::RmsNorm, RowOutput::RopeCache, N, out_, in_, x, in_, nw,
+                 norm.eps(), w_->v(), in_, b_ ? b_->v() : nullptr, y, out_, nullptr, &rope);
+  return true;
+}
+
 void Linear::forward_gelu(const Ctx& c, void* y, void* pre, const void* x, int64_t N) const {
   if (!adapters_.empty()) {  // the adapters add into pre, before the GELU
     forward(c, pre, x, N);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/row_linear.h"
 #include "nn/context.h"
 #include "nn/norm.h"
 #include "nn/parameter.h"
@@ -59,6 +60,11 @@ class Linear {
   // y[N, F] = silu(gate) * up, in one kernel, where that kernel takes the problem (as forward_normed's
   // fused case). Returns false, having done nothing, where it does not.
   bool forward_normed_swiglu(const Ctx& c, void* y, const void* x, const Norm& norm, int64_t N) const;
+  // The same for a packed [q | k | v] projection ((Hq + 2 Hkv) D outputs) with RoPE applied to its q
+  // and k heads and its k and v heads stored to the KV cache (kernels/row_linear.h's
+  // RowOutput::RopeCache). Returns false, having done nothing, where the kernel does not take it.
+  bool forward_normed_rope_cache(const Ctx& c, void* y, const void* x, const Norm& norm, int64_t N,
+                                 const zp::kernels::RowRopeCache& rope) const;
   // y = gelu(pre), pre = x W^T + b, both from one GEMM (its epilogue applies the tanh GELU).
   void forward_gelu(const Ctx& c, void* y, void* pre, const void* x, int64_t N) const;
   // dW += dy^T x, db += colsum(dy); dx = dy W (or dx += when accumulate_dx); dx may be nullptr.
