@@ -509,16 +509,14 @@ Tensor Transformer::forward_cached(const int32_t* ids, const nn::CachedBatch& b,
   }
   // Only the wanted rows go through the head: a prompt's other tokens need no logits. The gather is
   // the embedding lookup with the hidden states as the table.
-  Tensor last = c.act({S, C}), af = c.act({S, C});
+  Tensor last = c.act({S, C});
   ZP_KERNEL_CALL(c.dev, embedding_forward, c.s, c.dt, last.data(), b.output_rows, x.data(), S, C, N, nullptr, S, 0,
                  nullptr);
   x = Tensor();
   Tensor logits = c.act({S, vpad_});
   {
     ParamsInUse use(access_, *head_);
-    nn::Norm::Saved nf;
-    lnf_.forward(c, af.data(), last.data(), S, nf);
-    head_linear_.forward(c, logits.data(), af.data(), S, vpad_);
+    head_linear_.forward_normed(c, logits.data(), last.data(), lnf_, S);  // one kernel for a decode step
   }
   if (tied_here_ && access_) access_->release_params(*embed_);
   return logits;
