@@ -86,7 +86,7 @@ BENCHMARK(BM_Gemm)->ArgNames({"M", "N", "K", "transB"})
     ->Args({32768, 768, 3072, 1})->Args({32768, 50304, 768, 1})->Args({8192, 8192, 8192, 0})
     ->UseManualTime()->Unit(benchmark::kMillisecond);
 
-// --- Decode's products: M = 1 or 4 rows against a Llama weight [N, K] (x W^T), what a decode step's
+// --- Decode's products: M = 1, 4 or 8 rows against a Llama weight [N, K] (x W^T), what a decode step's
 // GEMMs are. A weight stream, so GB/s (weight + rows + output) against HBM's peak; the time is that of
 // 16 products. Llama 3.2 1B: q/k/v, o, gate/up, down; Llama 3.1 8B: q/k/v, gate/up, down.
 void BM_DecodeGemm(benchmark::State& st) {
@@ -110,6 +110,8 @@ void BM_DecodeGemm(benchmark::State& st) {
 BENCHMARK(BM_DecodeGemm)->ArgNames({"M", "N", "K"})
     ->Args({1, 3072, 2048})->Args({1, 2048, 2048})->Args({1, 16384, 2048})->Args({1, 2048, 8192})
     ->Args({4, 2048, 2048})->Args({1, 6144, 4096})->Args({1, 28672, 4096})->Args({1, 4096, 14336})
+    ->Args({4, 3072, 2048})->Args({4, 16384, 2048})->Args({4, 2048, 8192})->Args({4, 6144, 4096})
+    ->Args({4, 4096, 14336})->Args({8, 16384, 2048})->Args({8, 2048, 8192})
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // --- Attention, causal, B=32? (the GPT-2 step shape: B=32, T=1024, H=12, D=64) forward and backward.
