@@ -45,7 +45,8 @@ struct RowRopeCache {
 
 inline constexpr int64_t kRowLinearMaxRows = 8;
 
-// Throws unless `rope` describes a RoPE + cache output of N outputs (nothing to check for other outputs).
+// A caller's error (ZP_CHECK) unless `rope` describes a RoPE + cache output of N outputs, D <= 1024;
+// nothing to check for other outputs.
 void row_rope_cache_check(RowOutput out, int64_t N, const RowRopeCache* rope);
 
 // The CUDA kernel's conditions: at most kRowLinearMaxRows rows, 16-bit operands, K and the leading
