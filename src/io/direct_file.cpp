@@ -1,6 +1,6 @@
-// The pipeline in write(): piece k is with the I/O thread (a std::async task) while the caller works
-// on piece k+1 in the other bounce buffer; in read_ranges() pieces k+1..k+3 are being read while the
-// caller consumes piece k. A buffer is reused only after the task that used it has been waited for.
+// The pipeline in write(): pieces k-2..k are with I/O threads (std::async tasks) while the caller
+// copies and checksums piece k+1 into the fourth buffer; in read_ranges() pieces k+1..k+3 are being
+// read while the caller consumes piece k. A buffer is reused only after the task that used it has been waited for.
 // A read waits for its tasks before it returns or throws; a write returns with its last piece still
 // being written, so that the next write's first piece is copied and checksummed meanwhile (most of a
 // checkpoint's tensors are one or two pieces: draining the pipeline at every tensor left the disk
@@ -40,7 +40,6 @@ char* allocate_piece_buffer(const std::string& path) {
 DirectFile::DirectFile(const std::string& path, bool writable, int threads)
     : path_(path), threads_(std::max(1, threads)) {
   const int mode = writable ? O_RDWR : O_RDONLY;
-  for (auto& b : bounce_) b.reset(allocate_piece_buffer(path));
   fd_ = ::open(path.c_str(), mode | O_CLOEXEC);
   ZP_REQUIRE(fd_ >= 0, path, ": cannot open: ", std::strerror(errno));
   direct_fd_ = ::open(path.c_str(), mode | O_DIRECT | O_CLOEXEC);  // -1: the file system refuses O_DIRECT
@@ -72,8 +71,9 @@ uint32_t DirectFile::write(int64_t offset, const void* data, int64_t bytes, uint
   if (body >= body_end) body = body_end = end;
   crc = crc32(src, size_t(body - offset), crc);
   pwrite_all(fd_, src, body - offset, offset);
-  for (int64_t at = body; at < body_end; at += kPieceBytes, next_write_ ^= 1) {
+  for (int64_t at = body; at < body_end; at += kPieceBytes, next_write_ = (next_write_ + 1) % kBuffers) {
     const int k = next_write_;
+    char* buf = piece_buffer(size_t(k));
     const int64_t n = std::min(kPieceBytes, body_end - at);
     if (writing_[k].valid()) writing_[k].get();
     // Bytes [from, to) of the piece copied and checksummed, in pieces the CRC finds in the cache.
@@ -81,8 +81,8 @@ uint32_t DirectFile::write(int64_t offset, const void* data, int64_t bytes, uint
       uint32_t c = 0;
       for (int64_t b = from; b < to; b += kCacheBytes) {
         const size_t len = size_t(std::min(kCacheBytes, to - b));
-        std::memcpy(bounce_[k].get() + b, src + (at - offset) + b, len);
-        c = crc32(bounce_[k].get() + b, len, c);
+        std::memcpy(buf + b, src + (at - offset) + b, len);
+        c = crc32(buf + b, len, c);
       }
       return c;
     };
@@ -94,7 +94,7 @@ uint32_t DirectFile::write(int64_t offset, const void* data, int64_t bytes, uint
     crc = uint32_t(::crc32_combine(crc, copy(0, std::min(n, part)), z_off_t(std::min(n, part))));
     for (size_t t = 0; t < parts.size(); ++t)
       crc = uint32_t(::crc32_combine(crc, parts[t].get(), z_off_t(std::min(n, part * int64_t(t + 2)) - part * int64_t(t + 1))));
-    writing_[k] = std::async(std::launch::async, [this, k, n, at] { pwrite_all(direct_fd_, bounce_[k].get(), n, at); });
+    writing_[k] = std::async(std::launch::async, [this, buf, n, at] { pwrite_all(direct_fd_, buf, n, at); });
   }
   crc = crc32(src + (body_end - offset), size_t(end - body_end), crc);
   pwrite_all(fd_, src + (body_end - offset), end - body_end, body_end);
@@ -105,7 +105,7 @@ void DirectFile::read_ranges(const std::vector<std::pair<int64_t, int64_t>>& ran
                              const std::function<void(size_t, const char*, int64_t)>& consume) {
   finish_writes();  // the bounce buffers are the reads' now
   // Piece p of range r is bytes [offset + p * kPieceBytes, ...) of the range, so pieces never split an
-  // element. The pieces of all the ranges form one sequence, read kReadsInFlight ahead of the one
+  // element. The pieces of all the ranges form one sequence, read kPiecesInFlight ahead of the one
   // handed out.
   struct Piece {
     size_t range;
@@ -120,7 +120,7 @@ void DirectFile::read_ranges(const std::vector<std::pair<int64_t, int64_t>>& ran
   auto start = [&](size_t k) {
     const int64_t from = pieces[k].from, to = pieces[k].to;
     const int64_t lo = direct() ? align_down(from) : from, hi = direct() ? align_up(to) : to;
-    char* buf = read_buffer(k);
+    char* buf = piece_buffer(k);
     return std::async(std::launch::async, [this, buf, lo, hi, to] {
       const int fd = direct() ? direct_fd_ : fd_;
       for (int64_t done = 0; done < to - lo;) {  // a short read at the end of the file is fine past `to`
@@ -132,26 +132,23 @@ void DirectFile::read_ranges(const std::vector<std::pair<int64_t, int64_t>>& ran
       }
     });
   };
-  // Piece k reads into buffer k % (kReadsInFlight + 1); it starts when the piece that used that
+  // Piece k reads into buffer k % (kPiecesInFlight + 1); it starts when the piece that used that
   // buffer before has been consumed. Leaving (or throwing), the futures' destructors wait for the
   // reads still in flight, so no buffer is written after it is given up.
-  constexpr size_t kBuffers = kReadsInFlight + 1;
   std::future<void> reading[kBuffers];
-  for (size_t k = 0; k < std::min(pieces.size(), size_t(kReadsInFlight)); ++k) reading[k % kBuffers] = start(k);
+  for (size_t k = 0; k < std::min(pieces.size(), size_t(kPiecesInFlight)); ++k) reading[k % kBuffers] = start(k);
   for (size_t k = 0; k < pieces.size(); ++k) {
-    if (k + kReadsInFlight < pieces.size()) reading[(k + kReadsInFlight) % kBuffers] = start(k + kReadsInFlight);
+    if (k + kPiecesInFlight < pieces.size()) reading[(k + kPiecesInFlight) % kBuffers] = start(k + kPiecesInFlight);
     reading[k % kBuffers].get();
     const int64_t from = pieces[k].from, to = pieces[k].to;
-    consume(pieces[k].range, read_buffer(k) + (from - (direct() ? align_down(from) : from)), to - from);
+    consume(pieces[k].range, piece_buffer(k) + (from - (direct() ? align_down(from) : from)), to - from);
   }
 }
 
-char* DirectFile::read_buffer(size_t k) {
-  const size_t b = k % size_t(kReadsInFlight + 1);
-  if (b < 2) return bounce_[b].get();
-  std::unique_ptr<char, Free>& extra = read_ahead_[b - 2];
-  if (!extra) extra.reset(allocate_piece_buffer(path_));
-  return extra.get();
+char* DirectFile::piece_buffer(size_t k) {
+  std::unique_ptr<char, Free>& b = buffers_[k % size_t(kBuffers)];
+  if (!b) b.reset(allocate_piece_buffer(path_));
+  return b.get();
 }
 
 void DirectFile::finish_writes() {
