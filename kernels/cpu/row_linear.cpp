@@ -4,6 +4,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/paged_attention.h"
+#include "kernels/rope.h"
+
 namespace zp::kernels::cpu {
 
 void row_linear(StreamHandle, DType dt, RowInput in, RowOutput out, int64_t M, int64_t N, int64_t K, const void* x,
@@ -14,11 +17,6 @@ void row_linear(StreamHandle, DType dt, RowInput in, RowOutput out, int64_t M, i
   ZP_CHECK(in != RowInput::RmsNorm || norm_weight, "row_linear: RmsNorm without a norm weight");
   ZP_CHECK(out == RowOutput::Plain || !residual, "row_linear: a SwiGLU or RoPE + cache output takes no residual");
   row_rope_cache_check(out, N, rope);
-  // RopeCache: the angles as rope_forward's reference takes them (float32 inverse frequencies and angle).
-  std::vector<float> inv_freq;
-  if (out == RowOutput::RopeCache)
-    for (int64_t i = 0; i < rope->D / 2; ++i)
-      inv_freq.push_back(1.0f / std::pow(rope->theta, float(2 * i) / float(rope->D)));
   ZP_DISPATCH_FLOAT(dt, T, [&] {
     auto* px = static_cast<const T*>(x);
     auto* pw = static_cast<const T*>(w);
@@ -45,28 +43,17 @@ void row_linear(StreamHandle, DType dt, RowInput in, RowOutput out, int64_t M, i
         return pb ? acc + double(pb[row]) : acc;
       };
       if (out == RowOutput::RopeCache) {
-        const int64_t D = rope->D, half = D / 2, Hq = rope->Hq, Hkv = rope->Hkv;
-        const int32_t slot = rope->slots[m];
-        for (int64_t h = 0; h < Hq + 2 * Hkv; ++h) {
-          for (int64_t i = 0; i < half; ++i) {
-            double y1 = product(h * D + i), y2 = product(h * D + i + half);
-            if (h < Hq + Hkv) {
-              const float a = float(rope->positions[m]) * inv_freq[size_t(i)];
-              const double c = double(float(std::cos(double(a)))), sn = double(float(std::sin(double(a))));
-              const double x1 = y1, x2 = y2;
-              y1 = x1 * c - x2 * sn;
-              y2 = x2 * c + x1 * sn;
-            }
-            py[m * ldy + h * D + i] = T(y1);
-            py[m * ldy + h * D + i + half] = T(y2);
-            if (h >= Hq && slot >= 0) {
-              T* cache = static_cast<T*>(h < Hq + Hkv ? rope->k_cache : rope->v_cache);
-              T* at = cache + (int64_t(slot) * Hkv + (h < Hq + Hkv ? h - Hq : h - Hq - Hkv)) * D + i;
-              at[0] = T(y1);
-              at[half] = T(y2);
-            }
-          }
-        }
+        // The row's sums unrounded, rotated by rope_forward's reference, rounded once; then k and v
+        // stored by kv_cache_write's.
+        const int64_t Hq = rope->Hq, Hkv = rope->Hkv, D = rope->D;
+        std::vector<double> row(static_cast<size_t>(N));
+        for (int64_t n = 0; n < N; ++n) row[size_t(n)] = product(n);
+        rope_forward(nullptr, DType::F64, row.data(), row.data(), 1, 1, Hq + Hkv, D, rope->theta, 0, N,
+                     rope->positions + m);
+        T* yr = py + m * ldy;
+        for (int64_t n = 0; n < N; ++n) yr[n] = T(row[size_t(n)]);
+        kv_cache_write(nullptr, dt, rope->k_cache, rope->v_cache, yr + Hq * D, yr + (Hq + Hkv) * D, 1, Hkv, D, ldy,
+                       ldy, rope->slots + m, 1);
         continue;
       }
       for (int64_t n = 0; n < N; ++n) {
