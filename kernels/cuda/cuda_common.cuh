@@ -131,6 +131,12 @@ inline int sm_count() {
 // It must call pdl_wait() before it touches anything the kernel before wrote or reads; every thread of
 // it calls pdl_wait() exactly once, so that it cannot finish before its predecessor (the kernels after
 // it are launched plainly and count on that). Both are no-ops on older GPUs and in plain launches.
+// What the kernels ahead write must not reach such a kernel through `const T* __restrict__` (nor
+// beside restrict-qualified outputs that let nvcc prove it read-only): nvcc loads those with
+// ld.global.nc, which promises memory no grid changes while this one lives, and ptxas then schedules
+// them ahead of the wait (seen in row_linear's SASS: the x loads moved above ACQBULK and decode read
+// the previous kernel's output half-written). Only inputs fixed for the whole step (weights) may be
+// restrict-qualified.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

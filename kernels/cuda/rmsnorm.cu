@@ -17,8 +17,8 @@ namespace {
 
 
 template <class T, int VEC, bool kBlockPerRow>
-__global__ void rmsnorm_forward_kernel(T* __restrict__ y, float* __restrict__ rstd, const T* __restrict__ x,
-                                       const T* __restrict__ weight, int64_t N, int C, float eps) {
+__global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* __restrict__ weight, int64_t N, int C,
+                                       float eps) {
   pdl_launch_dependents();  // the next kernel of a decode step may start (cuda_common.cuh)
   pdl_wait();               // launched as a dependent of the kernel ahead (launch_dependent)
   using P = Pack<T, VEC>;

@@ -18,7 +18,8 @@
 // It is launched as a programmatic dependent (cuda_common.cuh) and waits for the kernel ahead before it
 // reads anything; decoding with resident weights (ConstantWeightsScope) it issues its first round of
 // weight loads before that wait, so the short kernels between two products (RoPE, attention, SwiGLU)
-// run while the weights are in flight.
+// run while the weights are in flight. x is not restrict-qualified: that would let its loads move
+// ahead of the wait (cuda_common.cuh).
 #include <cstdlib>
 #include <cstring>
 
@@ -51,7 +52,7 @@ struct Epilogue<RowOutput::RopeCache> {
 // a RoPE + cache output N counts pairs (channels i and i + D/2 of a head): W has 2N rows.
 template <class T, int M, int RB, int U, RowInput IN, RowOutput OUT>
 __global__ void __launch_bounds__(kThreads)
-    row_linear_kernel(T* C, int64_t ldc, const T* __restrict__ A, int64_t lda, const T* __restrict__ W, int64_t ldw,
+    row_linear_kernel(T* C, int64_t ldc, const T* A, int64_t lda, const T* __restrict__ W, int64_t ldw,
                        int N, int K, const T* __restrict__ bias, const T* c_in, float beta,
                        const T* __restrict__ norm_w, float eps, bool weights_first,
                        const __grid_constant__ Epilogue<OUT> ep) {
