@@ -246,10 +246,10 @@ void launch(StreamHandle s, const Problem& q) {
                      static_cast<const T*>(q.c_in ? q.c_in : q.C), q.beta, static_cast<const T*>(q.norm_w), q.eps,
                      ConstantWeightsScope::active(), ep);
   };
-  if (per_thread <= 2) go(std::integral_constant<int, 4>{}, std::integral_constant<int, 2>{});
-  else if (per_thread <= 4) go(std::integral_constant<int, 2>{}, std::integral_constant<int, 4>{});
-  else if constexpr (OUT != RowOutput::Plain) go(std::integral_constant<int, 2>{}, std::integral_constant<int, 4>{});
-  else go(std::integral_constant<int, 1>{}, std::integral_constant<int, 8>{});
+  // One pack per row per round (U = 1): 46-80 registers a thread against 72-131, more blocks resident.
+  if constexpr (M == 1)
+    if (per_thread > 2 && per_thread <= 4) return go(std::integral_constant<int, 8>{}, std::integral_constant<int, 1>{});
+  go(std::integral_constant<int, 4>{}, std::integral_constant<int, 1>{});
 }
 
 template <class T, int M, RowInput IN>
