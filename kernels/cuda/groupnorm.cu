@@ -34,29 +34,49 @@ namespace {
 
 __device__ __forceinline__ float sigmoid(float z) { return 1.f / (1.f + expf(-z)); }
 
+// The mean and the sum of squared deviations (M2) of packs [begin, end) of xg, in two passes (the
+// second from L1/L2); every thread of the block calls it and receives both. An empty range gives 0, 0.
 template <class T, int VEC>
-__global__ void groupnorm_stats_kernel(float* __restrict__ mean, float* __restrict__ rstd, const T* __restrict__ x,
-                                       int64_t M, float eps) {
-  using P = Pack<T, VEC>;
-  const P* xg = reinterpret_cast<const P*>(x + int64_t(blockIdx.x) * M);
-  const int64_t packs = M / VEC;
+__device__ __forceinline__ float2 block_mean_m2(const Pack<T, VEC>* xg, int64_t begin, int64_t end) {
+  const float n = float((end - begin) * VEC);
   float sum = 0.f;
-  for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
-    const P xv = xg[p];
+  for (int64_t p = begin + threadIdx.x; p < end; p += blockDim.x) {
+    const Pack<T, VEC> xv = xg[p];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) sum += to_f(xv.v[j]);
   }
-  const float m = block_sum(sum) / float(M);
+  const float m = n > 0 ? block_sum(sum) / n : 0.f;  // n is the same in the whole block
   float sq = 0.f;
-  for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
-    const P xv = xg[p];
+  for (int64_t p = begin + threadIdx.x; p < end; p += blockDim.x) {
+    const Pack<T, VEC> xv = xg[p];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       const float d = to_f(xv.v[j]) - m;
       sq += d * d;
     }
   }
-  const float var = block_sum(sq) / float(M);
+  return make_float2(m, block_sum(sq));
+}
+
+// y of one pack of channel c: (x - mean) * rstd * weight + bias, through SiLU when asked.
+template <class T, int VEC>
+__device__ __forceinline__ Pack<T, VEC> normalize_pack(const Pack<T, VEC>& xv, float m, float r, float w, float b,
+                                                       bool silu) {
+  Pack<T, VEC> out;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float z = (to_f(xv.v[j]) - m) * r * w + b;
+    out.v[j] = from_f<T>(silu ? z * sigmoid(z) : z);
+  }
+  return out;
+}
+
+template <class T, int VEC>
+__global__ void groupnorm_stats_kernel(float* __restrict__ mean, float* __restrict__ rstd, const T* __restrict__ x,
+                                       int64_t M, float eps) {
+  const auto* xg = reinterpret_cast<const Pack<T, VEC>*>(x + int64_t(blockIdx.x) * M);
+  const float2 mm2 = block_mean_m2(xg, 0, M / VEC);
+  const float m = mm2.x, var = mm2.y / float(M);
   if (threadIdx.x == 0) {
     mean[blockIdx.x] = m;
     rstd[blockIdx.x] = rsqrtf(var + eps);
@@ -77,14 +97,7 @@ __global__ void groupnorm_apply_kernel(T* __restrict__ y, const T* __restrict__ 
     const int c = int(nc % C);
     const int64_t ng = nc / Cg;  // n * G + c / Cg
     const float m = mean[ng], r = rstd[ng], w = to_f(weight[c]), b = to_f(bias[c]);
-    const P xv = xp[p];
-    P out;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float z = (to_f(xv.v[j]) - m) * r * w + b;
-      out.v[j] = from_f<T>(silu ? z * sigmoid(z) : z);
-    }
-    yp[p] = out;
+    yp[p] = normalize_pack(xp[p], m, r, w, b, silu);
   }
 }
 
@@ -218,23 +231,8 @@ __global__ void __launch_bounds__(kClusterThreads)
   // Chan's combination of the blocks' (count, mean, M2) in rank order: one exchange per group, with
   // the robustness of two passes over the whole group.
   const float n_b = float((sl.end - sl.begin) * VEC);
-  float sum = 0.f;
-  for (int64_t p = sl.begin + threadIdx.x; p < sl.end; p += blockDim.x) {
-    const P xv = xg[p];
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) sum += to_f(xv.v[j]);
-  }
-  const float m_b = n_b > 0 ? block_sum(sum) / n_b : 0.f;
-  float sq = 0.f;
-  for (int64_t p = sl.begin + threadIdx.x; p < sl.end; p += blockDim.x) {
-    const P xv = xg[p];
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float d = to_f(xv.v[j]) - m_b;
-      sq += d * d;
-    }
-  }
-  float part[3] = {n_b, m_b, block_sum(sq)};
+  const float2 mm2 = block_mean_m2(xg, sl.begin, sl.end);
+  float part[3] = {n_b, mm2.x, mm2.y};
   if (threadIdx.x == 0)
     for (int k = 0; k < 3; ++k) slot[k] = part[k];
   cluster.sync();
@@ -257,15 +255,7 @@ __global__ void __launch_bounds__(kClusterThreads)
   P* yg = reinterpret_cast<P*>(y + ng * Cg * HW);
   for (int64_t p = sl.begin + threadIdx.x; p < sl.end; p += blockDim.x) {
     const int c = c0 + int(p / PC);
-    const float w = to_f(weight[c]), b = to_f(bias[c]);
-    const P xv = xg[p];
-    P out;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float z = (to_f(xv.v[j]) - m) * r * w + b;
-      out.v[j] = from_f<T>(silu ? z * sigmoid(z) : z);
-    }
-    yg[p] = out;
+    yg[p] = normalize_pack(xg[p], m, r, to_f(weight[c]), to_f(bias[c]), silu);
   }
 #else
   __trap();  // launched only where the device and this binary have sm_90 code (cluster_kernels_usable)
