@@ -1,11 +1,11 @@
 // Decode's products (a few rows of x against a weight), for which cuBLASLt's kernels reach a third
 // to two thirds of HBM bandwidth on an H200 (a split-K product plus its reduce kernel for K = 8192).
-// The trick is only to keep enough weight bytes in flight and to leave no second round trip: a block
-// of 4 warps owns RB consecutive output columns and splits K between its 128 threads, each thread
-// issuing its U 16-byte packs of each of the RB weight rows (RB x U <= 8) before it uses any, with the
-// L1-bypassing streaming load (the weight is read once). A row of K = 8192 is then one round of loads
-// for its block, not four for one warp. Each x pack is loaded once per thread and used for all RB
-// rows. The partial dot products meet in a warp sum and then in shared memory; bias and residual are
+// The trick is only to keep enough weight bytes in flight: a block of 4 warps owns RB consecutive
+// output columns and splits K between its 128 threads, each thread issuing its U 16-byte packs of
+// each of the RB weight rows before it uses any, with the L1-bypassing streaming load (the weight is
+// read once); few registers a thread (U = 1, below) keep many such blocks resident on each SM, and
+// they, more than loads per thread, fill the memory pipe. Each x pack is loaded once per thread and
+// used for all RB rows. The partial dot products meet in a warp sum and then in shared memory; bias and residual are
 // added in fp32 and rounded once, as cuBLASLt's epilogue does.
 // The RMSNorm input (kernels/row_linear.h) costs no pass of its own: the norm weight is one more
 // pack beside each x pack, and the sum of squares is summed with the dot products (the block's
@@ -225,8 +225,9 @@ struct Problem {
   const RowRopeCache* rope;
 };
 
-// RB x U = 8 loads of 16 bytes in flight per thread: the fewer packs K gives each thread, the more
-// rows a block takes (a SwiGLU or RoPE block at least a pair). K beyond 8 x 128 packs loops.
+// One 16-byte pack per weight row per round (U = 1), 4 rows a block (8 at one row when K gives each
+// thread 3-4 packs): fewer registers (46-80 a thread against 72-131 for RB x U = 8) keep more blocks
+// resident, which puts more bytes in flight on an H200 than more loads per thread did.
 template <class T, int M, RowInput IN, RowOutput OUT>
 void launch(StreamHandle s, const Problem& q) {
   const int64_t per_thread = (q.K / 8 + kThreads - 1) / kThreads;
@@ -246,7 +247,6 @@ void launch(StreamHandle s, const Problem& q) {
                      static_cast<const T*>(q.c_in ? q.c_in : q.C), q.beta, static_cast<const T*>(q.norm_w), q.eps,
                      ConstantWeightsScope::active(), ep);
   };
-  // One pack per row per round (U = 1): 46-80 registers a thread against 72-131, more blocks resident.
   if constexpr (M == 1)
     if (per_thread > 2 && per_thread <= 4) return go(std::integral_constant<int, 8>{}, std::integral_constant<int, 1>{});
   go(std::integral_constant<int, 4>{}, std::integral_constant<int, 1>{});
