@@ -219,36 +219,64 @@ namespace zp::test {
 // Decoding with resident weights (ConstantWeightsScope) the products read their weights before the
 // kernel ahead of them has finished (programmatic dependent launch on sm_90), and their inputs only
 // after it. A chain in which each product's input is the previous kernel's output, on a real stream,
-// gives bit for bit what it gives outside the scope: an input read too early would differ.
+// gives bit for bit what it gives outside the scope: an input read too early would differ. Two
+// chains: short kernels (a product, then an RMSNorm), and long products feeding each other (8192 x
+// 8192, RMSNorm inputs), where the next product's blocks are resident while the last of the one
+// ahead still write: the case that caught x loaded through ld.global.nc ahead of the wait.
 TEST(RowLinearGpu, ConstantWeightsScopeReadsInputsAfterTheKernelAhead) {
   ZP_SKIP_WITHOUT_GPU();
-  const int64_t K = 2048, steps = 64;
   const DType dt = DType::BF16;
   Stream stream(Device::cuda(0));
   const StreamHandle s = stream.handle();
-  std::vector<Tensor> w;
-  for (int64_t i = 0; i < 4; ++i) w.push_back(upload(round_to(randn(size_t(K * K), 70 + uint64_t(i), 0.05f), dt), dt));
-  const Tensor ones = upload(std::vector<float>(size_t(K), 1.f), dt);
-  const std::vector<float> start = round_to(randn(size_t(K), 69), dt);
-  auto chain = [&](bool constant) {
-    const ConstantWeightsScope scope(constant);
-    EXPECT_EQ(ConstantWeightsScope::active(), constant);
-    Tensor x = upload(start, dt), y = Tensor::empty({K}, dt, Device::cuda(0));
-    Tensor rstd = Tensor::empty({1}, DType::F32, Device::cuda(0));
-    for (int64_t t = 0; t < steps; ++t) {
-      // y = W x + x, then x = rmsnorm(y): each kernel reads what the one before wrote.
-      cuda::row_linear(s, dt, RowInput::Plain, RowOutput::Plain, 1, K, K, x.data(), K, nullptr, 0.f,
-                       w[size_t(t % 4)].data(), K, nullptr, y.data(), K, x.data());
-      cuda::rmsnorm_forward(s, dt, x.data(), rstd.data<float>(), y.data(), ones.data(), 1, K, 1e-5f);
-    }
-    stream_synchronize(s);
-    return download(x);
-  };
-  const std::vector<float> plain = chain(false), early = chain(true);
-  EXPECT_FALSE(ConstantWeightsScope::active());
-  EXPECT_EQ(early, plain);
-  // And the chain is not a fixed point: the products did change x.
-  EXPECT_GT(rel_error(plain, start), 0.1);
+  {
+    const int64_t K = 2048, steps = 64;
+    std::vector<Tensor> w;
+    for (int64_t i = 0; i < 4; ++i)
+      w.push_back(upload(round_to(randn(size_t(K * K), 70 + uint64_t(i), 0.05f), dt), dt));
+    const Tensor ones = upload(std::vector<float>(size_t(K), 1.f), dt);
+    const std::vector<float> start = round_to(randn(size_t(K), 69), dt);
+    auto chain = [&](bool constant) {
+      const ConstantWeightsScope scope(constant);
+      EXPECT_EQ(ConstantWeightsScope::active(), constant);
+      Tensor x = upload(start, dt), y = Tensor::empty({K}, dt, Device::cuda(0));
+      Tensor rstd = Tensor::empty({1}, DType::F32, Device::cuda(0));
+      for (int64_t t = 0; t < steps; ++t) {
+        // y = W x + x, then x = rmsnorm(y): each kernel reads what the one before wrote.
+        cuda::row_linear(s, dt, RowInput::Plain, RowOutput::Plain, 1, K, K, x.data(), K, nullptr, 0.f,
+                         w[size_t(t % 4)].data(), K, nullptr, y.data(), K, x.data());
+        cuda::rmsnorm_forward(s, dt, x.data(), rstd.data<float>(), y.data(), ones.data(), 1, K, 1e-5f);
+      }
+      stream_synchronize(s);
+      return download(x);
+    };
+    const std::vector<float> plain = chain(false), early = chain(true);
+    EXPECT_FALSE(ConstantWeightsScope::active());
+    EXPECT_EQ(early, plain) << "short kernels";
+    // And the chain is not a fixed point: the products did change x.
+    EXPECT_GT(rel_error(plain, start), 0.1);
+  }
+  {
+    const int64_t K = 8192, steps = 32;
+    const Tensor wa = upload(round_to(randn(size_t(K * K), 80, 0.02f), dt), dt);
+    const Tensor wb = upload(round_to(randn(size_t(K * K), 81, 0.02f), dt), dt);
+    const Tensor nw = upload(round_to(randn(size_t(K), 82, 0.5f, 1.f), dt), dt);
+    const std::vector<float> start = round_to(randn(size_t(K), 83), dt);
+    auto chain = [&](bool constant) {
+      const ConstantWeightsScope scope(constant);
+      Tensor x = upload(start, dt), y = Tensor::empty({K}, dt, Device::cuda(0));
+      for (int64_t t = 0; t < steps; ++t) {  // y = Wa rmsnorm(x), x = Wb rmsnorm(y)
+        cuda::row_linear(s, dt, RowInput::RmsNorm, RowOutput::Plain, 1, K, K, x.data(), K, nw.data(), 1e-5f,
+                         wa.data(), K, nullptr, y.data(), K, nullptr);
+        cuda::row_linear(s, dt, RowInput::RmsNorm, RowOutput::Plain, 1, K, K, y.data(), K, nw.data(), 1e-5f,
+                         wb.data(), K, nullptr, x.data(), K, nullptr);
+      }
+      stream_synchronize(s);
+      return download(x);
+    };
+    const std::vector<float> plain = chain(false);
+    for (int repeat = 0; repeat < 3; ++repeat) EXPECT_EQ(chain(true), plain) << "long products, repeat " << repeat;
+    EXPECT_GT(rel_error(plain, start), 0.1);
+  }
 }
 
 }  // namespace zp::test
