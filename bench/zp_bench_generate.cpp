@@ -100,7 +100,7 @@ void BM_Generate(benchmark::State& st) {
   o.max_batch_tokens = std::max<int64_t>(8192, batch * prompt);
   runtime::GenerationEngine engine(*m.model, nullptr, o);
   std::mt19937 g(7);
-  double decode_ms = 0, total_s = 0;
+  double decode_ms = 0, device_ms = 0, total_s = 0;
   int64_t decode_tokens = 0, iters = 0;
   for (auto _ : st) {
     const runtime::GenerationStats before = engine.stats();
@@ -118,12 +118,15 @@ void BM_Generate(benchmark::State& st) {
     if (iters++ == 0) continue;  // the first run warms up (cuBLAS plans, the allocator's pool)
     total_s += s;
     decode_ms += engine.stats().decode_step_ms - before.decode_step_ms;
+    device_ms += engine.stats().decode_device_ms - before.decode_device_ms;
     decode_tokens += engine.stats().decode_tokens - before.decode_tokens;
   }
   const double runs = double(iters - 1);
   st.counters["tokens_per_s"] = double(batch * new_tokens) * runs / total_s;
   st.counters["decode_tokens_per_s"] = double(decode_tokens) / (decode_ms / 1e3);
   st.counters["ms_per_decode_step"] = decode_ms / (double(decode_tokens) / double(batch));
+  // The GPU's share of a decode step (events from its upload to its tokens); the rest is the host's.
+  st.counters["device_ms_per_decode_step"] = device_ms / (double(decode_tokens) / double(batch));
   if (batch == 1) {
     // Mean KV bytes read per decode step: the context grows from prompt to prompt + new_tokens.
     const double kv = double(m.cfg.layers * 2 * m.cfg.kv_heads * m.cfg.head_dim * 2) * double(prompt + new_tokens / 2);

@@ -155,6 +155,8 @@ std::vector<int64_t> GenerationEngine::step(const TokenCallback& on_token) {
   if (p.empty()) return sched_.commit(p, {});
   const nn::Ctx c = model_.ctx();
   const int64_t S = int64_t(p.seqs.size());
+  if (c.dev.is_cuda() && !step_begin_) step_begin_ = std::make_unique<Event>(), step_end_ = std::make_unique<Event>();
+  if (step_begin_) step_begin_->record(c.s);
   if (!p.swap_out.empty() || !p.swap_in.empty()) cache_.swap(p.swap_out, p.swap_in, c.s);
   stats_.swapped_out_blocks += int64_t(p.swap_out.size());
   stats_.swapped_in_blocks += int64_t(p.swap_in.size());
@@ -234,6 +236,7 @@ std::vector<int64_t> GenerationEngine::step(const TokenCallback& on_token) {
     if (before_forward_) before_forward_();
     enqueue_step(p, rows, d, o);
   }
+  if (step_end_) step_end_->record(c.s);
   std::vector<int32_t> tokens(static_cast<size_t>(rows));
   copy_bytes(tokens.data(), Device::cpu(), d + o.out, c.dev, size_t(rows) * sizeof(int32_t), c.s);
   tokens.resize(static_cast<size_t>(S));
@@ -244,6 +247,7 @@ std::vector<int64_t> GenerationEngine::step(const TokenCallback& on_token) {
   stats_.prefill_tokens += p.num_prefill_tokens();
   stats_.decode_tokens += S - p.num_prefill_seqs;
   (p.num_prefill_seqs > 0 ? stats_.prefill_step_ms : stats_.decode_step_ms) += ms;
+  if (step_end_ && p.num_prefill_seqs == 0) stats_.decode_device_ms += step_end_->elapsed_ms_since(*step_begin_);
   stats_.occupancy_sum += double(S) / double(sched_.limits().max_seqs);
   stats_.peak_blocks_used = std::max(stats_.peak_blocks_used, cache_.num_blocks() - sched_.free_blocks());
   for (int64_t r = 0; r < S; ++r) {

@@ -57,6 +57,10 @@ struct GenerationStats {
   int64_t graph_steps = 0, graphs_captured = 0;  // decode steps replayed from CUDA graphs
   int64_t graphs_evicted = 0;                    // graphs dropped for the cache's capacity
   double prefill_step_ms = 0, decode_step_ms = 0;  // wall time of steps with / without prompts
+  // GPUs: the decode steps' device time, from the upload of their arguments to their sampled tokens
+  // (events on the stream); what decode_step_ms has beyond it is the host's share of a step (planning,
+  // launching, and reading the tokens back) while the GPU waits.
+  double decode_device_ms = 0;
   double occupancy_sum = 0;                        // sum over steps of running sequences / max_seqs
 };
 
@@ -96,6 +100,7 @@ class GenerationEngine {
   GenerationScheduler sched_;
   GenerationStats stats_;
   Tensor host_args_, dev_args_;  // one upload per step
+  std::unique_ptr<Event> step_begin_, step_end_;  // GPUs: around each step's device work
   // Runs the step's forward and sampling from the arguments at `d` (laid out as `o`).
   struct ArgOffsets {
     size_t ids, pos, slots, seg, bt, ctx, qs, rows, par, hist, hs, out;
