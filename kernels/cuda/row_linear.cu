@@ -5,8 +5,8 @@
 // each of the RB weight rows before it uses any, with the L1-bypassing streaming load (the weight is
 // read once); few registers a thread (U = 1, below) keep many such blocks resident on each SM, and
 // they, more than loads per thread, fill the memory pipe. Each x pack is loaded once per thread and
-// used for all RB rows. The partial dot products meet in a warp sum and then in shared memory; bias and residual are
-// added in fp32 and rounded once, as cuBLASLt's epilogue does.
+// used for all RB rows. The partial dot products meet in a warp sum and then in shared memory; bias
+// and residual are added in fp32 and rounded once, as cuBLASLt's epilogue does.
 // The RMSNorm input (kernels/row_linear.h) costs no pass of its own: the norm weight is one more
 // pack beside each x pack, and the sum of squares is summed with the dot products (the block's
 // threads cover all of K), its rsqrt applied to the finished sums, since sum_k W x w r = r sum_k W x w.
@@ -247,9 +247,10 @@ void launch(StreamHandle s, const Problem& q) {
                      static_cast<const T*>(q.c_in ? q.c_in : q.C), q.beta, static_cast<const T*>(q.norm_w), q.eps,
                      ConstantWeightsScope::active(), ep);
   };
+  using One = std::integral_constant<int, 1>;
   if constexpr (M == 1)
-    if (per_thread > 2 && per_thread <= 4) return go(std::integral_constant<int, 8>{}, std::integral_constant<int, 1>{});
-  go(std::integral_constant<int, 4>{}, std::integral_constant<int, 1>{});
+    if (per_thread > 2 && per_thread <= 4) return go(std::integral_constant<int, 8>{}, One{});
+  go(std::integral_constant<int, 4>{}, One{});
 }
 
 template <class T, int M, RowInput IN>
