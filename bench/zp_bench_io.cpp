@@ -15,7 +15,11 @@
 // layer: the gatherer's read pass (every shard in order, buffer_count - 1 read ahead; the second of
 // two passes, so that no shard comes from a buffer's cache) and the optimizer's write pass (groups of
 // buffer_count shards written behind), beside a raw O_DIRECT write and read of the same bytes.
-// Runs on CPUs: `mpirun -np 1|2|5 build/bin/zp_bench_io [--dir D] [--params N] [--async | --param-tier]`.
+// --repeats R runs the raw passes, the save and the load R times in turn (the async save in the first
+// only): a virtual disk's own rate moves by a third from one minute to the next, so one pair of
+// passes says little; the JSON then also lists each repeat's ratios and their medians.
+// Runs on CPUs: `mpirun -np 1|2|5 build/bin/zp_bench_io [--dir D] [--params N] [--repeats R]
+// [--async | --param-tier]`.
 #include <fcntl.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -161,12 +165,14 @@ int main(int argc, char** argv) {
   std::string dir = "/tmp/zp_bench_io";
   int64_t target = 1'000'000'000;
   bool async = false, tier = false;
+  int repeats = 1;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--async") == 0) async = true;
     if (std::strcmp(argv[i], "--param-tier") == 0) tier = true;
     if (i + 1 == argc) break;
     if (std::strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
     if (std::strcmp(argv[i], "--params") == 0) target = std::stoll(argv[i + 1]);
+    if (std::strcmp(argv[i], "--repeats") == 0) repeats = std::max(1, std::atoi(argv[i + 1]));
   }
   // A GPT-like layout: 2048 wide, layers of 12 tensors, until the target is reached.
   std::vector<Tensor1> tensors{{"model.embed_tokens.weight", {50304, 2048}}};
@@ -205,145 +211,178 @@ int main(int argc, char** argv) {
   const double shard_gib = 3.0 * 4.0 * double(shard) / double(1ull << 30);
   const double file_gb = 3.0 * 4.0 * double(total) / 1e9;
 
-  // The rank's state, as the optimizer holds it: master weights and two moments.
-  std::vector<float> state(size_t(3 * shard));
-  for (size_t i = 0; i < state.size(); ++i) state[i] = float(i % 1000) * 1e-3f + float(rank);
   std::filesystem::create_directories(dir);
-  // The disk first, on the same bytes, while the state above is already resident.
-  const Raw raw = raw_odirect(dir + "/raw-odirect.bin", int64_t(3 * 4 * total), rank, world);
   const std::string path = dir + "/step-00000001.h5";
-  const char* parts[3] = {"/model/", "/optimizer/", "/optimizer/"};
-  const char* suffix[3] = {"", "/exp_avg", "/exp_avg_sq"};
+  std::vector<double> save_ratios, load_ratios;
+  for (int repeat = 0; repeat < repeats; ++repeat) {
+    if (repeat > 0) async = false;
+    // The rank's state, as the optimizer holds it: master weights and two moments.
+    std::vector<float> state(size_t(3 * shard));
+    for (size_t i = 0; i < state.size(); ++i) state[i] = float(i % 1000) * 1e-3f + float(rank);
+    // The disk first, on the same bytes, while the state above is already resident.
+    const Raw raw = raw_odirect(dir + "/raw-odirect.bin", int64_t(3 * 4 * total), rank, world);
+    const char* parts[3] = {"/model/", "/optimizer/", "/optimizer/"};
+    const char* suffix[3] = {"", "/exp_avg", "/exp_avg_sq"};
 
-  MPI_Barrier(MPI_COMM_WORLD);
-  reset_rss_peak();
-  auto t0 = std::chrono::steady_clock::now();
-  {
-    zp::io::CheckpointWriter w(path, MPI_COMM_WORLD);
-    for (int k = 0; k < 3; ++k) {
-      int64_t at = int64_t(k) * shard;
-      for (auto& t : tensors) {
-        auto [off, n] = slice(t, rank);
-        w.write(std::string(parts[k]) + t.name + suffix[k], zp::DType::F32, t.shape, zp::DType::F32,
-                state.data() + at, off, n);
-        at += n;
-      }
-    }
-    w.commit();
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  const double save_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const double save_rss = rss_peak_gib();
-
-  // The asynchronous save under a synthetic step.
-  double step_alone = 0, step_during = 0, snapshot_s = 0, commit_s = 0;
-  int steps_during = 0;
-  if (async) {
-    std::vector<float> work(size_t(1) << 18, 1.0f);
-    int rounds = 1;
-    auto step = [&] {
-      const auto s0 = std::chrono::steady_clock::now();
-      for (int r = 0; r < rounds; ++r)
-        for (float& x : work) x = x * 0.9999f + 1e-4f;
-      double v = work[0];
-      MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
-    };
-    auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v.empty() ? 0.0 : v[v.size() / 2];
-    };
-    rounds = 20;  // about 50 ms (rank 0's count for all), from the quickest of five tries
-    double quickest = 1e9;
-    for (int i = 0; i < 5; ++i) quickest = std::min(quickest, step());
-    rounds = std::max(1, int(20 * 0.05 / std::max(1e-6, quickest)));
-    MPI_Bcast(&rounds, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    std::vector<double> alone, during;
-    std::vector<float> snapshot(state.size());  // the loop keeps its snapshot from one save to the next
-    for (int i = 0; i < 10; ++i) alone.push_back(step());
-    const std::string async_path = dir + "/step-00000002.h5";
     MPI_Barrier(MPI_COMM_WORLD);
-    auto s0 = std::chrono::steady_clock::now();
-    std::copy(state.begin(), state.end(), snapshot.begin());  // the save point's copy
-    auto w = std::make_unique<zp::io::CheckpointWriter>(async_path, MPI_COMM_WORLD);
-    for (int k = 0; k < 3; ++k) {
-      int64_t at = int64_t(k) * shard;
-      for (auto& t : tensors) {
-        auto [off, n] = slice(t, rank);
-        w->write_later(std::string(parts[k]) + t.name + suffix[k], zp::DType::F32, t.shape, zp::DType::F32,
-                       snapshot.data() + at, off, n);
-        at += n;
-      }
-    }
-    w->start_writing();
-    snapshot_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
-    for (int done = 0; !done;) {  // as the loop does: the ranks agree after each step
-      during.push_back(step());
-      done = w->written() ? 1 : 0;
-      MPI_Allreduce(MPI_IN_PLACE, &done, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    }
-    s0 = std::chrono::steady_clock::now();
-    w->commit();
-    commit_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
-    w.reset();
-    if (rank == 0) std::filesystem::remove(async_path);
-    step_alone = median(alone);
-    step_during = median(during);
-    steps_during = int(during.size());
-  }
-
-  // Load into fresh memory: drop the state first so the load's peak is its own.
-  std::vector<float>().swap(state);
-  std::vector<float> loaded(size_t(3 * shard));
-  if (rank == 0) drop_cached(path);
-  MPI_Barrier(MPI_COMM_WORLD);
-  reset_rss_peak();
-  t0 = std::chrono::steady_clock::now();
-  {
-    // As the trainer loads: a block's tensors (the embedding, then each layer's 12) for one kind of
-    // state in one read_all.
-    zp::io::CheckpointReader r(path, MPI_COMM_WORLD);
-    for (int k = 0; k < 3; ++k) {
-      int64_t at = int64_t(k) * shard;
-      for (size_t b = 0, end = 1; b < tensors.size(); b = end, end = std::min(tensors.size(), end + 12)) {
-        std::vector<zp::io::CheckpointReader::ReadRequest> reads;
-        for (size_t i = b; i < end; ++i) {
-          const auto& t = tensors[i];
+    reset_rss_peak();
+    auto t0 = std::chrono::steady_clock::now();
+    {
+      zp::io::CheckpointWriter w(path, MPI_COMM_WORLD);
+      for (int k = 0; k < 3; ++k) {
+        int64_t at = int64_t(k) * shard;
+        for (auto& t : tensors) {
           auto [off, n] = slice(t, rank);
-          reads.push_back({std::string(parts[k]) + t.name + suffix[k], t.shape, zp::DType::F32, loaded.data() + at, off, n});
+          w.write(std::string(parts[k]) + t.name + suffix[k], zp::DType::F32, t.shape, zp::DType::F32,
+                  state.data() + at, off, n);
           at += n;
         }
-        r.read_all(reads);
+      }
+      w.commit();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double save_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double save_rss = rss_peak_gib();
+
+    // The asynchronous save under a synthetic step.
+    double step_alone = 0, step_during = 0, snapshot_s = 0, commit_s = 0;
+    int steps_during = 0;
+    if (async) {
+      std::vector<float> work(size_t(1) << 18, 1.0f);
+      int rounds = 1;
+      auto step = [&] {
+        const auto s0 = std::chrono::steady_clock::now();
+        for (int r = 0; r < rounds; ++r)
+          for (float& x : work) x = x * 0.9999f + 1e-4f;
+        double v = work[0];
+        MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+      };
+      auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v.empty() ? 0.0 : v[v.size() / 2];
+      };
+      rounds = 20;  // about 50 ms (rank 0's count for all), from the quickest of five tries
+      double quickest = 1e9;
+      for (int i = 0; i < 5; ++i) quickest = std::min(quickest, step());
+      rounds = std::max(1, int(20 * 0.05 / std::max(1e-6, quickest)));
+      MPI_Bcast(&rounds, 1, MPI_INT, 0, MPI_COMM_WORLD);
+      std::vector<double> alone, during;
+      std::vector<float> snapshot(state.size());  // the loop keeps its snapshot from one save to the next
+      for (int i = 0; i < 10; ++i) alone.push_back(step());
+      const std::string async_path = dir + "/step-00000002.h5";
+      MPI_Barrier(MPI_COMM_WORLD);
+      auto s0 = std::chrono::steady_clock::now();
+      std::copy(state.begin(), state.end(), snapshot.begin());  // the save point's copy
+      auto w = std::make_unique<zp::io::CheckpointWriter>(async_path, MPI_COMM_WORLD);
+      for (int k = 0; k < 3; ++k) {
+        int64_t at = int64_t(k) * shard;
+        for (auto& t : tensors) {
+          auto [off, n] = slice(t, rank);
+          w->write_later(std::string(parts[k]) + t.name + suffix[k], zp::DType::F32, t.shape, zp::DType::F32,
+                         snapshot.data() + at, off, n);
+          at += n;
+        }
+      }
+      w->start_writing();
+      snapshot_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+      for (int done = 0; !done;) {  // as the loop does: the ranks agree after each step
+        during.push_back(step());
+        done = w->written() ? 1 : 0;
+        MPI_Allreduce(MPI_IN_PLACE, &done, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+      }
+      s0 = std::chrono::steady_clock::now();
+      w->commit();
+      commit_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+      w.reset();
+      if (rank == 0) std::filesystem::remove(async_path);
+      step_alone = median(alone);
+      step_during = median(during);
+      steps_during = int(during.size());
+    }
+
+    // Load into fresh memory: drop the state first so the load's peak is its own.
+    std::vector<float>().swap(state);
+    std::vector<float> loaded(size_t(3 * shard));
+    if (rank == 0) drop_cached(path);
+    MPI_Barrier(MPI_COMM_WORLD);
+    reset_rss_peak();
+    t0 = std::chrono::steady_clock::now();
+    {
+      // As the trainer loads: a block's tensors (the embedding, then each layer's 12) for one kind of
+      // state in one read_all.
+      zp::io::CheckpointReader r(path, MPI_COMM_WORLD);
+      for (int k = 0; k < 3; ++k) {
+        int64_t at = int64_t(k) * shard;
+        for (size_t b = 0, end = 1; b < tensors.size(); b = end, end = std::min(tensors.size(), end + 12)) {
+          std::vector<zp::io::CheckpointReader::ReadRequest> reads;
+          for (size_t i = b; i < end; ++i) {
+            const auto& t = tensors[i];
+            auto [off, n] = slice(t, rank);
+            reads.push_back({std::string(parts[k]) + t.name + suffix[k], t.shape, zp::DType::F32,
+                             loaded.data() + at, off, n});
+            at += n;
+          }
+          r.read_all(reads);
+        }
       }
     }
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const double load_rss = rss_peak_gib();
-  bool ok = true;
-  for (size_t i = 0; i < loaded.size() && ok; ++i)
-    ok = loaded[i] == float(i % 1000) * 1e-3f + float(rank);
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double load_rss = rss_peak_gib();
+    bool ok = true;
+    for (size_t i = 0; i < loaded.size() && ok; ++i)
+      ok = loaded[i] == float(i % 1000) * 1e-3f + float(rank);
+    save_ratios.push_back(raw.write_s / save_s);
+    load_ratios.push_back(raw.read_s / load_s);
+    if (repeat + 1 < repeats) {  // the last repeat's figures are reported below
+      int all_ok = ok ? 1 : 0;
+      MPI_Allreduce(MPI_IN_PLACE, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+      if (!all_ok) die("repeat " + std::to_string(repeat) + ": the loaded state differs from the saved one");
+      continue;
+    }
 
-  std::vector<double> mine = {save_rss, load_rss, shard_gib, ok ? 1.0 : 0.0}, all(4 * size_t(world));
-  MPI_Gather(mine.data(), 4, MPI_DOUBLE, all.data(), 4, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-  if (rank == 0) {
-    std::printf("{\"benchmark\": \"checkpoint_io\", \"ranks\": %d, \"parameters\": %lld, \"file_GB\": %.2f, "
-                "\"save_s\": %.2f, \"save_GBps\": %.2f, \"raw_write_GBps\": %.2f, \"save_over_raw\": %.2f, "
-                "\"load_s\": %.2f, \"load_GBps\": %.2f, \"raw_read_GBps\": %.2f, \"load_over_raw\": %.2f, \"per_rank\": [",
-                world, (long long)total, file_gb, save_s, file_gb / save_s, file_gb / raw.write_s,
-                raw.write_s / save_s, load_s, file_gb / load_s, file_gb / raw.read_s, raw.read_s / load_s);
-    for (int r = 0; r < world; ++r)
-      std::printf("%s{\"rank\": %d, \"shard_GiB\": %.2f, \"save_peak_rss_GiB\": %.2f, \"load_peak_rss_GiB\": %.2f, "
-                  "\"load_rss_over_shard_MiB\": %.0f, \"data_ok\": %s}",
-                  r ? ", " : "", r, all[4 * r + 2], all[4 * r], all[4 * r + 1],
-                  (all[4 * r + 1] - all[4 * r + 2]) * 1024.0, all[4 * r + 3] ? "true" : "false");
-    std::printf("]");
-    if (async)
-      std::printf(", \"async\": {\"step_ms\": %.1f, \"step_during_save_ms\": %.1f, \"step_ratio\": %.2f, "
-                  "\"steps_during_save\": %d, \"snapshot_s\": %.2f, \"commit_s\": %.2f}",
-                  step_alone * 1e3, step_during * 1e3, step_during / step_alone, steps_during, snapshot_s, commit_s);
-    std::printf("}\n");
-    std::filesystem::remove(path);
+    std::vector<double> mine = {save_rss, load_rss, shard_gib, ok ? 1.0 : 0.0}, all(4 * size_t(world));
+    MPI_Gather(mine.data(), 4, MPI_DOUBLE, all.data(), 4, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    if (rank == 0) {
+      std::printf("{\"benchmark\": \"checkpoint_io\", \"ranks\": %d, \"parameters\": %lld, \"file_GB\": %.2f, "
+                  "\"save_s\": %.2f, \"save_GBps\": %.2f, \"raw_write_GBps\": %.2f, \"save_over_raw\": %.2f, "
+                  "\"load_s\": %.2f, \"load_GBps\": %.2f, \"raw_read_GBps\": %.2f, \"load_over_raw\": %.2f, "
+                  "\"per_rank\": [",
+                  world, (long long)total, file_gb, save_s, file_gb / save_s, file_gb / raw.write_s,
+                  raw.write_s / save_s, load_s, file_gb / load_s, file_gb / raw.read_s, raw.read_s / load_s);
+      for (int r = 0; r < world; ++r)
+        std::printf("%s{\"rank\": %d, \"shard_GiB\": %.2f, \"save_peak_rss_GiB\": %.2f, \"load_peak_rss_GiB\": %.2f, "
+                    "\"load_rss_over_shard_MiB\": %.0f, \"data_ok\": %s}",
+                    r ? ", " : "", r, all[4 * r + 2], all[4 * r], all[4 * r + 1],
+                    (all[4 * r + 1] - all[4 * r + 2]) * 1024.0, all[4 * r + 3] ? "true" : "false");
+      std::printf("]");
+      if (async)
+        std::printf(", \"async\": {\"step_ms\": %.1f, \"step_during_save_ms\": %.1f, \"step_ratio\": %.2f, "
+                    "\"steps_during_save\": %d, \"snapshot_s\": %.2f, \"commit_s\": %.2f}",
+                    step_alone * 1e3, step_during * 1e3, step_during / step_alone, steps_during, snapshot_s, commit_s);
+      if (repeats > 1) {
+        auto median = [](std::vector<double> v) {
+          std::sort(v.begin(), v.end());
+          return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+        };
+        auto list = [](const std::vector<double>& v) {
+          std::string out;
+          char buf[32];
+        for (double x : v) {
+          std::snprintf(buf, sizeof buf, "%s%.2f", out.empty() ? "" : ", ", x);
+          out += buf;
+        }
+          return out;
+        };
+        std::printf(", \"repeats\": %d, \"save_over_raw_runs\": [%s], \"load_over_raw_runs\": [%s], "
+                    "\"save_over_raw_median\": %.2f, \"load_over_raw_median\": %.2f",
+                    repeats, list(save_ratios).c_str(), list(load_ratios).c_str(), median(save_ratios),
+                    median(load_ratios));
+      }
+      std::printf("}\n");
+      std::filesystem::remove(path);
+    }
   }
   MPI_Finalize();
   return 0;
