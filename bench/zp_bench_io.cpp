@@ -51,6 +51,12 @@ struct Tensor1 {
   int64_t numel() const { return zp::shape_numel(shape); }
 };
 
+// The upper median (0 for none): the step times' and the repeats' ratios.
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "zp_bench_io: %s: %s\n", what.c_str(), std::strerror(errno));
   MPI_Abort(MPI_COMM_WORLD, 1);
@@ -257,10 +263,6 @@ int main(int argc, char** argv) {
         MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
       };
-      auto median = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        return v.empty() ? 0.0 : v[v.size() / 2];
-      };
       rounds = 20;  // about 50 ms (rank 0's count for all), from the quickest of five tries
       double quickest = 1e9;
       for (int i = 0; i < 5; ++i) quickest = std::min(quickest, step());
@@ -361,10 +363,6 @@ int main(int argc, char** argv) {
                     "\"steps_during_save\": %d, \"snapshot_s\": %.2f, \"commit_s\": %.2f}",
                     step_alone * 1e3, step_during * 1e3, step_during / step_alone, steps_during, snapshot_s, commit_s);
       if (repeats > 1) {
-        auto median = [](std::vector<double> v) {
-          std::sort(v.begin(), v.end());
-          return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-        };
         auto list = [](const std::vector<double>& v) {
           std::string out;
           char buf[32];

@@ -1,6 +1,7 @@
 // The pipeline in write(): pieces k-2..k are with I/O threads (std::async tasks) while the caller
 // copies and checksums piece k+1 into the fourth buffer; in read_ranges() pieces k+1..k+3 are being
-// read while the caller consumes piece k. A buffer is reused only after the task that used it has been waited for.
+// read while the caller consumes piece k. A buffer is reused only after the task that used it has
+// been waited for.
 // A read waits for its tasks before it returns or throws; a write returns with its last piece still
 // being written, so that the next write's first piece is copied and checksummed meanwhile (most of a
 // checkpoint's tensors are one or two pieces: draining the pipeline at every tensor left the disk
