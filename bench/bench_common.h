@@ -1,9 +1,11 @@
 // Shared by the GPU benchmarks: timing with CUDA events, memory peaks, benchmark weights, and main().
 #pragma once
 #include <benchmark/benchmark.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 #include <functional>
@@ -23,18 +25,31 @@ namespace zp::bench {
 // per iteration. `reps` > 1 runs `step` that many times between the events and counts the time of
 // one: for kernels of a few microseconds, where one launch alone also times the host's launch (the
 // device idles until it arrives), while a training step queues its launches ahead of the device.
+// With ZP_BENCH_PROFILE=1 the process's first timed iteration runs between cudaProfilerStart and
+// cudaProfilerStop, so `ncu --profile-from-start off` sees one steady-state step's kernels and not
+// the warm-up's (plan searches, first-touch allocations) or the set-up's.
 inline double timed_iterations(benchmark::State& st, StreamHandle s, const std::function<void()>& step,
                                const std::function<void()>& after_warmup = {}, int reps = 1) {
+  static bool profile_pending = [] {
+    const char* e = std::getenv("ZP_BENCH_PROFILE");
+    return e && std::string(e) == "1";
+  }();
   step();
   stream_synchronize(s);
   if (after_warmup) after_warmup();
   Event a, b;
   double total_ms = 0;
   for (auto _ : st) {
+    const bool profiled = profile_pending;
+    if (profiled) cudaProfilerStart();
     a.record(s);
     for (int i = 0; i < reps; ++i) step();
     b.record(s);
     b.synchronize();
+    if (profiled) {
+      cudaProfilerStop();
+      profile_pending = false;
+    }
     const double ms = b.elapsed_ms_since(a) / reps;
     total_ms += ms;
     st.SetIterationTime(ms / 1e3);

@@ -139,7 +139,9 @@ void BM_Attention(benchmark::State& st) {
 }
 BENCHMARK(BM_Attention)->ArgNames({"B", "T", "H", "D", "causal", "bwd"})
     ->Args({32, 1024, 12, 64, 1, 0})->Args({32, 1024, 12, 64, 1, 1})
-    ->Args({8, 4096, 5, 64, 0, 0})  // SD1.5 self-attention at 64x64 latents (B=8, 320 channels / 64)
+    ->Args({8, 4096, 5, 64, 0, 0})  // 320 channels at 64x64 latents in heads of 64 (B=8)
+    ->Args({8, 4096, 8, 40, 0, 0})->Args({8, 4096, 8, 40, 0, 1})  // SD 1.5's: 8 heads of 40
+    ->Args({8, 256, 8, 160, 0, 0})->Args({8, 256, 8, 160, 0, 1})  // and of 160 at 16x16
     ->UseManualTime()->Unit(benchmark::kMillisecond);
 
 // --- Paged decode attention (memory-bound): Llama-3-8B heads (Hq=32, Hkv=8, D=128) or Llama-3.2-1B

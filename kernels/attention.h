@@ -44,7 +44,7 @@ ZP_KERNEL(void attention_backward(StreamHandle s, DType dt, void* dq, void* dk, 
 namespace cuda {
 // True when the CUDA attention_forward / attention_backward take the tensor-core flash path
 // (kernels/cuda/flash_attention.cu) for this dtype, head dim and row strides (0 = contiguous) on the
-// current device: bf16 or f16, D in {64, 80, 128}, strides multiples of 8 elements, sm_80 or newer.
+// current device: bf16 or f16, D in {40, 64, 80, 128, 160}, strides multiples of 8 elements, sm_80 or newer.
 // The call itself also needs 16-byte aligned pointers and scale > 0; otherwise, and for everything
 // else, the general fp32-tile kernels run.
 bool attention_uses_flash(DType dt, int64_t D, int64_t q_stride, int64_t k_stride, int64_t v_stride,

@@ -167,6 +167,13 @@ const std::vector<FlashCase>& flash_cases() {
       {2, 200, 200, 6, 2, 64, true, true},      // GPT-style packed qkv with GQA
       {1, 1024, 1024, 2, 1, 128, true, false},
       {2, 77, 77, 4, 4, 80, false, false},      // SD UNet head dim
+      {2, 257, 257, 4, 4, 40, false, false},    // SD 1.x head dim, computed 48 wide: zero columns 40..47
+      {1, 300, 300, 4, 2, 40, true, false},     // the same, causal and grouped
+      {1, 200, 77, 8, 8, 40, false, false},     // SD 1.x cross-attention
+      {2, 200, 200, 6, 2, 40, true, true},      // packed: a head's writes must stop at column 40
+      {2, 256, 256, 8, 8, 160, false, false},   // SD 1.x's 1280-channel blocks
+      {1, 300, 77, 4, 4, 160, false, false},    // and their cross-attention
+      {1, 200, 200, 4, 2, 160, true, true},
       {1, 300, 100, 2, 1, 64, true, false},     // Tq > Tk: the first 200 queries see no key
       {1, 100, 300, 2, 2, 128, true, false},    // Tq < Tk: bottom-right aligned mask
   };
@@ -178,12 +185,12 @@ const std::vector<FlashCase>& flash_cases() {
 TEST(FlashAttentionGpu, TakesFlashPathOnlyWhereSupported) {
   ZP_SKIP_WITHOUT_GPU();
   for (DType dt : {DType::BF16, DType::F16})
-    for (int64_t D : {64, 80, 128}) {
+    for (int64_t D : {40, 64, 80, 128, 160}) {
       EXPECT_TRUE(cuda::attention_uses_flash(dt, D, 0, 0, 0, 0)) << dtype_name(dt) << " D=" << D;
       EXPECT_TRUE(cuda::attention_uses_flash(dt, D, 3 * 12 * D, 3 * 12 * D, 3 * 12 * D, 12 * D));  // packed qkv
     }
   EXPECT_FALSE(cuda::attention_uses_flash(DType::F32, 64, 0, 0, 0, 0));
-  EXPECT_FALSE(cuda::attention_uses_flash(DType::BF16, 40, 0, 0, 0, 0));
+  EXPECT_FALSE(cuda::attention_uses_flash(DType::BF16, 32, 0, 0, 0, 0));
   EXPECT_FALSE(cuda::attention_uses_flash(DType::BF16, 5, 0, 0, 0, 0));
   EXPECT_FALSE(cuda::attention_uses_flash(DType::BF16, 256, 0, 0, 0, 0));
   EXPECT_FALSE(cuda::attention_uses_flash(DType::F16, 64, 4 * 64 + 1, 0, 0, 0));  // stride not a multiple of 8
@@ -210,6 +217,8 @@ TEST(FlashAttentionGpu, MatchesCpuWithSegments) {
       {2, 1000, 1000, 4, 2, 64, false, true},    // bidirectional
       {2, 513, 513, 8, 2, 128, true, false},     // strided rows, partial tiles
       {2, 300, 300, 4, 4, 128, false, false},
+      {2, 600, 600, 4, 4, 40, false, true},
+      {2, 400, 400, 4, 2, 160, true, false},
   };
   for (DType dt : {DType::BF16, DType::F16})
     for (const FlashCase& c : cases)
@@ -226,7 +235,8 @@ TEST(FlashAttentionGpu, ReportsThroughput) {
   if (!std::getenv("ZP_FLASH_ATTENTION_BENCH")) GTEST_SKIP() << "set ZP_FLASH_ATTENTION_BENCH=1 to run";
   struct Shape { int64_t B, T, H, D; bool causal; };
   for (Shape sh : {Shape{32, 1024, 12, 64, true}, Shape{32, 1024, 12, 64, false}, Shape{16, 1024, 16, 128, true},
-                   Shape{4, 4096, 16, 128, true}, Shape{8, 4096, 8, 80, false}}) {
+                   Shape{4, 4096, 16, 128, true}, Shape{8, 4096, 8, 80, false}, Shape{8, 4096, 8, 40, false},
+                   Shape{8, 256, 8, 160, false}}) {
     const DType dt = DType::BF16;
     const int64_t n = sh.B * sh.T * sh.H * sh.D;
     Tensor x = upload(randn(size_t(n), 7), dt);

@@ -433,8 +433,8 @@ void dispatch_dr(int D, Fn&& fn) {
   }
 }
 
-// Head dims the flash kernels lack but that pad cheaply to one they have (SD 1.x's 40 at 4096 tokens
-// is the case that matters): q, k, v (and out, dout for the backward) are copied into zero-padded
+// Head dims the flash kernels lack but that pad cheaply to one they have (16 and 32; SD 1.x's 40 the
+// flash kernels take as it is): q, k, v (and out, dout for the backward) are copied into zero-padded
 // 64-wide heads. Zero columns change no dot product and give zero output columns, so the result is
 // exact; the copies cost O(T*D) against the attention's O(T^2*D).
 constexpr int64_t kPaddedD = 64;

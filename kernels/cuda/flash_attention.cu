@@ -1,4 +1,4 @@
-// FlashAttention-2 on tensor cores (sm_80+) for bf16 / f16 and head dims 64, 80 and 128: warp-level
+// FlashAttention-2 on tensor cores (sm_80+) for bf16 / f16 and head dims 40, 64, 80, 128 and 160: warp-level
 // mma.sync m16n8k16 with fp32 accumulators, ldmatrix from shared memory, cp.async double buffering of
 // the streamed tiles. Layout, masking, GQA and results are those of kernels/attention.h.
 //
@@ -10,6 +10,10 @@
 //
 // Shared-memory rows are D + 8 elements long: an odd number of 16-byte chunks, so the eight row
 // addresses of every ldmatrix phase fall in eight distinct bank groups without any swizzle.
+//
+// A head dim that is not a multiple of 16 (SD 1.x's 40) computes as the next one (48): the tiles'
+// loads fill the extra columns of shared memory with zeros, which change no dot product, and the
+// stores write only the head's own columns, so no padded copy of the tensors is made.
 //
 // Forward: a CTA owns 16 * kWarps query rows of one (b, head) and streams key/value tiles; the online
 // softmax keeps the running max on raw scores and exponentiates with one FFMA + ex2 (scores times
@@ -44,9 +48,9 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Rows [row0, row0 + ROWS) x D columns of a strided tensor (`base` points at row 0 of this head) into
-// shared memory with row pitch D + 8; rows at or past `rows` are zero-filled.
-template <class T, int D, int ROWS, int THREADS>
+// Rows [row0, row0 + ROWS) x DM columns of a strided tensor (`base` points at row 0 of this head) into
+// shared memory with row pitch D + 8; rows at or past `rows`, and columns DM..D-1, are zero-filled.
+template <class T, int D, int ROWS, int THREADS, int DM = D>
 __device__ __forceinline__ void load_rows_async(T* dst, const T* base, int64_t stride, int row0, int rows) {
   constexpr int kChunks = D / 8, kTotal = ROWS * kChunks;
 #pragma unroll
@@ -54,7 +58,7 @@ __device__ __forceinline__ void load_rows_async(T* dst, const T* base, int64_t s
     int c = int(threadIdx.x) + i * THREADS;
     if (kTotal % THREADS == 0 || c < kTotal) {
       int r = c / kChunks, ch = c % kChunks;
-      bool ok = row0 + r < rows;
+      bool ok = row0 + r < rows && (DM == D || ch < DM / 8);
       const T* src = ok ? base + int64_t(row0 + r) * stride + ch * 8 : base;
       cp_async_16(dst + r * (D + 8) + ch * 8, src, ok);
     }
@@ -72,12 +76,12 @@ struct Shape {
 // ---------------------------------------------------------------------------------------------
 // Forward
 
-// Forward tiling: head dim, warps per CTA, 16-row tiles per warp (a warp reuses every K / V fragment it
-// loads for all of them), keys per streamed tile, CTAs per SM to aim for, and whether each warp keeps
-// its Q fragments in registers for the whole key loop.
-template <int HEAD_DIM, int WARPS, int ROW_TILES, int BLOCK_N, int MIN_BLOCKS, bool Q_IN_REGS>
+// Forward tiling: head dim computed, warps per CTA, 16-row tiles per warp (a warp reuses every K / V
+// fragment it loads for all of them), keys per streamed tile, CTAs per SM to aim for, whether each
+// warp keeps its Q fragments in registers for the whole key loop, and the head dim in memory.
+template <int HEAD_DIM, int WARPS, int ROW_TILES, int BLOCK_N, int MIN_BLOCKS, bool Q_IN_REGS, int MEM_DIM = HEAD_DIM>
 struct FwdTile {
-  static constexpr int D = HEAD_DIM, kWarps = WARPS, kRowTiles = ROW_TILES, kBlockN = BLOCK_N;
+  static constexpr int D = HEAD_DIM, DM = MEM_DIM, kWarps = WARPS, kRowTiles = ROW_TILES, kBlockN = BLOCK_N;
   static constexpr int kMinBlocks = MIN_BLOCKS, kBlockM = 16 * ROW_TILES * WARPS;
   static constexpr bool kQInRegs = Q_IN_REGS;
   static constexpr size_t smem_bytes() { return size_t(kBlockM + 4 * kBlockN) * (D + 8) * 2; }
@@ -85,16 +89,22 @@ struct FwdTile {
 // Picked among a few candidates on an H100 (B=32 T=1024 H=12 D=64 and B=16 T=1024 H=16 D=128, causal
 // and not): two row tiles per warp beat one by ~15%; 4 warps with 2 CTAs per SM beat 8 warps with 1.
 template <int D> struct FwdTileFor;
+template <> struct FwdTileFor<40> { using type = FwdTile<48, 4, 2, 64, 2, true, 40>; };
 template <> struct FwdTileFor<64> { using type = FwdTile<64, 4, 2, 64, 2, true>; };
 template <> struct FwdTileFor<80> { using type = FwdTile<80, 4, 2, 64, 2, false>; };
 template <> struct FwdTileFor<128> { using type = FwdTile<128, 4, 2, 32, 2, false>; };
+// SD 1.x's deepest blocks: one row tile per warp keeps a warp's 16 x 160 output in registers.
+template <> struct FwdTileFor<160> { using type = FwdTile<160, 4, 1, 32, 2, false>; };
 
-// Grid (B * Hq, query tiles), the query tile reversed along y so that, under causal masking, the
-// longest tiles are scheduled first and the short ones fill the tail.
+// A one-dimensional grid of B * Hq x query tiles, the tiles of one (b, head) consecutive: the CTAs
+// resident at once then share a few heads' keys and values in L2 instead of each reading another
+// head's from DRAM (with the heads fastest, the GPT-2 shape's forward read 517 MB from an H200's DRAM
+// for 100 MB of q, k, v and out). Within a head the query tiles run in reverse, so that under causal
+// masking the longest start first.
 template <class T, class Tile, bool SEG>
 __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
     flash_forward_kernel(T* out, float* lse, const T* q, const T* k, const T* v, Shape p) {
-  constexpr int D = Tile::D, kRT = Tile::kRowTiles;
+  constexpr int D = Tile::D, DM = Tile::DM, kRT = Tile::kRowTiles;
   constexpr int kWarps = Tile::kWarps, kThreads = kWarps * 32, kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
   constexpr int kPitch = D + 8, kKT = D / 16, kNT = kBlockN / 8, kDT = D / 8, kWarpRows = 16 * kRT;
   static_assert(D % 16 == 0 && kBlockN % 16 == 0);
@@ -103,14 +113,16 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
   T* Ks = Qs + kBlockM * kPitch;       // [2][kBlockN][kPitch]
   T* Vs = Ks + 2 * kBlockN * kPitch;   // [2][kBlockN][kPitch]
 
-  const int q0 = (int(gridDim.y) - 1 - int(blockIdx.y)) * kBlockM;
-  const int h = int(blockIdx.x) % p.Hq, b = int(blockIdx.x) / p.Hq, hk = h / p.group;
+  const int q_tiles = (p.Tq + kBlockM - 1) / kBlockM;
+  const int64_t bh = int64_t(blockIdx.x) / q_tiles;
+  const int q0 = (q_tiles - 1 - int(int64_t(blockIdx.x) % q_tiles)) * kBlockM;
+  const int h = int(bh % p.Hq), b = int(bh / p.Hq), hk = h / p.group;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const LaneOffsets lo(lane);
   const int off = p.Tk - p.Tq;  // causal: key j is visible to query i iff j <= i + off
-  const T* qb = q + int64_t(b) * p.Tq * p.qs + int64_t(h) * D;
-  const T* kb = k + int64_t(b) * p.Tk * p.ks + int64_t(hk) * D;
-  const T* vb = v + int64_t(b) * p.Tk * p.vs + int64_t(hk) * D;
+  const T* qb = q + int64_t(b) * p.Tq * p.qs + int64_t(h) * DM;
+  const T* kb = k + int64_t(b) * p.Tk * p.ks + int64_t(hk) * DM;
+  const T* vb = v + int64_t(b) * p.Tk * p.vs + int64_t(hk) * DM;
 
   const int n_end = p.causal ? min(p.Tk, min(q0 + kBlockM, p.Tq) + off) : p.Tk;
   const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
@@ -143,10 +155,10 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
   };
 
   int nb = next_block(0);
-  load_rows_async<T, D, kBlockM, kThreads>(Qs, qb, p.qs, q0, p.Tq);
+  load_rows_async<T, D, kBlockM, kThreads, DM>(Qs, qb, p.qs, q0, p.Tq);
   if (nb < n_blocks) {
-    load_rows_async<T, D, kBlockN, kThreads>(Ks, kb, p.ks, nb * kBlockN, p.Tk);
-    load_rows_async<T, D, kBlockN, kThreads>(Vs, vb, p.vs, nb * kBlockN, p.Tk);
+    load_rows_async<T, D, kBlockN, kThreads, DM>(Ks, kb, p.ks, nb * kBlockN, p.Tk);
+    load_rows_async<T, D, kBlockN, kThreads, DM>(Vs, vb, p.vs, nb * kBlockN, p.Tk);
   }
   cp_async_commit();
 
@@ -167,8 +179,10 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
     const SegRange tile_range = k_range;
     const int nb_next = next_block(nb + 1);
     next_tile_async(nb_next < n_blocks, [&] {
-      load_rows_async<T, D, kBlockN, kThreads>(Ks + (buf ^ 1) * kBlockN * kPitch, kb, p.ks, nb_next * kBlockN, p.Tk);
-      load_rows_async<T, D, kBlockN, kThreads>(Vs + (buf ^ 1) * kBlockN * kPitch, vb, p.vs, nb_next * kBlockN, p.Tk);
+      load_rows_async<T, D, kBlockN, kThreads, DM>(Ks + (buf ^ 1) * kBlockN * kPitch, kb, p.ks, nb_next * kBlockN,
+                                                   p.Tk);
+      load_rows_async<T, D, kBlockN, kThreads, DM>(Vs + (buf ^ 1) * kBlockN * kPitch, vb, p.vs, nb_next * kBlockN,
+                                                   p.Tk);
     });
     nb = nb_next;
     if constexpr (Tile::kQInRegs) {
@@ -312,10 +326,11 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
         lse_bh[row] = sum > 0.f ? (m[mt][r] * p.scale_log2 + log2f(sum)) * kLn2 : -INFINITY;
     }
   __syncwarp();
-  T* ob = out + int64_t(b) * p.Tq * p.os + int64_t(h) * D;
+  T* ob = out + int64_t(b) * p.Tq * p.os + int64_t(h) * DM;
+  constexpr int kDMT = DM / 8;  // 16-byte chunks of a row in memory
 #pragma unroll
-  for (int c = lane; c < kWarpRows * kDT; c += 32) {
-    int rr = c / kDT, ch = c % kDT, row = warp_row0 + rr;
+  for (int c = lane; c < kWarpRows * kDMT; c += 32) {
+    int rr = c / kDMT, ch = c % kDMT, row = warp_row0 + rr;
     if (row < p.Tq)
       *reinterpret_cast<uint4*>(ob + int64_t(row) * p.os + ch * 8) =
           *reinterpret_cast<const uint4*>(o_warp + rr * kPitch + ch * 8);
@@ -325,11 +340,12 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
 // ---------------------------------------------------------------------------------------------
 // Backward
 
-// Backward tiling: head dim, warps per CTA (16 keys each), queries per streamed tile, CTAs per SM to
-// aim for, and whether each warp keeps its K and V fragments in registers for the whole query loop.
-template <int HEAD_DIM, int WARPS, int BLOCK_M, int MIN_BLOCKS, bool KV_IN_REGS>
+// Backward tiling: head dim computed, warps per CTA (16 keys each), queries per streamed tile, CTAs per
+// SM to aim for, whether each warp keeps its K and V fragments in registers for the whole query loop,
+// and the head dim in memory.
+template <int HEAD_DIM, int WARPS, int BLOCK_M, int MIN_BLOCKS, bool KV_IN_REGS, int MEM_DIM = HEAD_DIM>
 struct BwdTile {
-  static constexpr int D = HEAD_DIM, kWarps = WARPS, kBlockM = BLOCK_M, kMinBlocks = MIN_BLOCKS;
+  static constexpr int D = HEAD_DIM, DM = MEM_DIM, kWarps = WARPS, kBlockM = BLOCK_M, kMinBlocks = MIN_BLOCKS;
   static constexpr bool kKVInRegs = KV_IN_REGS;
   static constexpr size_t smem_bytes() {
     return size_t(2 * 16 * kWarps + 4 * kBlockM) * (D + 8) * 2  // K, V, 2 x (Q, dO)
@@ -339,18 +355,22 @@ struct BwdTile {
 };
 // Picked on an H100 like the forward tiles: 8 warps (128 keys) per CTA beat 4 warps by ~30%.
 template <int D> struct BwdTileFor;
+template <> struct BwdTileFor<40> { using type = BwdTile<48, 8, 64, 1, true, 40>; };
 template <> struct BwdTileFor<64> { using type = BwdTile<64, 8, 64, 1, true>; };
 template <> struct BwdTileFor<80> { using type = BwdTile<80, 8, 64, 1, false>; };
 template <> struct BwdTileFor<128> { using type = BwdTile<128, 8, 64, 1, false>; };
+// 160: a warp's dK and dV rows take 160 registers, so query tiles of 32 keep the scores' small.
+template <> struct BwdTileFor<160> { using type = BwdTile<160, 8, 32, 1, false>; };
 
 // lse2 and delta are padded per (b, head) to a multiple of this, so query tiles never read past them.
 constexpr int kRowPad = 128;
 
-// One group of 8 lanes per query row (b, h, i), i < Tq_pad: delta = dO . O, lse2 = lse * log2 e
-// (+inf where the row saw no key, or is padding: its probabilities come out 0), dq_acc row = 0.
+// One group of 8 lanes per query row (b, h, i), i < Tq_pad: delta = dO . O over the DM columns of a
+// head in memory, lse2 = lse * log2 e (+inf where the row saw no key, or is padding: its probabilities
+// come out 0), dq_acc row (D wide, the head dim computed) = 0.
 template <class T>
 __global__ void flash_backward_prep_kernel(float* delta, float* lse2, float* dq_acc, const T* dout, const T* out,
-                                           const float* lse, Shape p, int D, int Tq_pad, int64_t rows) {
+                                           const float* lse, Shape p, int DM, int D, int Tq_pad, int64_t rows) {
   int64_t row = int64_t(blockIdx.x) * (blockDim.x / 8) + threadIdx.x / 8;
   const int sub = threadIdx.x & 7;
   if (row >= rows) return;  // rows is a multiple of kRowPad: whole warps leave together
@@ -359,8 +379,8 @@ __global__ void flash_backward_prep_kernel(float* delta, float* lse2, float* dq_
   const int b = int(bh / p.Hq), h = int(bh % p.Hq);
   float acc = 0.f;
   if (i < p.Tq) {
-    int64_t o_off = (int64_t(b) * p.Tq + i) * p.os + int64_t(h) * D;
-    for (int c = sub; c < D / 8; c += 8) {
+    int64_t o_off = (int64_t(b) * p.Tq + i) * p.os + int64_t(h) * DM;
+    for (int c = sub; c < DM / 8; c += 8) {
       uint4 dv = *reinterpret_cast<const uint4*>(dout + o_off + c * 8);
       uint4 ov = *reinterpret_cast<const uint4*>(out + o_off + c * 8);
       const T* d8 = reinterpret_cast<const T*>(&dv);
@@ -381,13 +401,14 @@ __global__ void flash_backward_prep_kernel(float* delta, float* lse2, float* dq_
   }
 }
 
-// Grid (B * Hkv, key tiles): under causal masking the first key tiles see the most queries, and y-major
-// scheduling starts them first.
+// A one-dimensional grid of B * Hkv x key tiles, the tiles of one (b, kv head) consecutive, as in the
+// forward: the resident CTAs share their heads' queries, output gradients and dQ accumulator rows in
+// L2. Under causal masking a head's first key tiles see the most queries, and start first.
 template <class T, class Tile, bool SEG>
 __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
     flash_backward_kernel(T* dk, T* dv, float* dq_acc, const T* dout, const T* q, const T* k, const T* v,
                           const float* lse2, const float* delta, Shape p, int Tq_pad) {
-  constexpr int D = Tile::D;
+  constexpr int D = Tile::D, DM = Tile::DM;
   constexpr int kWarps = Tile::kWarps, kThreads = kWarps * 32, kBlockN = 16 * kWarps, kBlockM = Tile::kBlockM;
   constexpr int kPitch = D + 8, kSPitch = kBlockM + 8, kKT = D / 16, kMT = kBlockM / 8, kDT = D / 8;
   // dQ tile [kBlockM][D]: warps split it into kRowTiles x kColGroups blocks of 16 x kCols.
@@ -403,7 +424,9 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
   float* lse_s = reinterpret_cast<float*>(dSs + kBlockN * kSPitch);  // [2][kBlockM]
   float* delta_s = lse_s + 2 * kBlockM;                               // [2][kBlockM]
 
-  const int j0 = int(blockIdx.y) * kBlockN, hk = int(blockIdx.x) % p.Hkv, b = int(blockIdx.x) / p.Hkv;
+  const int k_tiles = (p.Tk + kBlockN - 1) / kBlockN;
+  const int64_t bh = int64_t(blockIdx.x) / k_tiles;
+  const int j0 = int(int64_t(blockIdx.x) % k_tiles) * kBlockN, hk = int(bh % p.Hkv), b = int(bh / p.Hkv);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const LaneOffsets lo(lane);
   const int off = p.Tk - p.Tq;
@@ -412,15 +435,15 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
   const int m_tiles = p.Tq > m_begin ? (p.Tq - m_begin + kBlockM - 1) / kBlockM : 0;
   const int n_iters = m_tiles * p.group;
 
-  load_rows_async<T, D, kBlockN, kThreads>(Ks, k + int64_t(b) * p.Tk * p.ks + int64_t(hk) * D, p.ks, j0, p.Tk);
-  load_rows_async<T, D, kBlockN, kThreads>(Vs, v + int64_t(b) * p.Tk * p.vs + int64_t(hk) * D, p.vs, j0, p.Tk);
+  load_rows_async<T, D, kBlockN, kThreads, DM>(Ks, k + int64_t(b) * p.Tk * p.ks + int64_t(hk) * DM, p.ks, j0, p.Tk);
+  load_rows_async<T, D, kBlockN, kThreads, DM>(Vs, v + int64_t(b) * p.Tk * p.vs + int64_t(hk) * DM, p.vs, j0, p.Tk);
   // Query tile `it`: head h = hk * group + it / m_tiles, rows i0 = m_begin + (it % m_tiles) * kBlockM.
   auto load_query_tile = [&](int it, int buf) {
     const int h = hk * p.group + it / m_tiles, i0 = m_begin + (it % m_tiles) * kBlockM;
-    load_rows_async<T, D, kBlockM, kThreads>(Qs + buf * kBlockM * kPitch,
-                                             q + int64_t(b) * p.Tq * p.qs + int64_t(h) * D, p.qs, i0, p.Tq);
-    load_rows_async<T, D, kBlockM, kThreads>(dOs + buf * kBlockM * kPitch,
-                                             dout + int64_t(b) * p.Tq * p.os + int64_t(h) * D, p.os, i0, p.Tq);
+    load_rows_async<T, D, kBlockM, kThreads, DM>(Qs + buf * kBlockM * kPitch,
+                                                 q + int64_t(b) * p.Tq * p.qs + int64_t(h) * DM, p.qs, i0, p.Tq);
+    load_rows_async<T, D, kBlockM, kThreads, DM>(dOs + buf * kBlockM * kPitch,
+                                                 dout + int64_t(b) * p.Tq * p.os + int64_t(h) * DM, p.os, i0, p.Tq);
     const int64_t row = (int64_t(b) * p.Hq + h) * Tq_pad + i0;
     if (int(threadIdx.x) < kBlockM / 4)
       cp_async_16(lse_s + buf * kBlockM + threadIdx.x * 4, lse2 + row + threadIdx.x * 4, true);
@@ -624,11 +647,12 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
           pack2<T>(dv_acc[dt][2 * r], dv_acc[dt][2 * r + 1]);
     }
   __syncwarp();
-  T* dkb = dk + int64_t(b) * p.Tk * p.ks + int64_t(hk) * D;
-  T* dvb = dv + int64_t(b) * p.Tk * p.vs + int64_t(hk) * D;
+  T* dkb = dk + int64_t(b) * p.Tk * p.ks + int64_t(hk) * DM;
+  T* dvb = dv + int64_t(b) * p.Tk * p.vs + int64_t(hk) * DM;
+  constexpr int kDMT = DM / 8;  // 16-byte chunks of a row in memory
 #pragma unroll
-  for (int c = lane; c < 16 * kDT; c += 32) {
-    int rr = c / kDT, ch = c % kDT, key = j0 + key_row0 + rr;
+  for (int c = lane; c < 16 * kDMT; c += 32) {
+    int rr = c / kDMT, ch = c % kDMT, key = j0 + key_row0 + rr;
     if (key < p.Tk) {
       *reinterpret_cast<uint4*>(dkb + int64_t(key) * p.ks + ch * 8) =
           *reinterpret_cast<const uint4*>(dk_warp + rr * kPitch + ch * 8);
@@ -638,12 +662,13 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
   }
 }
 
-// dq[b, i, h, :] = scale * dq_acc[b, h, i, :] in the storage type, 8 elements per thread.
+// dq[b, i, h, :DM] = scale * dq_acc[b, h, i, :DM] in the storage type (dq_acc rows D wide), 8 elements
+// per thread.
 template <class T>
-__global__ void flash_dq_convert_kernel(T* dq, const float* dq_acc, Shape p, int D, int64_t chunks) {
+__global__ void flash_dq_convert_kernel(T* dq, const float* dq_acc, Shape p, int DM, int D, int64_t chunks) {
   int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= chunks) return;
-  const int per_row = D / 8;
+  const int per_row = DM / 8;
   const int64_t row = c / per_row;  // (b * Hq + h) * Tq + i
   const int ch = int(c % per_row);
   const int i = int(row % p.Tq);
@@ -656,7 +681,7 @@ __global__ void flash_dq_convert_kernel(T* dq, const float* dq_acc, Shape p, int
   packed.y = pack2<T>(x0.z * p.scale, x0.w * p.scale);
   packed.z = pack2<T>(x1.x * p.scale, x1.y * p.scale);
   packed.w = pack2<T>(x1.z * p.scale, x1.w * p.scale);
-  *reinterpret_cast<uint4*>(dq + (int64_t(b) * p.Tq + i) * p.qs + int64_t(h) * D + ch * 8) = packed;
+  *reinterpret_cast<uint4*>(dq + (int64_t(b) * p.Tq + i) * p.qs + int64_t(h) * DM + ch * 8) = packed;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -673,9 +698,11 @@ Shape make_shape(int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t qs, in
 template <class Fn>
 void dispatch_head_dim(int64_t D, Fn&& fn) {
   switch (D) {
+    case 40: fn(std::integral_constant<int, 40>{}); break;
     case 64: fn(std::integral_constant<int, 64>{}); break;
     case 80: fn(std::integral_constant<int, 80>{}); break;
     case 128: fn(std::integral_constant<int, 128>{}); break;
+    case 160: fn(std::integral_constant<int, 160>{}); break;
     default: ZP_FATAL("flash attention: head dim ", D, " unsupported");
   }
 }
@@ -699,9 +726,9 @@ void launch_forward(StreamHandle s, void* out, float* lse, const void* q, const 
   auto kernel = flash_forward_kernel<T, Tile, SEG>;
   constexpr size_t bytes = Tile::smem_bytes();
   allow_dynamic_smem(kernel, bytes, "flash attention forward");
-  dim3 grid(unsigned(B * Hq), ceil_div(Tq, Tile::kBlockM));
-  ZP_CHECK(grid.y <= 65535, "flash attention: Tq ", Tq, " too long");
-  kernel<<<grid, Tile::kWarps * 32, bytes, s>>>(static_cast<T*>(out), lse, static_cast<const T*>(q),
+  const int64_t blocks = B * Hq * ceil_div(Tq, Tile::kBlockM);
+  ZP_CHECK(blocks <= INT_MAX, "flash attention: B * Hq * query tiles = ", blocks, " too many");
+  kernel<<<unsigned(blocks), Tile::kWarps * 32, bytes, s>>>(static_cast<T*>(out), lse, static_cast<const T*>(q),
                                                 static_cast<const T*>(k), static_cast<const T*>(v), p);
   ZP_CUDA_LAUNCH_CHECK();
 }
@@ -713,9 +740,9 @@ void launch_backward(StreamHandle s, void* dk, void* dv, float* dq_acc, const vo
   auto kernel = flash_backward_kernel<T, Tile, SEG>;
   constexpr size_t bytes = Tile::smem_bytes();
   allow_dynamic_smem(kernel, bytes, "flash attention backward");
-  dim3 grid(unsigned(B * Hkv), ceil_div(Tk, 16 * Tile::kWarps));
-  ZP_CHECK(grid.y <= 65535, "flash attention: Tk ", Tk, " too long");
-  kernel<<<grid, Tile::kWarps * 32, bytes, s>>>(static_cast<T*>(dk), static_cast<T*>(dv), dq_acc,
+  const int64_t blocks = B * Hkv * ceil_div(Tk, 16 * Tile::kWarps);
+  ZP_CHECK(blocks <= INT_MAX, "flash attention: B * Hkv * key tiles = ", blocks, " too many");
+  kernel<<<unsigned(blocks), Tile::kWarps * 32, bytes, s>>>(static_cast<T*>(dk), static_cast<T*>(dv), dq_acc,
                                                 static_cast<const T*>(dout), static_cast<const T*>(q),
                                                 static_cast<const T*>(k), static_cast<const T*>(v), lse2, delta, p,
                                                 int(Tq_pad));
@@ -727,7 +754,7 @@ void launch_backward(StreamHandle s, void* dk, void* dv, float* dq_acc, const vo
 bool attention_uses_flash(DType dt, int64_t D, int64_t q_stride, int64_t k_stride, int64_t v_stride,
                           int64_t o_stride) {
   if (dt != DType::BF16 && dt != DType::F16) return false;
-  if (D != 64 && D != 80 && D != 128) return false;
+  if (D != 40 && D != 64 && D != 80 && D != 128 && D != 160) return false;
   for (int64_t s : {q_stride, k_stride, v_stride, o_stride})
     if (s % 8 != 0) return false;  // 0 (contiguous) is Hq*D or Hkv*D, a multiple of 8 for these D
   return device_is_ampere_or_newer();
@@ -764,38 +791,37 @@ void flash_attention_backward(StreamHandle s, DType dt, void* dq, void* dk, void
   Shape p = make_shape(Tq, Tk, Hq, Hkv, q_stride, k_stride, v_stride, o_stride, scale, causal, segments);
   const int64_t Tq_pad = (Tq + kRowPad - 1) / kRowPad * kRowPad;
   const int64_t pad_rows = B * Hq * Tq_pad;
-  // Scratch: delta and lse2 [B, Hq, Tq_pad], then the fp32 dQ accumulator [B, Hq, Tq, D].
-  const size_t scratch_floats = size_t(2 * pad_rows + B * Hq * Tq * D);
-  KernelScratch scratch_mem(s, scratch_floats * sizeof(float), "attention_scratch");
-  float* scratch = scratch_mem.as<float>();
-  float* delta = scratch;
-  float* lse2 = scratch + pad_rows;
-  float* dq_acc = scratch + 2 * pad_rows;
-
   dispatch_half(dt, [&](auto tag) {
     using T = decltype(tag);
-    if (pad_rows > 0) {
-      constexpr int kThreads = 256;
-      flash_backward_prep_kernel<T><<<ceil_div(pad_rows, kThreads / 8), kThreads, 0, s>>>(
-          delta, lse2, dq_acc, static_cast<const T*>(dout), static_cast<const T*>(out), lse, p, int(D),
-          int(Tq_pad), pad_rows);
-      ZP_CUDA_LAUNCH_CHECK();
-    }
-    if (Tk > 0) {
-      dispatch_head_dim(D, [&](auto dtag) {
-        using Tile = typename BwdTileFor<decltype(dtag)::value>::type;
+    dispatch_head_dim(D, [&](auto dtag) {
+      using Tile = typename BwdTileFor<decltype(dtag)::value>::type;
+      constexpr int Dc = Tile::D;  // the head dim computed, dq_acc's row width
+      // Scratch: delta and lse2 [B, Hq, Tq_pad], then the fp32 dQ accumulator [B, Hq, Tq, Dc].
+      const size_t scratch_floats = size_t(2 * pad_rows + B * Hq * Tq * Dc);
+      KernelScratch scratch_mem(s, scratch_floats * sizeof(float), "attention_scratch");
+      float* delta = scratch_mem.as<float>();
+      float* lse2 = delta + pad_rows;
+      float* dq_acc = delta + 2 * pad_rows;
+      if (pad_rows > 0) {
+        constexpr int kThreads = 256;
+        flash_backward_prep_kernel<T><<<ceil_div(pad_rows, kThreads / 8), kThreads, 0, s>>>(
+            delta, lse2, dq_acc, static_cast<const T*>(dout), static_cast<const T*>(out), lse, p, int(D), Dc,
+            int(Tq_pad), pad_rows);
+        ZP_CUDA_LAUNCH_CHECK();
+      }
+      if (Tk > 0) {
         if (segments)
           launch_backward<T, Tile, true>(s, dk, dv, dq_acc, dout, q, k, v, lse2, delta, B, Tk, Hkv, p, Tq_pad);
         else
           launch_backward<T, Tile, false>(s, dk, dv, dq_acc, dout, q, k, v, lse2, delta, B, Tk, Hkv, p, Tq_pad);
-      });
-    }
-    const int64_t chunks = B * Hq * Tq * (D / 8);
-    if (chunks > 0) {
-      flash_dq_convert_kernel<T><<<ceil_div(chunks, 256), 256, 0, s>>>(static_cast<T*>(dq), dq_acc, p, int(D),
-                                                                        chunks);
-      ZP_CUDA_LAUNCH_CHECK();
-    }
+      }
+      const int64_t chunks = B * Hq * Tq * (D / 8);
+      if (chunks > 0) {
+        flash_dq_convert_kernel<T><<<ceil_div(chunks, 256), 256, 0, s>>>(static_cast<T*>(dq), dq_acc, p, int(D), Dc,
+                                                                          chunks);
+        ZP_CUDA_LAUNCH_CHECK();
+      }
+    });
   });
 }
 

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Where one training step's device time goes, by kernel family, from Nsight Compute's CSV.
+
+Profile one steady-state step (the benches run their first timed iteration between
+cudaProfilerStart and cudaProfilerStop under ZP_BENCH_PROFILE=1), each kernel timed alone:
+
+  ZP_BENCH_PROFILE=1 ncu --clock-control none --profile-from-start off \
+      --metrics gpu__time_duration.sum --csv --print-units base \
+      zp_bench_unet --benchmark_filter='BM_TrainStepSd15/B:8/ckpt:0/in_backward:0' > sd15.csv
+  python3 bench/kernel_breakdown.py sd15.csv
+
+Kernels run one at a time under ncu, so the sum is the step without overlap or launch gaps; the
+shares say which families to work on, the event-timed step in the bench's own output is the speed.
+Families are matched on the demangled name, first match wins; what matches none is listed by name.
+"""
+import csv
+import re
+import sys
+from collections import defaultdict
+
+FAMILIES = [
+    ("flash attention backward", r"flash_backward|flash_dq_convert"),
+    ("flash attention forward", r"flash_forward"),
+    ("attention (general kernels)", r"attention"),
+    ("GroupNorm", r"group_?norm|groupnorm|gn_"),
+    ("LayerNorm", r"layer_?norm|layernorm"),
+    ("RMSNorm", r"rms_?norm"),
+    ("convolution (cuDNN)", r"cudnn|conv|implicit_gemm|fprop|dgrad|wgrad"),
+    ("layout (NCHW <-> NHWC)", r"nchw|nhwc|transpose"),
+    ("GEMM (cuBLASLt)", r"gemm|nvjet|cutlass|sm90_|ampere_|gmma"),
+    ("AdamW", r"adamw"),
+    ("cross-entropy", r"cross_entropy"),
+    ("reductions (norms, clipping)", r"reduce|norm_sq|sum_sq"),
+    ("elementwise and activations", r"elementwise|silu|gelu|swiglu|activation|add|scale|cast|copy|fill|mul|upsample|mse|dropout|embedding|concat|cat_"),
+]
+
+
+def family(name):
+    low = name.lower()
+    for fam, pat in FAMILIES:
+        if re.search(pat, low):
+            return fam
+    return None
+
+
+def main(path):
+    times = defaultdict(float)
+    counts = defaultdict(int)
+    by_name = defaultdict(float)
+    with open(path, newline="") as f:
+        lines = [l for l in f if l.startswith('"')]
+    for row in csv.DictReader(lines):
+        if row.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        ns = float(row["Metric Value"].replace(",", ""))
+        name = row["Kernel Name"]
+        fam = family(name) or "other: " + re.sub(r"\(.*", "", name)[:90]
+        times[fam] += ns
+        counts[fam] += 1
+        by_name[re.sub(r"\(.*", "", name)[:110]] += ns
+    total = sum(times.values())
+    if total == 0:
+        sys.exit(f"{path}: no gpu__time_duration.sum rows")
+    print(f"{path}: {sum(counts.values())} kernels, {total / 1e6:.2f} ms timed one at a time")
+    print(f"{'family':<44} {'ms':>8} {'share':>6} {'launches':>8}")
+    for fam, ns in sorted(times.items(), key=lambda kv: -kv[1]):
+        print(f"{fam:<44} {ns / 1e6:8.2f} {100 * ns / total:5.1f}% {counts[fam]:8d}")
+    print("\nlongest kernels by name:")
+    for name, ns in sorted(by_name.items(), key=lambda kv: -kv[1])[:15]:
+        print(f"{ns / 1e6:8.2f} ms  {name}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: kernel_breakdown.py NCU_CSV")
+    main(sys.argv[1])
