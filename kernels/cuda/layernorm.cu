@@ -132,9 +132,11 @@ __global__ void layernorm_backward_kernel(T* __restrict__ dx, float* __restrict_
 }
 
 // Backward for short rows (at most 4 packs per lane): a warp per row, so the row reductions are
-// shuffles with no block barriers, and each lane keeps the dweight/dbias partial sums of its own
-// columns in registers across all the rows its warp visits. The warps of a block then merge their
-// partials with shared-memory atomics and the block adds them to the fp32 gradients once.
+// shuffles with no block barriers. Each warp keeps the dweight/dbias partial sums of the rows it visits
+// in its own slice of shared memory, laid out [VEC][packs] so that the lanes' adds for one element of
+// their packs hit consecutive words. In registers they made a lane 167 registers at C = 768 bf16 (113
+// now), which left one block of 8 warps an SM, too few loads in flight (34% of an H200's bandwidth).
+// At the end the block sums its warps' slices and adds them to the fp32 gradients once.
 template <class T, int VEC, int PPL>
 __global__ void layernorm_backward_warp_kernel(T* __restrict__ dx, float* __restrict__ dweight,
                                                float* __restrict__ dbias, const T* __restrict__ dy,
@@ -142,18 +144,18 @@ __global__ void layernorm_backward_warp_kernel(T* __restrict__ dx, float* __rest
                                                const float* __restrict__ mean, const float* __restrict__ rstd,
                                                int64_t N, int C, bool accumulate_dx) {
   using P = Pack<T, VEC>;
-  extern __shared__ float partial[];  // [C] dweight, then [C] dbias
+  extern __shared__ float partial[];  // per warp: [VEC][packs] dweight, then (with dbias) the same for dbias
   const int packs = C / VEC, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int i = threadIdx.x; i < (dbias ? 2 : 1) * C; i += blockDim.x) partial[i] = 0.f;
+  const int slice = (dbias ? 2 : 1) * C;
+  for (int i = threadIdx.x; i < warps * slice; i += blockDim.x) partial[i] = 0.f;
   __syncthreads();
-  float dw_acc[PPL][VEC], db_acc[PPL][VEC];
+  float* dw_acc = partial + warp * slice;
+  float* db_acc = dw_acc + C;
   P wv[PPL];
 #pragma unroll
   for (int k = 0; k < PPL; ++k) {
     const int p = lane + 32 * k;
     if (p < packs) wv[k] = reinterpret_cast<const P*>(weight)[p];
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) dw_acc[k][j] = db_acc[k][j] = 0.f;
   }
   for (int64_t row = int64_t(blockIdx.x) * warps + warp; row < N; row += int64_t(gridDim.x) * warps) {
     const float m = mean[row], r = rstd[row];
@@ -172,8 +174,8 @@ __global__ void layernorm_backward_warp_kernel(T* __restrict__ dx, float* __rest
         const float xhat = (to_f(xv[k].v[j]) - m) * r, d = to_f(dv[k].v[j]), g = d * to_f(wv[k].v[j]);
         g_sum += g;
         gx_sum += g * xhat;
-        dw_acc[k][j] += d * xhat;
-        db_acc[k][j] += d;
+        dw_acc[j * packs + p] += d * xhat;
+        if (dbias) db_acc[j * packs + p] += d;
       }
     }
     const float g_mean = warp_sum(g_sum) / float(C), gx_mean = warp_sum(gx_sum) / float(C);
@@ -192,20 +194,16 @@ __global__ void layernorm_backward_warp_kernel(T* __restrict__ dx, float* __rest
       dxr[p] = out;
     }
   }
-#pragma unroll
-  for (int k = 0; k < PPL; ++k) {
-    const int p = lane + 32 * k;
-    if (p >= packs) continue;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      atomicAdd(&partial[p * VEC + j], dw_acc[k][j]);
-      if (dbias) atomicAdd(&partial[C + p * VEC + j], db_acc[k][j]);
-    }
-  }
   __syncthreads();
   for (int i = threadIdx.x; i < C; i += blockDim.x) {
-    atomicAdd(dweight + i, partial[i]);
-    if (dbias) atomicAdd(dbias + i, partial[C + i]);
+    const int at = (i % VEC) * packs + i / VEC;  // column i = pack i / VEC, element i % VEC
+    float w_sum = 0.f, b_sum = 0.f;
+    for (int w = 0; w < warps; ++w) {
+      w_sum += partial[w * slice + at];
+      if (dbias) b_sum += partial[w * slice + C + at];
+    }
+    atomicAdd(dweight + i, w_sum);
+    if (dbias) atomicAdd(dbias + i, b_sum);
   }
 }
 
@@ -236,15 +234,16 @@ void launch_backward(StreamHandle s, T* dx, float* dw, float* db, const T* dy, c
                      const float* mean, const float* rstd, int64_t N, int C, bool accumulate_dx) {
   const int packs = C / VEC;
   if (packs <= 4 * 32) {
-    const size_t smem = size_t(db ? 2 : 1) * size_t(C) * sizeof(float);
+    // 4 warps a block: with 95-113 registers a lane, blocks of 8 warps fitted only 1-2 an SM.
+    constexpr int kThreads = 128, kWarps = kThreads / 32;
+    const size_t smem = size_t(kWarps) * size_t(db ? 2 : 1) * size_t(C) * sizeof(float);
     auto launch = [&](auto kernel) {
       allow_dynamic_smem(kernel, smem, "layernorm_backward");
-      constexpr int kThreads = 256;
       int per_sm = 0;
       ZP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
       const int64_t grid = std::max<int64_t>(
           1, std::min<int64_t>(int64_t(sm_count()) * std::max(per_sm, 1),
-                               (N + 8 * kBackwardMinRowsPerBlock - 1) / (8 * kBackwardMinRowsPerBlock)));
+                               (N + kWarps * kBackwardMinRowsPerBlock - 1) / (kWarps * kBackwardMinRowsPerBlock)));
       kernel<<<unsigned(grid), kThreads, smem, s>>>(dx, dw, db, dy, x, w, mean, rstd, N, C, accumulate_dx);
     };
     if (packs <= 32) launch(layernorm_backward_warp_kernel<T, VEC, 1>);
