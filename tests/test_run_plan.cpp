@@ -19,6 +19,7 @@
 #include "runtime/diffusion_config.h"
 #include "runtime/lora_run.h"
 #include "runtime/optimizer_step.h"
+#include "runtime/pipeline_chunks.h"
 #include "runtime/run_plan.h"
 #include "test_util.h"
 #include "tiny_llama_config.h"
@@ -342,9 +343,23 @@ TEST(RunPlan, PipelinedLanguageModelsArePlannedPerStage) {
     EXPECT_DOUBLE_EQ(p.stages[0].plan.activation_bytes, P * first) << preset;
     EXPECT_DOUBLE_EQ(p.stages[1].plan.activation_bytes, (P - 1) * first) << preset;
     EXPECT_EQ(p.worst_stage(), 0u) << preset << ": the embedding's and P micro-batches' stage";
+    // Every cut carries one micro-batch's hidden state, [B * T, hidden] in the compute dtype.
+    ASSERT_EQ(p.cut_bytes.size(), size_t(P - 1)) << preset;
+    for (double bytes : p.cut_bytes)
+      EXPECT_DOUBLE_EQ(bytes, double(tc.micro_batch * tc.seq_len * mc.hidden * dtype_size(tc.dtype))) << preset;
     const std::string report = runtime::plan_report(p, {});
     EXPECT_NE(report.find("pipeline: " + std::to_string(P) + " stages (1f1b"), std::string::npos) << report;
     EXPECT_NE(report.find("worst stage 0: memory plan (ZeRO stage 2"), std::string::npos) << report;
+    EXPECT_NE(report.find("  across cuts    " + runtime::format_bytes(p.cut_bytes[0]) + " | "), std::string::npos)
+        << report;
+  }
+  {
+    // Interleaved, V = 2: 2P - 1 cuts between the 2P chunks, the wrap from the last stage to the first among them.
+    bool is_unet = true;
+    const runtime::TrainConfig tc = preset_config(
+        "gpt2-124m.json", {"pipeline.stages=3", "gradient_accumulation_steps=6", "pipeline.schedule=\"interleaved\"",
+                           "pipeline.virtual_stages=2"}, 3, is_unet);
+    EXPECT_EQ(runtime::plan_pipeline(tc, false, 3, 3).cut_bytes.size(), 5u);
   }
   // A stage without a layer, and fewer micro-batches than 1F1B needs: errors naming the keys.
   bool unet = false;
@@ -399,9 +414,20 @@ TEST(RunPlan, PipelinedUNetIsPlannedPerStage) {
   for (const runtime::StagePlan& st : p.stages) host += st.plan.pinned_host_bytes() + st.plan.pageable_host_bytes();
   EXPECT_DOUBLE_EQ(p.host_bytes_per_node(), host);
 
+  // A cut carries the hidden state, the skip activations pushed before it and popped after it, and the
+  // time embedding: what UNetConfig::boundary_shapes lays out, in the compute dtype.
+  const int64_t S = hub.value("sample_size", int64_t(64));
+  const runtime::UNetChunks chunks = runtime::unet_chunks(tc, whole, S, S, 77, 0, 5);
+  ASSERT_EQ(p.cut_bytes.size(), 4u);
+  for (size_t g = 1; g < 5; ++g) {
+    int64_t n = 0;
+    for (const Shape& sh : whole.config().boundary_shapes(chunks.bounds[g], tc.micro_batch, S, S)) n += shape_numel(sh);
+    EXPECT_DOUBLE_EQ(p.cut_bytes[g - 1], double(n * dtype_size(tc.dtype))) << "cut " << g;
+  }
   std::string out;
   plan("sdxl-unet-zero2.json", {"pipeline.stages=5", "gradient_accumulation_steps=5"}, 5, "24GiB", "64GiB", out);
   EXPECT_NE(out.find("pipeline: 5 stages (1f1b, M = 5 micro-batches; UNet blocks [0, "), std::string::npos) << out;
+  EXPECT_NE(out.find("  across cuts    "), std::string::npos) << out;
   EXPECT_NE(out.find("worst stage " + std::to_string(p.worst_stage())), std::string::npos) << out;
 }
 

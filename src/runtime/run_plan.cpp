@@ -75,6 +75,7 @@ PipelinePlan plan_pipeline(const TrainConfig& cfg, bool unet, int world, int ran
   PipelinePlan out;
   out.data_size = world / P;
   out.ranks_per_node = ranks_per_node;
+  out.micro_batches = cfg.grad_accum;
   const parallel::ShardingPolicy policy = sharding_policy(cfg);
   std::string source;
   const io::json hub = cfg.hub_config_json(source);
@@ -82,6 +83,7 @@ PipelinePlan plan_pipeline(const TrainConfig& cfg, bool unet, int world, int ran
   const int64_t pad = parallel::shard_pad_multiple(out.data_size);
   const models::LoraSpec lora = lora_spec_of(cfg);
   std::string partition;
+  std::vector<int64_t> bounds;  // of the P x V chunks, the same on every stage
   // A stage of `chunks` (runtime/pipeline_chunks.h) planned as the trainer plans it: each local chunk
   // laid out by make_chunk(span) (no memory), the blocks of them all, each one's activations per
   // micro-batch (bytes_of(chunk, span)), and what the stage holds (holds_of(span)); `unit` names the
@@ -89,6 +91,7 @@ PipelinePlan plan_pipeline(const TrainConfig& cfg, bool unet, int world, int ran
   auto add_stage = [&](int stage, const auto& chunks, const std::string& unit, auto make_chunk, auto bytes_of,
                        auto holds_of) {
     partition = parallel::partition_str(chunks.bounds, unit);
+    bounds = chunks.bounds;
     std::vector<decltype(make_chunk(chunks.local.front()))> parts;
     std::vector<nn::ParamBlock*> blocks;
     std::vector<double> chunk_bytes;
@@ -135,6 +138,11 @@ PipelinePlan plan_pipeline(const TrainConfig& cfg, bool unet, int world, int ran
             return span_str("UNet blocks", span.begin, span.end) + (span.begin == 0 ? " + stem" : "") +
                    (span.end == mc.num_units() ? " + head" : "");
           });
+    for (size_t g = 1; g + 1 < bounds.size(); ++g) {
+      int64_t n = 0;
+      for (const Shape& sh : mc.boundary_shapes(bounds[g], cfg.micro_batch, H, W)) n += shape_numel(sh);
+      out.cut_bytes.push_back(double(n) * double(dtype_size(cfg.dtype)));
+    }
   } else {
     const models::TransformerConfig mc = models::TransformerConfig::from_hub_json(hub, source);
     models::Transformer whole(mc, Device::cpu(), cfg.dtype, nullptr, pad, /*allocate=*/false, {}, lora);
@@ -156,6 +164,8 @@ PipelinePlan plan_pipeline(const TrainConfig& cfg, bool unet, int world, int ran
             return span_str("layers", span.begin, span.end) + (span.embedding ? " + embedding" : "") +
                    (span.head ? " + head" : "");
           });
+    for (size_t g = 1; g + 1 < bounds.size(); ++g)
+      out.cut_bytes.push_back(double(cfg.micro_batch * cfg.seq_len * mc.hidden) * double(dtype_size(cfg.dtype)));
   }
   if (P > 1)
     out.layout = detail::cat(P, " stages (", cfg.pipeline_schedule, ", M = ", cfg.grad_accum, " micro-batches; ",
@@ -304,6 +314,16 @@ std::string plan_report(const PipelinePlan& p, const NodeResources& have) {
                   format_bytes(st.plan.host_bytes()).c_str(),
                   format_bytes(st.plan.states.nvme_bytes()).c_str());
     r += buf;
+  }
+  if (!p.cut_bytes.empty()) {
+    std::string cuts;
+    double step = 0;
+    for (double b : p.cut_bytes) {
+      cuts += (cuts.empty() ? "" : " | ") + format_bytes(b);
+      step += 2 * double(p.micro_batches) * b;
+    }
+    r += detail::cat("  across cuts    ", cuts, " per micro-batch (activations; their gradients the same back), ",
+                     format_bytes(step), " a step per pipeline\n");
   }
   const size_t worst = p.worst_stage();
   const RunPlan& w = p.stages[worst].plan;

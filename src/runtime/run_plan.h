@@ -79,6 +79,11 @@ struct PipelinePlan {
   std::string layout;  // "5 stages (1f1b, M = 5; UNet blocks [0, 2) | ...), 1 data-parallel rank each"
   std::vector<StagePlan> stages;
   int data_size = 1, ranks_per_node = 1;
+  // Bytes one micro-batch's activations carry across each cut between consecutive model chunks (P x V
+  // - 1 cuts), the same as their gradients carry back: a language model's hidden state; the UNet's
+  // hidden state, the skip activations relayed across the cut and the time embedding.
+  std::vector<double> cut_bytes;
+  int64_t micro_batches = 1;  // per step (gradient_accumulation_steps)
 
   size_t worst_stage() const;  // the one needing the most GPU memory per rank (CPUs: host memory)
   double host_bytes_per_node() const;  // of the fullest node
