@@ -366,10 +366,10 @@ int main(int argc, char** argv) {
         auto list = [](const std::vector<double>& v) {
           std::string out;
           char buf[32];
-        for (double x : v) {
-          std::snprintf(buf, sizeof buf, "%s%.2f", out.empty() ? "" : ", ", x);
-          out += buf;
-        }
+          for (double x : v) {
+            std::snprintf(buf, sizeof buf, "%s%.2f", out.empty() ? "" : ", ", x);
+            out += buf;
+          }
           return out;
         };
         std::printf(", \"repeats\": %d, \"save_over_raw_runs\": [%s], \"load_over_raw_runs\": [%s], "

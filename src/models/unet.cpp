@@ -267,6 +267,12 @@ std::vector<Shape> UNetConfig::boundary_shapes(int64_t cut, int64_t B, int64_t H
   return out;
 }
 
+int64_t UNetConfig::boundary_numel(int64_t cut, int64_t B, int64_t H, int64_t W) const {
+  int64_t n = 0;
+  for (const Shape& sh : boundary_shapes(cut, B, H, W)) n += shape_numel(sh);
+  return n;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Host-side pieces
 

@@ -104,6 +104,8 @@ struct UNetConfig {
   // in the order the boundary tensor packs them: the hidden state [B, C, h, w], the live skip
   // activations (bottom of the stack first), the time embedding [B, time_embed_dim].
   std::vector<Shape> boundary_shapes(int64_t cut, int64_t B, int64_t H, int64_t W) const;
+  // The values of all of them: the flat boundary tensor's length.
+  int64_t boundary_numel(int64_t cut, int64_t B, int64_t H, int64_t W) const;
 };
 
 // The part of the UNet a pipeline chunk holds (issue 12): units [begin, end) of UNetConfig's

@@ -154,8 +154,7 @@ class DiffusionTask final : public TrainingTask, public PipelineStageModel {
   // itself (the draws depend only on the seed, the step and the sample): the first for the noisy
   // latents and the timesteps, every chunk for the text embeddings, the last for the target.
   Tensor boundary_buffer(int chunk) override {
-    int64_t n = 0;
-    for (const Shape& sh : mcfg_.boundary_shapes(layout_.bounds[size_t(chunk)], B_, H_, W_)) n += shape_numel(sh);
+    const int64_t n = mcfg_.boundary_numel(layout_.bounds[size_t(chunk)], B_, H_, W_);
     return Tensor::empty({n}, cfg_.dtype, at_.dev, "activations", at_.s());
   }
   Tensor forward(int chunk, int micro, int64_t step, int64_t first, Tensor input, bool train, float loss_scale) override {

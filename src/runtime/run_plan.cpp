@@ -138,11 +138,9 @@ PipelinePlan plan_pipeline(const TrainConfig& cfg, bool unet, int world, int ran
             return span_str("UNet blocks", span.begin, span.end) + (span.begin == 0 ? " + stem" : "") +
                    (span.end == mc.num_units() ? " + head" : "");
           });
-    for (size_t g = 1; g + 1 < bounds.size(); ++g) {
-      int64_t n = 0;
-      for (const Shape& sh : mc.boundary_shapes(bounds[g], cfg.micro_batch, H, W)) n += shape_numel(sh);
-      out.cut_bytes.push_back(double(n) * double(dtype_size(cfg.dtype)));
-    }
+    for (size_t g = 1; g + 1 < bounds.size(); ++g)
+      out.cut_bytes.push_back(double(mc.boundary_numel(bounds[g], cfg.micro_batch, H, W)) *
+                              double(dtype_size(cfg.dtype)));
   } else {
     const models::TransformerConfig mc = models::TransformerConfig::from_hub_json(hub, source);
     models::Transformer whole(mc, Device::cpu(), cfg.dtype, nullptr, pad, /*allocate=*/false, {}, lora);
