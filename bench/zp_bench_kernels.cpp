@@ -219,12 +219,10 @@ void BM_RMSNorm(benchmark::State& st) {
 BENCHMARK(BM_RMSNorm)->ArgNames({"N", "C", "bwd"})->Args({16384, 2048, 0})->Args({16384, 2048, 1})
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
 
-// `cluster` sets ZP_GROUPNORM_CLUSTER (0: the per-group kernels, 1: the cluster ones on sm_90) to
-// compare both in one run; a run without it chooses by shape (kernels/cuda/groupnorm.cu).
+// Channels-last x[N, HW, C], bf16, fused SiLU.
 void BM_GroupNormSiLU(benchmark::State& st) {
   int64_t N = st.range(0), C = st.range(1), HW = st.range(2), G = 32;
   bool backward = st.range(3);
-  setenv("ZP_GROUPNORM_CLUSTER", st.range(4) ? "1" : "0", 1);
   Tensor x = dev_rand(N * C * HW, DType::BF16), y = dev_rand(N * C * HW, DType::BF16);
   Tensor w = dev_rand(C, DType::BF16), b = dev_rand(C, DType::BF16);
   Tensor mean = Tensor::empty({N * G}, DType::F32, Device::cuda()), rstd = Tensor::empty({N * G}, DType::F32, Device::cuda());
@@ -241,12 +239,13 @@ void BM_GroupNormSiLU(benchmark::State& st) {
   }, kQueuedReps);
 }
 // SD 1.5 at B=8 (64x64, 32x32 and 16x16 latents' channels) and SDXL at B=2 (128x128).
-BENCHMARK(BM_GroupNormSiLU)->ArgNames({"N", "C", "HW", "bwd", "cluster"})
-    ->ArgsProduct({{8}, {320}, {4096}, {0, 1}, {0, 1}})->ArgsProduct({{8}, {640}, {1024}, {0, 1}, {0, 1}})
-    ->ArgsProduct({{8}, {1280}, {256}, {0, 1}, {0, 1}})->ArgsProduct({{2}, {320}, {16384}, {0, 1}, {0, 1}})
+BENCHMARK(BM_GroupNormSiLU)->ArgNames({"N", "C", "HW", "bwd"})
+    ->ArgsProduct({{8}, {320}, {4096}, {0, 1}})->ArgsProduct({{8}, {640}, {1024}, {0, 1}})
+    ->ArgsProduct({{8}, {1280}, {256}, {0, 1}})->ArgsProduct({{2}, {320}, {16384}, {0, 1}})
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
 
-// --- Conv2d: the SD1.5 UNet's first-level 3x3 conv at B=8, 64x64 latents; forward and both grads.
+// --- Conv2d (channels-last): the SD1.5 UNet's first-level 3x3 conv at B=8, 64x64 latents; forward and
+// both grads.
 void BM_Conv2d(benchmark::State& st) {
   Conv2dShape sh;
   sh.N = st.range(0); sh.Cin = st.range(1); sh.H = sh.W = st.range(2); sh.Cout = st.range(3);
@@ -267,6 +266,18 @@ BENCHMARK(BM_Conv2d)->ArgNames({"N", "Cin", "HW", "Cout", "op"})
     ->Args({8, 320, 64, 320, 0})->Args({8, 320, 64, 320, 1})->Args({8, 320, 64, 320, 2})
     ->Args({8, 640, 32, 640, 0})->Args({8, 1280, 16, 1280, 0})->Args({8, 1280, 8, 1280, 0})  // SD 1.5's other levels
     ->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// --- Bias gradient (column sums of dy, fp32 accumulation): GPT-2's linears (N = 768, 2304, 3072 at
+// B*T = 32768 rows) and an SD 1.5 convolution's (320 channels, 8 x 64 x 64 pixels). Reads dy once.
+void BM_BiasGrad(benchmark::State& st) {
+  int64_t M = st.range(0), N = st.range(1);
+  Tensor dy = dev_rand(M * N, DType::BF16);
+  Tensor db = Tensor::zeros({N}, DType::F32, Device::cuda());
+  run(st, nullptr, 0, double(M) * N * 2, [&] { cuda::bias_grad(nullptr, DType::BF16, db.data<float>(), dy.data(), M, N); },
+      kQueuedReps);
+}
+BENCHMARK(BM_BiasGrad)->ArgNames({"M", "N"})->Args({32768, 768})->Args({32768, 3072})->Args({32768, 320})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // --- Cross-entropy over GPT-2's padded vocabulary: forward reads the logits, backward reads and writes them.
 void BM_CrossEntropy(benchmark::State& st) {

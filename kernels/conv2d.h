@@ -1,5 +1,8 @@
-// 2-d convolution, NCHW, dilation 1, groups 1 (what the UNet needs: 3x3 pad 1 stride 1 or 2, and 1x1).
-//   x[N, Cin, H, W], w[Cout, Cin, KH, KW], bias[Cout], y[N, Cout, OH, OW]; x, w, bias, y are in dt.
+// 2-d convolution of channels-last (NHWC) images, dilation 1, groups 1 (what the UNet needs: 3x3 pad 1
+// stride 1 or 2, and 1x1):
+//   x[N, H, W, Cin], w[Cout, Cin, KH, KW], bias[Cout], y[N, OH, OW, Cout]; x, w, bias, y are in dt.
+// The images are channels-last because cuDNN's tensor-core kernels are (NCHW made cuDNN convert every
+// operand both ways); the weight keeps the layout checkpoints and hub files store.
 #pragma once
 #include "kernels/kernel.h"
 

@@ -1,5 +1,5 @@
-// GroupNorm for NCHW activations (SD / SDXL UNet), optionally fused with the SiLU that follows it
-// in every ResBlock: x[N, C, HW] with C split into G groups of C/G consecutive channels;
+// GroupNorm for channels-last activations (SD / SDXL UNet), optionally fused with the SiLU that
+// follows it in every ResBlock: x[N, HW, C] with C split into G groups of C/G consecutive channels;
 //   z = (x - mean[n,g]) * rstd[n,g] * weight[c] + bias[c],   y = silu ? z * sigmoid(z) : z.
 // Statistics are over the C/G * HW elements of a group (biased variance).
 #pragma once

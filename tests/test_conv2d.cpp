@@ -21,17 +21,17 @@ std::string describe(const Conv2dShape& c) {
                      "] stride ", c.stride_h, "x", c.stride_w, " pad ", c.pad_h, "x", c.pad_w);
 }
 
-// A bf16 case that tells one rounding of conv + bias from two: a 1x1 filter of ones over x0 = 1 and
-// x1 = 3 * 2^-10 gives 1 + 3 * 2^-10, which bf16 alone rounds down to 1; with the bias 2^-9 the exact
-// sum 1 + 5 * 2^-10 rounds up to 1 + 2^-7. Rounding the product before adding the bias gives 1.
+// A bf16 case that tells one rounding of conv + bias from two: a 1x1 filter of ones over pixels of
+// (x0, x1) = (1, 3 * 2^-10) gives 1 + 3 * 2^-10, which bf16 alone rounds down to 1; with the bias 2^-9
+// the exact sum 1 + 5 * 2^-10 rounds up to 1 + 2^-7. Rounding the product before adding the bias gives 1.
 struct BiasRoundingCase {
   Conv2dShape c = conv_shape(2, 2, 4, 4, 8, 1, 1, 1, 1, 0, 0);
   std::vector<float> x, w, b;
   const float want = 1.f + std::ldexp(1.f, -7);
   BiasRoundingCase() {
-    for (int64_t n = 0; n < c.N; ++n) {
-      x.insert(x.end(), size_t(c.H * c.W), 1.f);
-      x.insert(x.end(), size_t(c.H * c.W), 3.f * std::ldexp(1.f, -10));
+    for (int64_t p = 0; p < c.N * c.H * c.W; ++p) {
+      x.push_back(1.f);
+      x.push_back(3.f * std::ldexp(1.f, -10));
     }
     w.assign(size_t(c.w_numel()), 1.f);
     b.assign(size_t(c.Cout), std::ldexp(1.f, -9));
@@ -70,6 +70,32 @@ TEST(Conv2d, CpuHandChecked) {
   EXPECT_EQ(db[0], 4.f);
   cpu::conv2d_backward_data(nullptr, DType::F32, dx.data(), dy.data(), w.data(), c);
   EXPECT_EQ(dx, (std::vector<float>{-1, 0, -1, 0, 1, 0, -1, 0, -1}));
+}
+
+// The reference against the definition written out with channels-last indices, on several channels
+// (the hand-checked case has one, where the layouts coincide).
+TEST(Conv2d, CpuIsTheChannelsLastDefinition) {
+  const Conv2dShape c = conv_shape(2, 3, 5, 4, 4, 3, 2, 2, 1, 1, 0);
+  const auto x = to_double(randn(size_t(c.x_numel()), 11)), w = to_double(randn(size_t(c.w_numel()), 12)),
+             b = to_double(randn(size_t(c.Cout), 13));
+  std::vector<double> y(size_t(c.y_numel()));
+  cpu::conv2d_forward(nullptr, DType::F64, y.data(), x.data(), w.data(), b.data(), c);
+  for (int64_t n = 0; n < c.N; ++n)
+    for (int64_t oh = 0; oh < c.oh(); ++oh)
+      for (int64_t ow = 0; ow < c.ow(); ++ow)
+        for (int64_t co = 0; co < c.Cout; ++co) {
+          double want = b[size_t(co)];
+          for (int64_t kh = 0; kh < c.KH; ++kh)
+            for (int64_t kw = 0; kw < c.KW; ++kw) {
+              const int64_t ih = oh * c.stride_h - c.pad_h + kh, iw = ow * c.stride_w - c.pad_w + kw;
+              if (ih < 0 || ih >= c.H || iw < 0 || iw >= c.W) continue;
+              for (int64_t ci = 0; ci < c.Cin; ++ci)
+                want += x[size_t(((n * c.H + ih) * c.W + iw) * c.Cin + ci)] *
+                        w[size_t(((co * c.Cin + ci) * c.KH + kh) * c.KW + kw)];
+            }
+          EXPECT_NEAR(y[size_t(((n * c.oh() + oh) * c.ow() + ow) * c.Cout + co)], want, 1e-12)
+              << "n " << n << " oh " << oh << " ow " << ow << " co " << co;
+        }
 }
 
 TEST(Conv2d, CpuBackwardMatchesFiniteDifferences) {
@@ -125,6 +151,7 @@ TEST(Conv2dGpu, MatchesCpu) {
       conv_shape(2, 5, 9, 8, 6, 3, 2, 2, 1, 1, 0),  // rectangular kernel, mixed strides and pads
       conv_shape(2, 320, 32, 32, 320, 3, 3, 1, 1, 1, 1),
       conv_shape(2, 64, 16, 16, 128, 1, 1, 1, 1, 0, 0),
+      conv_shape(1, 520, 6, 6, 16, 3, 3, 1, 1, 1, 1),  // the filter's layout moves in two tiles of channels
   };
   uint64_t seed = 100;
   for (const auto& c : shapes) {

@@ -368,8 +368,8 @@ TEST(LoraConv2d, DropoutIsTheDenseFormulaWithTheHashedMaskAndItsExactGradient) {
       for (int64_t o = 0; o < s.Cout; ++o)
         for (int64_t q = 0; q < P; ++q)
           for (int64_t r = 0; r < ConvCase::kR; ++r)
-            want.data<double>()[(n * s.Cout + o) * P + q] +=
-                cc.scale * cc.b->value.data<double>()[o * ConvCase::kR + r] * u.data<double>()[(n * ConvCase::kR + r) * P + q];
+            want.data<double>()[(n * P + q) * s.Cout + o] +=  // channels-last: pixel (n, q), channel o
+                cc.scale * cc.b->value.data<double>()[o * ConvCase::kR + r] * u.data<double>()[(n * P + q) * ConvCase::kR + r];
     EXPECT_LE(rel_error(values(y), values(want)), 1e-13) << k << "x" << k;
 
     const std::vector<float> g = randn(size_t(s.y_numel()), 62);

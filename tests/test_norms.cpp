@@ -272,9 +272,10 @@ TEST(RMSNormGpu, MatchesCpu) {
 // GroupNorm
 
 TEST(GroupNorm, HandCheckedForward) {
-  // N=1, C=4, HW=2, G=2. Group 0 = {1, 3, 5, 7}: mean 4, var 5. Group 1 = {0, 0, 2, 2}: mean 1, var 1,
-  // so xhat = {-1, -1, 1, 1} and channel 3 gives -1 * 1 + 0.5.
-  std::vector<float> x = {1, 3, 5, 7, 0, 0, 2, 2}, w = {1, 2, 1, -1}, b = {0, 0, 1, 0.5f}, y(8), mean(2), rstd(2);
+  // N=1, HW=2, C=4, G=2, channels-last: pixel 0 = (1, 5, 0, 2), pixel 1 = (3, 7, 0, 2). Group 0 (channels
+  // 0, 1) = {1, 5, 3, 7}: mean 4, var 5. Group 1 = {0, 2, 0, 2}: mean 1, var 1, so channel 2's xhat is -1
+  // (times weight 1, plus bias 1: 0) and channel 3's is 1 (times -1, plus 0.5: -0.5).
+  std::vector<float> x = {1, 5, 0, 2, 3, 7, 0, 2}, w = {1, 2, 1, -1}, b = {0, 0, 1, 0.5f}, y(8), mean(2), rstd(2);
   cpu::groupnorm_forward(nullptr, DType::F32, y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), 1, 4,
                          2, 2, 0.f, false);
   const float r0 = 1.f / std::sqrt(5.f);
@@ -282,7 +283,7 @@ TEST(GroupNorm, HandCheckedForward) {
   EXPECT_FLOAT_EQ(rstd[0], r0);
   EXPECT_FLOAT_EQ(mean[1], 1.f);
   EXPECT_FLOAT_EQ(rstd[1], 1.f);
-  const std::vector<float> want = {-3 * r0, -1 * r0, 2 * r0, 6 * r0, 0.f, 0.f, -0.5f, -0.5f};
+  const std::vector<float> want = {-3 * r0, 2 * r0, 0.f, -0.5f, -1 * r0, 6 * r0, 0.f, -0.5f};
   for (int i = 0; i < 8; ++i) EXPECT_NEAR(y[sz(i)], want[sz(i)], 1e-6) << i;
   // Fused SiLU applies z * sigmoid(z) to the same pre-activations.
   cpu::groupnorm_forward(nullptr, DType::F32, y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), 1, 4,
@@ -338,60 +339,84 @@ TEST(GroupNorm, ParameterGradientsAccumulate) {
   }
 }
 
-// Both CUDA paths on every shape: ZP_GROUPNORM_CLUSTER=1 forces the cluster kernels (sm_90), =0 the
-// per-group ones.
-// The shapes include groups split across the cluster's blocks mid-channel (C=640 at 16x16, C=1280 at
-// 8x8), unvectorised widths (HW=35, 63) and groups of fewer packs than a cluster has blocks.
+// The shapes include SD's widths with groups of 10-40 channels (a 16-byte pack straddles two groups),
+// many row chunks a sample (64x64, 128x128), unvectorised widths (C=6, 3, 4) and a mean far from
+// zero next to its spread (offset 30, where unshifted sums of squares would cancel).
 TEST(GroupNormGpu, MatchesCpu) {
   ZP_SKIP_WITHOUT_GPU();
-  struct Shape { int64_t N, C, HW, G; };
-  const std::vector<Shape> shapes = {{2, 32, 8 * 8, 8},   {1, 320, 64 * 64, 32}, {3, 6, 5 * 7, 3},
-                                     {2, 4, 3 * 3, 4},    {4, 64, 16 * 16, 32},  {1, 3, 1, 1},
-                                     {2, 640, 16 * 16, 32}, {1, 1280, 8 * 8, 32}, {1, 96, 7 * 9, 32}};
+  struct Shape { int64_t N, C, HW, G; float offset; };
+  const std::vector<Shape> shapes = {{2, 32, 8 * 8, 8, 0.5f},     {1, 320, 64 * 64, 32, 0.5f},
+                                     {3, 6, 5 * 7, 3, 0.5f},      {2, 4, 3 * 3, 4, 0.5f},
+                                     {4, 64, 16 * 16, 32, 0.5f},  {1, 3, 1, 1, 0.5f},
+                                     {2, 640, 16 * 16, 32, 0.5f}, {1, 1280, 8 * 8, 32, 0.5f},
+                                     {1, 96, 7 * 9, 32, 0.5f},    {2, 320, 128 * 128, 32, 0.5f},
+                                     {2, 960, 32 * 32, 32, 30.f}};
   const float eps = 1e-5f;
   uint64_t seed = 900;
-  for (const char* cluster : {"1", "0"}) {
-    ASSERT_EQ(setenv("ZP_GROUPNORM_CLUSTER", cluster, 1), 0);
-    for (const Shape& sh : shapes) {
-      for (DType dt : gpu_float_dtypes()) {
-        for (bool use_silu : {false, true}) {
-          seed += 10;
-          const auto [N, C, HW, G] = sh;
-          const size_t n = sz(N * C * HW);
-          auto x = round_to(randn(n, seed, 1.f, 0.5f), dt), w = round_to(randn(sz(C), seed + 1, 0.2f, 1.f), dt);
-          auto b = round_to(randn(sz(C), seed + 2, 0.3f), dt), dy = round_to(randn(n, seed + 3), dt);
-          auto dw0 = randn(sz(C), seed + 5), db0 = randn(sz(C), seed + 6);
+  for (const Shape& sh : shapes) {
+    for (DType dt : gpu_float_dtypes()) {
+      for (bool use_silu : {false, true}) {
+        seed += 10;
+        const auto [N, C, HW, G, offset] = sh;
+        const size_t n = sz(N * C * HW);
+        auto x = round_to(randn(n, seed, 1.f, offset), dt), w = round_to(randn(sz(C), seed + 1, 0.2f, 1.f), dt);
+        auto b = round_to(randn(sz(C), seed + 2, 0.3f), dt), dy = round_to(randn(n, seed + 3), dt);
+        auto dw0 = randn(sz(C), seed + 5), db0 = randn(sz(C), seed + 6);
 
-          std::vector<float> y(n), mean(sz(N * G)), rstd(sz(N * G)), dx(n), dw = dw0, db = db0;
-          cpu::groupnorm_forward(nullptr, DType::F32, y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
-                                 N, C, HW, G, eps, use_silu);
-          cpu::groupnorm_backward(nullptr, DType::F32, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
-                                  b.data(), mean.data(), rstd.data(), N, C, HW, G, use_silu);
+        std::vector<float> y(n), mean(sz(N * G)), rstd(sz(N * G)), dx(n), dw = dw0, db = db0;
+        cpu::groupnorm_forward(nullptr, DType::F32, y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
+                               N, C, HW, G, eps, use_silu);
+        cpu::groupnorm_backward(nullptr, DType::F32, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                                b.data(), mean.data(), rstd.data(), N, C, HW, G, use_silu);
 
-          Tensor gx = upload(x, dt), gw = upload(w, dt), gb = upload(b, dt), gdy = upload(dy, dt);
-          Tensor gdw = upload(dw0, DType::F32), gdb = upload(db0, DType::F32);
-          Tensor gy = gpu_empty(int64_t(n), dt), gdx = gpu_empty(int64_t(n), dt);
-          Tensor gmean = gpu_empty(N * G, DType::F32), grstd = gpu_empty(N * G, DType::F32);
-          cuda::groupnorm_forward(nullptr, dt, gy.data(), gmean.data<float>(), grstd.data<float>(), gx.data(),
-                                  gw.data(), gb.data(), N, C, HW, G, eps, use_silu);
-          cuda::groupnorm_backward(nullptr, dt, gdx.data(), gdw.data<float>(), gdb.data<float>(), gdy.data(),
-                                   gx.data(), gw.data(), gb.data(), gmean.data<float>(), grstd.data<float>(), N, C, HW,
-                                   G, use_silu);
+        Tensor gx = upload(x, dt), gw = upload(w, dt), gb = upload(b, dt), gdy = upload(dy, dt);
+        Tensor gdw = upload(dw0, DType::F32), gdb = upload(db0, DType::F32);
+        Tensor gy = gpu_empty(int64_t(n), dt), gdx = gpu_empty(int64_t(n), dt);
+        Tensor gmean = gpu_empty(N * G, DType::F32), grstd = gpu_empty(N * G, DType::F32);
+        cuda::groupnorm_forward(nullptr, dt, gy.data(), gmean.data<float>(), grstd.data<float>(), gx.data(), gw.data(),
+                                gb.data(), N, C, HW, G, eps, use_silu);
+        cuda::groupnorm_backward(nullptr, dt, gdx.data(), gdw.data<float>(), gdb.data<float>(), gdy.data(), gx.data(),
+                                 gw.data(), gb.data(), gmean.data<float>(), grstd.data<float>(), N, C, HW, G, use_silu);
 
-          std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(N) + " C=" + std::to_string(C) +
-                             " HW=" + std::to_string(HW) + " G=" + std::to_string(G) + (use_silu ? " silu" : "") +
-                             " ZP_GROUPNORM_CLUSTER=" + cluster;
-          EXPECT_LE(rel_error(download(gy), y), tolerance(dt)) << "y " << what;
-          EXPECT_LE(rel_error(download(gmean), mean), kStatsTol) << "mean " << what;
-          EXPECT_LE(rel_error(download(grstd), rstd), kStatsTol) << "rstd " << what;
-          EXPECT_LE(rel_error(download(gdx), dx), tolerance(dt)) << "dx " << what;
-          EXPECT_LE(rel_error(download(gdw), dw), tolerance(dt)) << "dweight " << what;
-          EXPECT_LE(rel_error(download(gdb), db), tolerance(dt)) << "dbias " << what;
-        }
+        std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(N) + " C=" + std::to_string(C) +
+                           " HW=" + std::to_string(HW) + " G=" + std::to_string(G) + " offset " +
+                           std::to_string(offset) + (use_silu ? " silu" : "");
+        EXPECT_LE(rel_error(download(gy), y), tolerance(dt)) << "y " << what;
+        EXPECT_LE(rel_error(download(gmean), mean), kStatsTol) << "mean " << what;
+        EXPECT_LE(rel_error(download(grstd), rstd), kStatsTol) << "rstd " << what;
+        EXPECT_LE(rel_error(download(gdx), dx), tolerance(dt)) << "dx " << what;
+        EXPECT_LE(rel_error(download(gdw), dw), tolerance(dt)) << "dweight " << what;
+        EXPECT_LE(rel_error(download(gdb), db), tolerance(dt)) << "dbias " << what;
       }
     }
   }
-  unsetenv("ZP_GROUPNORM_CLUSTER");
+}
+
+// Twice the same inputs, the same bits: every sum is taken in a fixed order.
+TEST(GroupNormGpu, IsDeterministic) {
+  ZP_SKIP_WITHOUT_GPU();
+  const int64_t N = 2, C = 320, HW = 64 * 64, G = 32;
+  const size_t n = sz(N * C * HW);
+  Tensor gx = upload(randn(n, 7, 1.f, 0.5f), DType::BF16), gdy = upload(randn(n, 8), DType::BF16);
+  Tensor gw = upload(randn(sz(C), 9, 0.2f, 1.f), DType::BF16), gb = upload(randn(sz(C), 10), DType::BF16);
+  std::vector<std::vector<float>> runs;
+  for (int r = 0; r < 2; ++r) {
+    Tensor gy = gpu_empty(int64_t(n), DType::BF16), gdx = gpu_empty(int64_t(n), DType::BF16);
+    Tensor gmean = gpu_empty(N * G, DType::F32), grstd = gpu_empty(N * G, DType::F32);
+    Tensor gdw = upload(std::vector<float>(sz(C), 0.f), DType::F32), gdb = upload(std::vector<float>(sz(C), 0.f), DType::F32);
+    cuda::groupnorm_forward(nullptr, DType::BF16, gy.data(), gmean.data<float>(), grstd.data<float>(), gx.data(),
+                            gw.data(), gb.data(), N, C, HW, G, 1e-5f, true);
+    cuda::groupnorm_backward(nullptr, DType::BF16, gdx.data(), gdw.data<float>(), gdb.data<float>(), gdy.data(),
+                             gx.data(), gw.data(), gb.data(), gmean.data<float>(), grstd.data<float>(), N, C, HW, G,
+                             true);
+    std::vector<float> all;
+    for (const Tensor* t : {&gy, &gmean, &grstd, &gdx, &gdw, &gdb}) {
+      const std::vector<float> v = download(*t);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    runs.push_back(all);
+  }
+  EXPECT_EQ(runs[0], runs[1]);
 }
 
 }  // namespace zp::test

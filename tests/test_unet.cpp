@@ -403,20 +403,20 @@ TEST(UNetSplitBackwardGpu, IsTheWholeBackward) {
 }
 
 // What crosses each cut of the tiny UNet (16 and 32 channels, one layer per block, 8x8 latents): the
-// hidden state, the skips still on the stack, the time embedding.
+// hidden state, the skips still on the stack (channels-last images), the time embedding.
 TEST(UNetChunks, BoundaryShapesFollowTheSkipStack) {
   const models::UNetConfig cfg = models::UNetConfig::from_hub_json(tiny_unet_config(), "tiny_unet_config");
   const int64_t T = cfg.time_embed_dim;
   using Shapes = std::vector<Shape>;
   // After down 0: its output halved; conv_in's output, down 0's resnet, its downsampler's output.
   EXPECT_EQ(cfg.boundary_shapes(1, 2, 8, 8),
-            (Shapes{{2, 16, 4, 4}, {2, 16, 8, 8}, {2, 16, 8, 8}, {2, 16, 4, 4}, {2, T}}));
+            (Shapes{{2, 4, 4, 16}, {2, 8, 8, 16}, {2, 8, 8, 16}, {2, 4, 4, 16}, {2, T}}));
   // After down 1 (no downsampler) and after mid: one more skip, 32 channels at 4x4.
-  const Shapes after_down = {{2, 32, 4, 4}, {2, 16, 8, 8}, {2, 16, 8, 8}, {2, 16, 4, 4}, {2, 32, 4, 4}, {2, T}};
+  const Shapes after_down = {{2, 4, 4, 32}, {2, 8, 8, 16}, {2, 8, 8, 16}, {2, 4, 4, 16}, {2, 4, 4, 32}, {2, T}};
   EXPECT_EQ(cfg.boundary_shapes(2, 2, 8, 8), after_down);
   EXPECT_EQ(cfg.boundary_shapes(3, 2, 8, 8), after_down);
   // After up 0: it popped two, upsampled to 8x8.
-  EXPECT_EQ(cfg.boundary_shapes(4, 2, 8, 8), (Shapes{{2, 32, 8, 8}, {2, 16, 8, 8}, {2, 16, 8, 8}, {2, T}}));
+  EXPECT_EQ(cfg.boundary_shapes(4, 2, 8, 8), (Shapes{{2, 8, 8, 32}, {2, 8, 8, 16}, {2, 8, 8, 16}, {2, T}}));
   EXPECT_EQ(cfg.unit_of_block("stem"), -1);
   EXPECT_EQ(cfg.unit_of_block("mid_block"), 2);
   EXPECT_EQ(cfg.unit_of_block("up_blocks.1.lora"), 4);

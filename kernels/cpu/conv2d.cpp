@@ -17,27 +17,34 @@ template <class T> std::vector<double> to_double(const void* p, int64_t n) {
   return std::vector<double>(t, t + n);
 }
 
-// Output positions [lo, hi) along one axis whose input position o * stride - pad + k is inside [0, in).
-struct Range {
-  int64_t lo, hi;
-};
-Range valid_outputs(int64_t k, int64_t pad, int64_t stride, int64_t in, int64_t out) {
-  int64_t lo = 0, hi = out;
-  while (lo < hi && lo * stride - pad + k < 0) ++lo;
-  while (hi > lo && (hi - 1) * stride - pad + k >= in) --hi;
-  return {lo, hi};
+// The weight [Cout, Cin, KH, KW] as [KH, KW, A, B] with (A, B) = (Cout, Cin), or (Cin, Cout) when
+// `in_major`: each tap's matrix then has the channel that an inner loop runs over contiguous.
+template <class T> std::vector<double> taps(const void* w, const Conv2dShape& c, bool in_major) {
+  const T* pw = static_cast<const T*>(w);
+  std::vector<double> t(size_t(c.w_numel()));
+  for (int64_t co = 0; co < c.Cout; ++co)
+    for (int64_t ci = 0; ci < c.Cin; ++ci)
+      for (int64_t k = 0; k < c.KH * c.KW; ++k) {
+        const int64_t inner = in_major ? ci * c.Cout + co : co * c.Cin + ci;
+        t[size_t(k * c.Cin * c.Cout + inner)] = double(pw[(co * c.Cin + ci) * c.KH * c.KW + k]);
+      }
+  return t;
 }
 
-// Calls f(x_row, y_row, ow_range) for every output row of kernel tap (kh, kw): x_row points at the
-// input element that output column 0 of that row would read (x_row[ow * stride_w] for ow in range),
-// y_row at the output row. Loops inside f run over contiguous outputs, which the compiler vectorises.
-template <class F> void for_each_row(const Conv2dShape& c, int64_t kh, int64_t kw, F&& f) {
-  const Range rh = valid_outputs(kh, c.pad_h, c.stride_h, c.H, c.oh());
-  const Range rw = valid_outputs(kw, c.pad_w, c.stride_w, c.W, c.ow());
-  for (int64_t oh = rh.lo; oh < rh.hi; ++oh) {
-    const int64_t ih = oh * c.stride_h - c.pad_h + kh;
-    f(ih * c.W - c.pad_w + kw, oh * c.ow(), rw);
-  }
+// Calls f(input pixel, output pixel, tap) for every (output pixel, tap) whose input is inside the image.
+template <class F> void for_each_tap(const Conv2dShape& c, F&& f) {
+  for (int64_t n = 0; n < c.N; ++n)
+    for (int64_t oh = 0; oh < c.oh(); ++oh)
+      for (int64_t ow = 0; ow < c.ow(); ++ow)
+        for (int64_t kh = 0; kh < c.KH; ++kh) {
+          const int64_t ih = oh * c.stride_h - c.pad_h + kh;
+          if (ih < 0 || ih >= c.H) continue;
+          for (int64_t kw = 0; kw < c.KW; ++kw) {
+            const int64_t iw = ow * c.stride_w - c.pad_w + kw;
+            if (iw < 0 || iw >= c.W) continue;
+            f((n * c.H + ih) * c.W + iw, (n * c.oh() + oh) * c.ow() + ow, kh * c.KW + kw);
+          }
+        }
 }
 
 }  // namespace
@@ -46,52 +53,45 @@ void conv2d_forward(StreamHandle, DType dt, void* y, const void* x, const void* 
                     const Conv2dShape& c) {
   check_shape(c);
   ZP_DISPATCH_FLOAT(dt, T, [&] {
-    const auto xd = to_double<T>(x, c.x_numel()), wd = to_double<T>(w, c.w_numel());
-    const int64_t HW = c.H * c.W, OHW = c.oh() * c.ow(), sw = c.stride_w;
-    std::vector<double> acc(static_cast<size_t>(OHW));
-    for (int64_t n = 0; n < c.N; ++n)
-      for (int64_t co = 0; co < c.Cout; ++co) {
-        std::fill(acc.begin(), acc.end(), bias ? double(static_cast<const T*>(bias)[co]) : 0.0);
-        for (int64_t ci = 0; ci < c.Cin; ++ci)
-          for (int64_t kh = 0; kh < c.KH; ++kh)
-            for (int64_t kw = 0; kw < c.KW; ++kw) {
-              const double wv = wd[size_t(((co * c.Cin + ci) * c.KH + kh) * c.KW + kw)];
-              const double* xp = &xd[size_t((n * c.Cin + ci) * HW)];
-              for_each_row(c, kh, kw, [&](int64_t xi, int64_t yi, Range r) {
-                double* __restrict out = acc.data() + yi;
-                const double* __restrict in = xp + xi;
-                for (int64_t ow = r.lo; ow < r.hi; ++ow) out[ow] += wv * in[ow * sw];
-              });
-            }
-        T* yp = static_cast<T*>(y) + (n * c.Cout + co) * OHW;
-        for (int64_t i = 0; i < OHW; ++i) yp[i] = T(acc[size_t(i)]);
+    const auto xd = to_double<T>(x, c.x_numel()), wt = taps<T>(w, c, false);
+    const int64_t Ci = c.Cin, Co = c.Cout, pixels = c.N * c.oh() * c.ow();
+    std::vector<double> acc(size_t(pixels * Co));
+    const T* pb = static_cast<const T*>(bias);
+    for (int64_t p = 0; p < pixels; ++p)
+      for (int64_t co = 0; co < Co; ++co) acc[size_t(p * Co + co)] = pb ? double(pb[co]) : 0.0;
+    for_each_tap(c, [&](int64_t in, int64_t out, int64_t k) {
+      const double* xp = &xd[size_t(in * Ci)];
+      double* yp = &acc[size_t(out * Co)];
+      for (int64_t co = 0; co < Co; ++co) {
+        const double* wp = &wt[size_t((k * Co + co) * Ci)];
+        double s = 0;
+        for (int64_t ci = 0; ci < Ci; ++ci) s += wp[ci] * xp[ci];
+        yp[co] += s;
       }
+    });
+    T* py = static_cast<T*>(y);
+    for (size_t i = 0; i < acc.size(); ++i) py[i] = T(acc[i]);
   });
 }
 
 void conv2d_backward_data(StreamHandle, DType dt, void* dx, const void* dy, const void* w, const Conv2dShape& c) {
   check_shape(c);
   ZP_DISPATCH_FLOAT(dt, T, [&] {
-    const auto dyd = to_double<T>(dy, c.y_numel()), wd = to_double<T>(w, c.w_numel());
-    const int64_t HW = c.H * c.W, OHW = c.oh() * c.ow(), sw = c.stride_w;
-    std::vector<double> acc(static_cast<size_t>(HW));
-    for (int64_t n = 0; n < c.N; ++n)
-      for (int64_t ci = 0; ci < c.Cin; ++ci) {
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t co = 0; co < c.Cout; ++co)
-          for (int64_t kh = 0; kh < c.KH; ++kh)
-            for (int64_t kw = 0; kw < c.KW; ++kw) {
-              const double wv = wd[size_t(((co * c.Cin + ci) * c.KH + kh) * c.KW + kw)];
-              const double* dyp = &dyd[size_t((n * c.Cout + co) * OHW)];
-              for_each_row(c, kh, kw, [&](int64_t xi, int64_t yi, Range r) {
-                double* __restrict out = acc.data() + xi;
-                const double* __restrict in = dyp + yi;
-                for (int64_t ow = r.lo; ow < r.hi; ++ow) out[ow * sw] += wv * in[ow];
-              });
-            }
-        T* dxp = static_cast<T*>(dx) + (n * c.Cin + ci) * HW;
-        for (int64_t i = 0; i < HW; ++i) dxp[i] = T(acc[size_t(i)]);
+    const auto dyd = to_double<T>(dy, c.y_numel()), wt = taps<T>(w, c, true);
+    const int64_t Ci = c.Cin, Co = c.Cout;
+    std::vector<double> acc(size_t(c.x_numel()), 0.0);
+    for_each_tap(c, [&](int64_t in, int64_t out, int64_t k) {
+      const double* gp = &dyd[size_t(out * Co)];
+      double* xp = &acc[size_t(in * Ci)];
+      for (int64_t ci = 0; ci < Ci; ++ci) {
+        const double* wp = &wt[size_t((k * Ci + ci) * Co)];
+        double s = 0;
+        for (int64_t co = 0; co < Co; ++co) s += wp[co] * gp[co];
+        xp[ci] += s;
       }
+    });
+    T* pdx = static_cast<T*>(dx);
+    for (size_t i = 0; i < acc.size(); ++i) pdx[i] = T(acc[i]);
   });
 }
 
@@ -100,33 +100,28 @@ void conv2d_backward_filter(StreamHandle, DType dt, float* dw, float* dbias, con
   check_shape(c);
   ZP_DISPATCH_FLOAT(dt, T, [&] {
     const auto dyd = to_double<T>(dy, c.y_numel()), xd = to_double<T>(x, c.x_numel());
-    const int64_t HW = c.H * c.W, OHW = c.oh() * c.ow(), sw = c.stride_w;
-    // One partial sum per output column, so the inner loop has no loop-carried dependency.
-    std::vector<double> lane(static_cast<size_t>(c.ow()));
-    for (int64_t co = 0; co < c.Cout; ++co) {
-      for (int64_t ci = 0; ci < c.Cin; ++ci)
-        for (int64_t kh = 0; kh < c.KH; ++kh)
-          for (int64_t kw = 0; kw < c.KW; ++kw) {
-            std::fill(lane.begin(), lane.end(), 0.0);
-            for (int64_t n = 0; n < c.N; ++n) {
-              const double* dyp = &dyd[size_t((n * c.Cout + co) * OHW)];
-              const double* xp = &xd[size_t((n * c.Cin + ci) * HW)];
-              for_each_row(c, kh, kw, [&](int64_t xi, int64_t yi, Range r) {
-                double* __restrict out = lane.data();
-                const double* __restrict grad = dyp + yi;
-                const double* __restrict in = xp + xi;
-                for (int64_t ow = r.lo; ow < r.hi; ++ow) out[ow] += grad[ow] * in[ow * sw];
-              });
-            }
-            double sum = 0;
-            for (double v : lane) sum += v;
-            float& g = dw[((co * c.Cin + ci) * c.KH + kh) * c.KW + kw];
-            g = float(double(g) + sum);
-          }
-      if (dbias) {
+    const int64_t Ci = c.Cin, Co = c.Cout, K = c.KH * c.KW;
+    std::vector<double> g(size_t(c.w_numel()), 0.0);  // [K, Cout, Cin]
+    for_each_tap(c, [&](int64_t in, int64_t out, int64_t k) {
+      const double* xp = &xd[size_t(in * Ci)];
+      const double* gp = &dyd[size_t(out * Co)];
+      for (int64_t co = 0; co < Co; ++co) {
+        double* wp = &g[size_t((k * Co + co) * Ci)];
+        const double d = gp[co];
+        for (int64_t ci = 0; ci < Ci; ++ci) wp[ci] += d * xp[ci];
+      }
+    });
+    for (int64_t co = 0; co < Co; ++co)
+      for (int64_t ci = 0; ci < Ci; ++ci)
+        for (int64_t k = 0; k < K; ++k) {
+          float& v = dw[(co * Ci + ci) * K + k];
+          v = float(double(v) + g[size_t((k * Co + co) * Ci + ci)]);
+        }
+    if (dbias) {
+      const int64_t pixels = c.N * c.oh() * c.ow();
+      for (int64_t co = 0; co < Co; ++co) {
         double sum = 0;
-        for (int64_t n = 0; n < c.N; ++n)
-          for (int64_t i = 0; i < OHW; ++i) sum += dyd[size_t((n * c.Cout + co) * OHW + i)];
+        for (int64_t p = 0; p < pixels; ++p) sum += dyd[size_t(p * Co + co)];
         dbias[co] = float(double(dbias[co]) + sum);
       }
     }

@@ -12,6 +12,12 @@ void check_sizes(int64_t N, int64_t C, int64_t HW, int64_t G) {
   ZP_CHECK(N >= 0 && C > 0 && HW > 0 && G > 0 && C % G == 0, "N=", N, " C=", C, " HW=", HW, " G=", G);
 }
 
+// Calls f(offset of element (n, i, c), c) for every element of group (n, g) of x[N, HW, C].
+template <class F> void for_each_in_group(int64_t n, int64_t g, int64_t C, int64_t HW, int64_t Cg, F&& f) {
+  for (int64_t i = 0; i < HW; ++i)
+    for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) f((n * HW + i) * C + c, c);
+}
+
 }  // namespace
 
 void groupnorm_forward(StreamHandle, DType dt, void* y, float* mean, float* rstd, const void* x, const void* weight,
@@ -26,18 +32,16 @@ void groupnorm_forward(StreamHandle, DType dt, void* y, float* mean, float* rstd
     auto* b = static_cast<const T*>(bias);
     for (int64_t n = 0; n < N; ++n) {
       for (int64_t g = 0; g < G; ++g) {
-        const int64_t begin = (n * C + g * Cg) * HW;  // a group is contiguous in NCHW
         double m = 0;
-        for (int64_t i = 0; i < M; ++i) m += double(px[begin + i]);
+        for_each_in_group(n, g, C, HW, Cg, [&](int64_t e, int64_t) { m += double(px[e]); });
         m /= double(M);
         double var = 0;
-        for (int64_t i = 0; i < M; ++i) var += (double(px[begin + i]) - m) * (double(px[begin + i]) - m);
-        double r = 1.0 / std::sqrt(var / double(M) + double(eps));
-        for (int64_t i = 0; i < M; ++i) {
-          int64_t c = g * Cg + i / HW;
-          double z = (double(px[begin + i]) - m) * r * double(w[c]) + double(b[c]);
-          py[begin + i] = T(silu ? z * sigmoid(z) : z);
-        }
+        for_each_in_group(n, g, C, HW, Cg, [&](int64_t e, int64_t) { var += (double(px[e]) - m) * (double(px[e]) - m); });
+        const double r = 1.0 / std::sqrt(var / double(M) + double(eps));
+        for_each_in_group(n, g, C, HW, Cg, [&](int64_t e, int64_t c) {
+          const double z = (double(px[e]) - m) * r * double(w[c]) + double(b[c]);
+          py[e] = T(silu ? z * sigmoid(z) : z);
+        });
         mean[n * G + g] = float(m);
         rstd[n * G + g] = float(r);
       }
@@ -60,32 +64,34 @@ void groupnorm_backward(StreamHandle, DType dt, void* dx, float* dweight, float*
     auto* w = static_cast<const T*>(weight);
     auto* b = static_cast<const T*>(bias);
     std::vector<double> dw(size_t(C), 0.0), db(size_t(C), 0.0);
-    std::vector<double> dz(static_cast<size_t>(M)), xhat(static_cast<size_t>(M));  // one group's values
     for (int64_t n = 0; n < N; ++n) {
       for (int64_t g = 0; g < G; ++g) {
-        const int64_t begin = (n * C + g * Cg) * HW;
         const double m = mean[n * G + g], r = rstd[n * G + g];
-        double g_mean = 0, gx_mean = 0;
-        for (int64_t i = 0; i < M; ++i) {
-          int64_t c = g * Cg + i / HW;
-          double xh = (double(px[begin + i]) - m) * r, d = double(pdy[begin + i]);
+        auto grads = [&](int64_t e, int64_t c, double& xh) {  // dz of element e; xh gets its xhat
+          xh = (double(px[e]) - m) * r;
+          double d = double(pdy[e]);
           if (silu) {
-            double z = xh * double(w[c]) + double(b[c]), sg = sigmoid(z);
+            const double z = xh * double(w[c]) + double(b[c]), sg = sigmoid(z);
             d *= sg * (1.0 + z * (1.0 - sg));
           }
-          xhat[size_t(i)] = xh;
-          dz[size_t(i)] = d;
+          return d;
+        };
+        double g_mean = 0, gx_mean = 0;
+        for_each_in_group(n, g, C, HW, Cg, [&](int64_t e, int64_t c) {
+          double xh;
+          const double d = grads(e, c, xh);
           g_mean += d * double(w[c]);
           gx_mean += d * double(w[c]) * xh;
           dw[size_t(c)] += d * xh;
           db[size_t(c)] += d;
-        }
+        });
         g_mean /= double(M);
         gx_mean /= double(M);
-        for (int64_t i = 0; i < M; ++i) {
-          int64_t c = g * Cg + i / HW;
-          pdx[begin + i] = T(r * (dz[size_t(i)] * double(w[c]) - g_mean - xhat[size_t(i)] * gx_mean));
-        }
+        for_each_in_group(n, g, C, HW, Cg, [&](int64_t e, int64_t c) {
+          double xh;
+          const double d = grads(e, c, xh);
+          pdx[e] = T(r * (d * double(w[c]) - g_mean - xh * gx_mean));
+        });
       }
     }
     for (int64_t c = 0; c < C; ++c) {

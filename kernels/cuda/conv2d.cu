@@ -1,9 +1,13 @@
-// Convolutions through cuDNN's legacy API (cudnnConvolutionForward / BackwardData / BackwardFilter).
-// The non-obvious part: cuDNN writes the filter gradient in the filter's dtype, but ours is an fp32
-// accumulator, so for bf16/f16 cuDNN writes a temporary 16-bit gradient (beta = 0) that we add into
-// dw ourselves; for f32 it accumulates straight into dw (beta = 1). Per (device, dtype, shape) we
-// cache descriptors and the algorithms the v7 heuristics rank first, preferring deterministic ones
-// and, for f32, plain FMA math (never TF32) so that f32 matches the CPU reference at 1e-5.
+// Convolutions through cuDNN's legacy API (cudnnConvolutionForward / BackwardData / BackwardFilter)
+// on channels-last images. cuDNN's NHWC tensor-core kernels want the filter channels-last too (KRSC;
+// backward data and filter refuse NHWC images with a KCRS filter), while our weights keep the hub
+// layout KCRS: a call with a kernel larger than 1x1 transposes the weight into scratch first (a
+// weight's size, against the images' many times more), and the filter gradient comes back KRSC.
+// The filter gradient: cuDNN writes it in the filter's dtype and layout, but ours is an fp32 KCRS
+// accumulator, so cuDNN writes a temporary (beta = 0) that we add into dw, transposing it back.
+// Per (device, dtype, shape) we cache descriptors and the algorithms the v7 heuristics rank first,
+// preferring deterministic ones and, for f32, plain FMA math (never TF32) so that f32 matches the CPU
+// reference at 1e-5.
 // The bias: in 16-bit dtypes conv + bias must be rounded once, as the CPU reference does. Measured on
 // an H200 (cuDNN 9.14), IMPLICIT_PRECOMP_GEMM, the algorithm the heuristics rank first for nearly every
 // UNet shape, does not blend a prior y in fp32: with y preset to the bias and beta = 1, 26-30% of
@@ -25,6 +29,7 @@
 #include "kernels/conv2d.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/scratch.cuh"
+#include "kernels/gemm.h"
 
 namespace zp::kernels::cuda {
 namespace {
@@ -114,11 +119,11 @@ std::unique_ptr<ConvPlan> make_plan(cudnnHandle_t h, const Conv2dShape& c, DType
   const cudnnDataType_t t = cudnn_dtype(dt);
   auto p = std::make_unique<ConvPlan>();
   ZP_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->x));
-  ZP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, t, int(c.N), int(c.Cin), int(c.H), int(c.W)));
+  ZP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NHWC, t, int(c.N), int(c.Cin), int(c.H), int(c.W)));
   ZP_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->y));
-  ZP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, t, int(c.N), int(c.Cout), int(c.oh()), int(c.ow())));
+  ZP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NHWC, t, int(c.N), int(c.Cout), int(c.oh()), int(c.ow())));
   ZP_CUDNN_CHECK(cudnnCreateFilterDescriptor(&p->w));
-  ZP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w, t, CUDNN_TENSOR_NCHW, int(c.Cout), int(c.Cin), int(c.KH), int(c.KW)));
+  ZP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w, t, CUDNN_TENSOR_NHWC, int(c.Cout), int(c.Cin), int(c.KH), int(c.KW)));
   p->fwd = make_conv_desc(c, dt);
   p->bwd_data = make_conv_desc(c, dt);
   p->bwd_filter = make_conv_desc(c, dt);
@@ -134,7 +139,7 @@ std::unique_ptr<ConvPlan> make_plan(cudnnHandle_t h, const Conv2dShape& c, DType
     ZP_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->fwd, p->y, p->fwd_algo, &p->fwd_ws));
     if (dt != DType::F32 && p->fwd_algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) {
       ZP_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->bias));
-      ZP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NCHW, t, 1, int(c.Cout), 1, 1));
+      ZP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NHWC, t, 1, int(c.Cout), 1, 1));
       ZP_CUDNN_CHECK(cudnnCreateActivationDescriptor(&p->identity));
       ZP_CUDNN_CHECK(
           cudnnSetActivationDescriptor(p->identity, CUDNN_ACTIVATION_IDENTITY, CUDNN_NOT_PROPAGATE_NAN, 0.0));
@@ -187,36 +192,11 @@ Bound bind(StreamHandle s, DType dt, const Conv2dShape& c) {
   return {ctx, std::move(lock), *slot, dev};
 }
 
-// y[n, c, :] = bias[c]; blockIdx.x is the (n, c) plane, blockIdx.y strides over its pixels.
+// y[p, c] = bias[c] for every output pixel p.
 template <class T>
-__global__ void fill_bias_kernel(T* y, const T* bias, int64_t C, int64_t HW) {
-  int64_t plane = blockIdx.x;
-  const T b = bias[plane % C];
-  T* yp = y + plane * HW;
-  for (int64_t i = blockIdx.y * int64_t(blockDim.x) + threadIdx.x; i < HW; i += int64_t(gridDim.y) * blockDim.x)
-    yp[i] = b;
-}
-
-// dbias[c] += sum of dy[:, c, :]; one block per channel, so the sum order is fixed (deterministic).
-// With VEC > 1 (HW a multiple of VEC, dy 16-byte aligned) each thread reads 16-byte packs, four in
-// flight: a block per channel is only 2-3 blocks an SM at UNet widths, and 2-byte loads one at a time
-// left the kernel waiting on memory (2.3 ms of an SD 1.5 step on an H200).
-template <class T, int VEC>
-__global__ void bias_grad_kernel(float* dbias, const T* dy, int64_t N, int64_t C, int64_t HW) {
-  int64_t c = blockIdx.x;
-  float acc = 0.f;
-  const int64_t packs = HW / VEC;
-  for (int64_t n = 0; n < N; ++n) {
-    const Pack<T, VEC>* p = reinterpret_cast<const Pack<T, VEC>*>(dy + (n * C + c) * HW);
-#pragma unroll 4
-    for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
-      const Pack<T, VEC> v = p[i];
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) acc += to_f(v.v[j]);
-    }
-  }
-  acc = block_sum(acc);
-  if (threadIdx.x == 0) dbias[c] += acc;
+__global__ void fill_bias_kernel(T* y, const T* bias, int64_t C, int64_t total) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = bias[i % C];
 }
 
 // dst[i] += src[i], VEC elements a thread when n and both pointers allow 16-byte packs of src.
@@ -232,15 +212,104 @@ __global__ void accumulate_kernel(float* dst, const T* src, int64_t n) {
   }
 }
 
+// The filter's two layouts, moved a (filter k, 512 input channels) tile per block through shared
+// memory so that both sides are contiguous runs: in KCRS the tile is 512 * RS consecutive elements, in
+// KRSC it is RS runs of 512. Global memory moves in packs of VEC elements (16 bytes where Cin allows),
+// a KRSC pack being VEC consecutive channels of one tap. (A plain transpose of [Cin, RS] per filter
+// wastes most of its 32x32 tiles on RS = 9; 2-byte accesses moved SD 1.5's 1.1 GB of filters at
+// 1.2 TB/s, H200.)
+constexpr int kFilterTile = 512;
+
+// y[k, rs, c] = w[k, c, rs]
+template <class T, int VEC>
+__global__ void filter_to_krsc_kernel(T* __restrict__ y, const T* __restrict__ w, int64_t Cin, int RS) {
+  using P = Pack<T, VEC>;
+  extern __shared__ __align__(16) unsigned char raw[];
+  T* tile = reinterpret_cast<T*>(raw);  // [c][rs]
+  const int64_t k = blockIdx.y, c0 = int64_t(blockIdx.x) * kFilterTile;
+  const int nc = int(min(int64_t(kFilterTile), Cin - c0)), packs = nc * RS / VEC, row_packs = nc / VEC;
+  const P* src = reinterpret_cast<const P*>(w + (k * Cin + c0) * RS);
+  for (int i = threadIdx.x; i < packs; i += blockDim.x) reinterpret_cast<P*>(tile)[i] = src[i];
+  __syncthreads();
+  for (int i = threadIdx.x; i < packs; i += blockDim.x) {
+    const int rs = i / row_packs, c = (i % row_packs) * VEC;
+    P out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.v[j] = tile[(c + j) * RS + rs];
+    *reinterpret_cast<P*>(y + (k * RS + rs) * Cin + c0 + c) = out;
+  }
+}
+
+// dw[k, c, rs] += g[k, rs, c]: the KRSC gradient cuDNN wrote, added into the KCRS accumulator.
+template <class T, int VEC>
+__global__ void accumulate_from_krsc_kernel(float* __restrict__ dw, const T* __restrict__ g, int64_t Cin, int RS) {
+  using P = Pack<T, VEC>;
+  using F = Pack<float, VEC>;
+  extern __shared__ __align__(16) unsigned char raw[];
+  T* tile = reinterpret_cast<T*>(raw);  // [c][rs]
+  const int64_t k = blockIdx.y, c0 = int64_t(blockIdx.x) * kFilterTile;
+  const int nc = int(min(int64_t(kFilterTile), Cin - c0)), packs = nc * RS / VEC, row_packs = nc / VEC;
+  for (int i = threadIdx.x; i < packs; i += blockDim.x) {
+    const int rs = i / row_packs, c = (i % row_packs) * VEC;
+    const P v = *reinterpret_cast<const P*>(g + (k * RS + rs) * Cin + c0 + c);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) tile[(c + j) * RS + rs] = v.v[j];
+  }
+  __syncthreads();
+  F* dst = reinterpret_cast<F*>(dw + (k * Cin + c0) * RS);
+  const P* t = reinterpret_cast<const P*>(tile);
+  for (int i = threadIdx.x; i < packs; i += blockDim.x) {
+    F d = dst[i];
+    const P v = t[i];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) d.v[j] += to_f(v.v[j]);
+    dst[i] = d;
+  }
+}
+
+// The grid and shared memory of the two kernels above.
+struct FilterTiles {
+  dim3 grid;
+  size_t smem;
+  FilterTiles(const Conv2dShape& c, size_t elem)
+      : grid(ceil_div(c.Cin, kFilterTile), unsigned(c.Cout)), smem(size_t(kFilterTile) * c.KH * c.KW * elem) {
+    ZP_CHECK(c.Cout <= 65535 && smem <= 48 * 1024, "conv2d: filter ", c.Cout, "x", c.Cin, "x", c.KH, "x", c.KW,
+             " too large for the layout kernels");
+  }
+};
+
 unsigned grid_for(int64_t n, int64_t cap = 65535 * 8) {
   int64_t blocks = (n + 255) / 256;
   return unsigned(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
 }
 
+// The weight as cuDNN's NHWC descriptors read it: KRSC, in scratch, or w itself for a 1x1 kernel.
+struct KrscFilter {
+  KernelScratch copy;
+  const void* data;
+  KrscFilter(StreamHandle s, DType dt, const void* w, const Conv2dShape& c)
+      : copy(s, c.KH * c.KW == 1 ? 0 : size_t(c.w_numel()) * dtype_size(dt), "cudnn_scratch"), data(w) {
+    if (c.KH * c.KW == 1) return;
+    ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
+      const FilterTiles t(c, sizeof(T));
+      T* y = static_cast<T*>(copy.get());
+      const T* x = static_cast<const T*>(w);
+      if (can_vectorise<T>(c.Cin, {y, x}))
+        filter_to_krsc_kernel<T, 16 / sizeof(T)><<<t.grid, 256, t.smem, s>>>(y, x, c.Cin, int(c.KH * c.KW));
+      else
+        filter_to_krsc_kernel<T, 1><<<t.grid, 256, t.smem, s>>>(y, x, c.Cin, int(c.KH * c.KW));
+    });
+    ZP_CUDA_LAUNCH_CHECK();
+    data = copy.get();
+  }
+};
+
 }  // namespace
 
 void conv2d_forward(StreamHandle s, DType dt, void* y, const void* x, const void* w, const void* bias,
                     const Conv2dShape& c) {
+  KrscFilter filter(s, dt, w, c);
+  w = filter.data;
   Bound b = bind(s, dt, c);
   KernelScratch ws(s, b.plan.fwd_ws, "cudnn_scratch");
   const float one = 1.f, zero = 0.f;
@@ -254,11 +323,9 @@ void conv2d_forward(StreamHandle s, DType dt, void* y, const void* x, const void
   }
   // Otherwise y starts as the bias and cuDNN accumulates into it (beta = 1), blending in fp32.
   if (bias) {
-    const int64_t HW = c.oh() * c.ow();
-    ZP_CHECK(c.N * c.Cout < INT_MAX);
-    dim3 grid(unsigned(c.N * c.Cout), grid_for(HW, 65535));
     ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
-      fill_bias_kernel<<<grid, 256, 0, s>>>(static_cast<T*>(y), static_cast<const T*>(bias), c.Cout, HW);
+      fill_bias_kernel<<<grid_for(c.y_numel()), 256, 0, s>>>(static_cast<T*>(y), static_cast<const T*>(bias), c.Cout,
+                                                             c.y_numel());
     });
     ZP_CUDA_LAUNCH_CHECK();
   }
@@ -267,6 +334,8 @@ void conv2d_forward(StreamHandle s, DType dt, void* y, const void* x, const void
 }
 
 void conv2d_backward_data(StreamHandle s, DType dt, void* dx, const void* dy, const void* w, const Conv2dShape& c) {
+  KrscFilter filter(s, dt, w, c);
+  w = filter.data;
   Bound b = bind(s, dt, c);
   KernelScratch ws(s, b.plan.bwd_data_ws, "cudnn_scratch");
   const float one = 1.f, zero = 0.f;
@@ -280,38 +349,28 @@ void conv2d_backward_filter(StreamHandle s, DType dt, float* dw, float* dbias, c
     Bound b = bind(s, dt, c);
     KernelScratch ws(s, b.plan.bwd_filter_ws, "cudnn_scratch");
     const float one = 1.f, zero = 0.f;
-    if (dt == DType::F32) {
-      ZP_CUDNN_CHECK(cudnnConvolutionBackwardFilter(b.ctx.handle, &one, b.plan.x, x, b.plan.y, dy, b.plan.bwd_filter,
-                                                    b.plan.bwd_filter_algo, ws.get(), ws.bytes(), &one, b.plan.w, dw));
-    } else {
-      const int64_t n = c.w_numel();
-      KernelScratch grad16(s, size_t(n) * dtype_size(dt), "cudnn_scratch");
-      ZP_CUDNN_CHECK(cudnnConvolutionBackwardFilter(b.ctx.handle, &one, b.plan.x, x, b.plan.y, dy, b.plan.bwd_filter,
-                                                    b.plan.bwd_filter_algo, ws.get(), ws.bytes(), &zero, b.plan.w,
-                                                    grad16.get()));
-      ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
-        constexpr int V = 16 / sizeof(T);
-        const T* g = static_cast<const T*>(grad16.get());
-        if (can_vectorise<T>(n, {g}) && reinterpret_cast<uintptr_t>(dw) % (V * sizeof(float)) == 0)
-          accumulate_kernel<T, V><<<grid_for(n / V), 256, 0, s>>>(dw, g, n);
-        else
-          accumulate_kernel<T, 1><<<grid_for(n), 256, 0, s>>>(dw, g, n);
-      });
-      ZP_CUDA_LAUNCH_CHECK();
-    }
-  }
-  if (dbias) {
-    ZP_CHECK(c.Cout < INT_MAX);
+    const int64_t n = c.w_numel(), RS = c.KH * c.KW;
+    KernelScratch grad(s, size_t(n) * dtype_size(dt), "cudnn_scratch");
+    ZP_CUDNN_CHECK(cudnnConvolutionBackwardFilter(b.ctx.handle, &one, b.plan.x, x, b.plan.y, dy, b.plan.bwd_filter,
+                                                  b.plan.bwd_filter_algo, ws.get(), ws.bytes(), &zero, b.plan.w,
+                                                  grad.get()));
     ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
       constexpr int V = 16 / sizeof(T);
-      const int64_t HW = c.oh() * c.ow();
-      if (can_vectorise<T>(HW, {dy}))
-        bias_grad_kernel<T, V><<<unsigned(c.Cout), 256, 0, s>>>(dbias, static_cast<const T*>(dy), c.N, c.Cout, HW);
+      const T* g = static_cast<const T*>(grad.get());
+      if (RS > 1) {
+        const FilterTiles t(c, sizeof(T));
+        if (can_vectorise<T>(c.Cin, {g}) && reinterpret_cast<uintptr_t>(dw) % (V * sizeof(float)) == 0)
+          accumulate_from_krsc_kernel<T, V><<<t.grid, 256, t.smem, s>>>(dw, g, c.Cin, int(RS));
+        else
+          accumulate_from_krsc_kernel<T, 1><<<t.grid, 256, t.smem, s>>>(dw, g, c.Cin, int(RS));
+      } else if (can_vectorise<T>(n, {g}) && reinterpret_cast<uintptr_t>(dw) % (V * sizeof(float)) == 0)
+        accumulate_kernel<T, V><<<grid_for(n / V), 256, 0, s>>>(dw, g, n);
       else
-        bias_grad_kernel<T, 1><<<unsigned(c.Cout), 256, 0, s>>>(dbias, static_cast<const T*>(dy), c.N, c.Cout, HW);
+        accumulate_kernel<T, 1><<<grid_for(n), 256, 0, s>>>(dw, g, n);
     });
     ZP_CUDA_LAUNCH_CHECK();
   }
+  if (dbias) bias_grad(s, dt, dbias, dy, c.N * c.oh() * c.ow(), c.Cout);
 }
 
 }  // namespace zp::kernels::cuda

@@ -1,105 +1,30 @@
-// GroupNorm (+ optional SiLU) for NCHW, fp32 statistics whatever the storage type.
-// The trick: in NCHW a group (n, g) is one contiguous span of C/G * HW elements, so the statistics
-// are a plain block reduction over a span, one block per (n, g) (two passes: mean, then centred
-// variance, the second served mostly from L2). The affine + SiLU is then a flat elementwise kernel
-// over all elements, which keeps the whole GPU busy even when N * G is small.
-// Backward: one block per (n, g) walks the group channel by channel; each channel's sums of dz and
-// dz * xhat over HW are block-reduced once and give both that channel's dweight/dbias contribution
-// (one atomicAdd per channel per block) and, weighted by weight[c], the group sums that dx needs.
-// Loads are 16-byte packs when HW and the pointers allow it (a pack never straddles two channels).
-// On sm_90 and later, large groups instead take one kernel whose thread-block cluster of 8 blocks
-// shares a group: each block takes an eighth of the group's span, and the group's sums meet through
-// distributed shared memory (cluster.map_shared_rank), so x (and dy) come from HBM once, the re-reads
-// of a block's own slice hit L1/L2, and N * G * 8 blocks fill the GPU where N * G blocks did not.
-// Measured on an H200 (zp_bench_kernels BM_GroupNormSiLU, 20 launches queued), it wins where a
-// group is large (SDXL's 128x128: forward 46.9 -> 30.6 us, backward 83.3 -> 46.1) and, backward, where
-// a group has many short channels (SD 1.5's 16x16: 76.6 -> 48.5, the per-group kernel's channel loop),
-// and loses on SD 1.5's 64x64 and, forward, 32x32 (28.4 -> 37.8 and 15.7 -> 29.7 us: a cluster's fixed
-// cost), so launch_forward and launch_backward choose by that (use_cluster).
-// ZP_GROUPNORM_CLUSTER=0 never takes the cluster kernels and =1 always does where the device allows
-// (to compare, test both paths, or rule one out).
-#include <cooperative_groups.h>
-
+// GroupNorm (+ optional SiLU) for channels-last images x[N, HW, C], fp32 statistics whatever the
+// storage type. The trick: a group's channels are a short run of each pixel's row, so no block can own
+// a group the way NCHW allowed; instead blocks own a chunk of rows of one sample and read whole rows
+// (16-byte packs across the row, coalesced), keeping per-channel sums, and the groups' statistics are
+// assembled from those per-channel partial sums by a small second kernel. Every sum is taken in a
+// fixed order (no atomics), so results are deterministic.
+// The forward's statistics never subtract two large sums: a thread sums x - K over its few rows, K its
+// own first value, and turns that into its rows' mean and squared deviations (M2); those merge per
+// channel and chunk, then per group, with Chan's formula (M2 = sum of the parts' M2 + count * (part
+// mean - mean)^2), so a mean far from zero costs no precision.
+//   forward:  partials (mean, M2 per channel and chunk) -> finalize (mean, rstd per group; mean and
+//             rstd * weight per channel) -> apply (y = (x - mean) * scale + bias).
+//   backward: partials (sum of dz, of dz * xhat per channel and chunk) -> finalize (the group means that
+//             dx needs; dweight, dbias) -> apply (dx).
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <limits>
+#include <initializer_list>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/scratch.cuh"
 #include "kernels/groupnorm.h"
 
 namespace zp::kernels::cuda {
 namespace {
 
 __device__ __forceinline__ float sigmoid(float z) { return 1.f / (1.f + expf(-z)); }
-
-// The mean and the sum of squared deviations (M2) of packs [begin, end) of xg, in two passes (the
-// second from L1/L2); every thread of the block calls it and receives both. An empty range gives 0, 0.
-template <class T, int VEC>
-__device__ __forceinline__ float2 block_mean_m2(const Pack<T, VEC>* xg, int64_t begin, int64_t end) {
-  const float n = float((end - begin) * VEC);
-  float sum = 0.f;
-  for (int64_t p = begin + threadIdx.x; p < end; p += blockDim.x) {
-    const Pack<T, VEC> xv = xg[p];
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) sum += to_f(xv.v[j]);
-  }
-  const float m = n > 0 ? block_sum(sum) / n : 0.f;  // n is the same in the whole block
-  float sq = 0.f;
-  for (int64_t p = begin + threadIdx.x; p < end; p += blockDim.x) {
-    const Pack<T, VEC> xv = xg[p];
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float d = to_f(xv.v[j]) - m;
-      sq += d * d;
-    }
-  }
-  return make_float2(m, block_sum(sq));
-}
-
-// y of one pack of channel c: (x - mean) * rstd * weight + bias, through SiLU when asked.
-template <class T, int VEC>
-__device__ __forceinline__ Pack<T, VEC> normalize_pack(const Pack<T, VEC>& xv, float m, float r, float w, float b,
-                                                       bool silu) {
-  Pack<T, VEC> out;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) {
-    const float z = (to_f(xv.v[j]) - m) * r * w + b;
-    out.v[j] = from_f<T>(silu ? z * sigmoid(z) : z);
-  }
-  return out;
-}
-
-template <class T, int VEC>
-__global__ void groupnorm_stats_kernel(float* __restrict__ mean, float* __restrict__ rstd, const T* __restrict__ x,
-                                       int64_t M, float eps) {
-  const auto* xg = reinterpret_cast<const Pack<T, VEC>*>(x + int64_t(blockIdx.x) * M);
-  const float2 mm2 = block_mean_m2(xg, 0, M / VEC);
-  const float m = mm2.x, var = mm2.y / float(M);
-  if (threadIdx.x == 0) {
-    mean[blockIdx.x] = m;
-    rstd[blockIdx.x] = rsqrtf(var + eps);
-  }
-}
-
-template <class T, int VEC>
-__global__ void groupnorm_apply_kernel(T* __restrict__ y, const T* __restrict__ x, const float* __restrict__ mean,
-                                       const float* __restrict__ rstd, const T* __restrict__ weight,
-                                       const T* __restrict__ bias, int64_t total_packs, int64_t HW, int C, int Cg,
-                                       bool silu) {
-  using P = Pack<T, VEC>;
-  const P* xp = reinterpret_cast<const P*>(x);
-  P* yp = reinterpret_cast<P*>(y);
-  for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < total_packs;
-       p += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t nc = p * VEC / HW;  // n * C + c
-    const int c = int(nc % C);
-    const int64_t ng = nc / Cg;  // n * G + c / Cg
-    const float m = mean[ng], r = rstd[ng], w = to_f(weight[c]), b = to_f(bias[c]);
-    yp[p] = normalize_pack(xp[p], m, r, w, b, silu);
-  }
-}
 
 // dL/dz from dL/dy: the pre-activation z is recomputed from the normalised value.
 __device__ __forceinline__ float grad_pre_activation(float dy, float xhat, float w, float b, bool silu) {
@@ -108,285 +33,295 @@ __device__ __forceinline__ float grad_pre_activation(float dy, float xhat, float
   return dy * s * (1.f + z * (1.f - s));
 }
 
-// One channel's share of a group's backward over the group's packs [lo, hi) (xg, dyg: the group's
-// first pack): its sums of dz and dz * xhat go to dbias[c] and dweight[c] (one atomicAdd each), and
-// weighted by weight[c] into g (the group's sums). Every thread of the block calls it.
-template <class T, int VEC>
-__device__ __forceinline__ void reduce_channel(const Pack<T, VEC>* xg, const Pack<T, VEC>* dyg, int64_t lo,
-                                               int64_t hi, int c, const T* weight, const T* bias, float m, float r,
-                                               bool silu, float* dweight, float* dbias, float (&g)[2]) {
-  const float w = to_f(weight[c]), b = to_f(bias[c]);
-  float dz_sum = 0.f, dzx_sum = 0.f;
-  for (int64_t p = lo + threadIdx.x; p < hi; p += blockDim.x) {
-    const Pack<T, VEC> xv = xg[p], dv = dyg[p];
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float xhat = (to_f(xv.v[j]) - m) * r;
-      const float dz = grad_pre_activation(to_f(dv.v[j]), xhat, w, b, silu);
-      dz_sum += dz;
-      dzx_sum += dz * xhat;
-    }
-  }
-  dz_sum = block_sum(dz_sum);
-  dzx_sum = block_sum(dzx_sum);
-  if (threadIdx.x == 0) {
-    atomicAdd(dbias + c, dz_sum);
-    atomicAdd(dweight + c, dzx_sum);
-  }
-  g[0] += w * dz_sum;
-  g[1] += w * dzx_sum;
-}
-
-// dx of one pack of channel c, from the group's means of weight * dz and weight * dz * xhat.
-template <class T, int VEC>
-__device__ __forceinline__ Pack<T, VEC> input_grad(const Pack<T, VEC>& xv, const Pack<T, VEC>& dv, int c,
-                                                   const T* weight, const T* bias, float m, float r, float g_mean,
-                                                   float gx_mean, bool silu) {
-  const float w = to_f(weight[c]), b = to_f(bias[c]);
-  Pack<T, VEC> out;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) {
-    const float xhat = (to_f(xv.v[j]) - m) * r;
-    const float dz = grad_pre_activation(to_f(dv.v[j]), xhat, w, b, silu);
-    out.v[j] = from_f<T>(r * (dz * w - g_mean - xhat * gx_mean));
-  }
-  return out;
-}
-
-template <class T, int VEC>
-__global__ void groupnorm_backward_kernel(T* __restrict__ dx, float* __restrict__ dweight, float* __restrict__ dbias,
-                                          const T* __restrict__ dy, const T* __restrict__ x,
-                                          const T* __restrict__ weight, const T* __restrict__ bias,
-                                          const float* __restrict__ mean, const float* __restrict__ rstd, int G,
-                                          int Cg, int64_t HW, bool silu) {
-  using P = Pack<T, VEC>;
-  const int64_t ng = blockIdx.x;
-  const int c0 = int(ng % G) * Cg;
-  const int64_t PC = HW / VEC;  // packs per channel
-  const P* xg = reinterpret_cast<const P*>(x + ng * Cg * HW);
-  const P* dyg = reinterpret_cast<const P*>(dy + ng * Cg * HW);
-  const float m = mean[ng], r = rstd[ng];
-
-  // Every thread receives each block_sum result, so all threads carry the same group sums.
-  float g[2] = {0.f, 0.f};
-  for (int ci = 0; ci < Cg; ++ci)
-    reduce_channel(xg, dyg, ci * PC, (ci + 1) * PC, c0 + ci, weight, bias, m, r, silu, dweight, dbias, g);
-  const float inv_m = 1.f / float(int64_t(Cg) * HW);
-  const float g_mean = g[0] * inv_m, gx_mean = g[1] * inv_m;
-
-  P* dxg = reinterpret_cast<P*>(dx + ng * Cg * HW);
-  for (int ci = 0; ci < Cg; ++ci)
-    for (int64_t p = ci * PC + threadIdx.x; p < (ci + 1) * PC; p += blockDim.x)
-      dxg[p] = input_grad(xg[p], dyg[p], c0 + ci, weight, bias, m, r, g_mean, gx_mean, silu);
-}
-
-// --- sm_90: one cluster of kClusterBlocks blocks per group.
-constexpr int kClusterBlocks = 8;  // the portable cluster size
-constexpr int kClusterThreads = 256;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define ZP_GROUPNORM_CLUSTER_CODE 1
-namespace cg = cooperative_groups;
-
-// v[k] summed over the cluster's blocks, in block-rank order (the same sum in every block). `slot`
-// is the block's shared [K]; the second barrier keeps it from being rewritten, or the block from
-// leaving, while another block still reads it.
-template <int K>
-__device__ __forceinline__ void cluster_sums(cg::cluster_group& cluster, float (&v)[K], float* slot) {
-  if (threadIdx.x == 0)
-    for (int k = 0; k < K; ++k) slot[k] = v[k];
-  cluster.sync();
-  float t[K] = {};
-  for (unsigned r = 0; r < cluster.num_blocks(); ++r) {
-    const float* remote = cluster.map_shared_rank(slot, r);
-    for (int k = 0; k < K; ++k) t[k] += remote[k];
-  }
-  cluster.sync();
-  for (int k = 0; k < K; ++k) v[k] = t[k];
-}
-#endif
-
-// The packs [begin, end) of its group that this block of the cluster takes.
-struct ClusterSlice {
-  int64_t begin, end;
-  __device__ ClusterSlice(int64_t packs, int rank) {
-    const int64_t per = (packs + kClusterBlocks - 1) / kClusterBlocks;
-    begin = min(packs, rank * per);
-    end = min(packs, begin + per);
-  }
+// How the work splits: blocks of (TX column packs) x (TY rows), at most kThreads threads, one block
+// per chunk of rows of one sample. A thread holds a pack's worth of sums or coefficients (tens of
+// registers), so blocks of 480 threads ran one an SM and left the loads too few to hide latency.
+constexpr int kThreads = 256;
+struct Split {
+  int tx, ty;
+  int64_t chunks, rows_per_chunk;
 };
 
-template <class T, int VEC>
-__global__ void __launch_bounds__(kClusterThreads)
-    groupnorm_forward_cluster_kernel(T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd,
-                                     const T* __restrict__ x, const T* __restrict__ weight,
-                                     const T* __restrict__ bias, int G, int Cg, int64_t HW, float eps, bool silu) {
-#ifdef ZP_GROUPNORM_CLUSTER_CODE
+Split split_for(int64_t N, int64_t HW, int64_t CP) {
+  Split s;
+  s.tx = int(std::min<int64_t>(CP, kThreads));
+  s.ty = std::max(1, kThreads / s.tx);
+  const int64_t want = ceil_div(int64_t(2) * sm_count(), std::max<int64_t>(N, 1));
+  s.chunks = std::max<int64_t>(1, std::min<int64_t>(want, ceil_div(HW, int64_t(s.ty) * 4)));
+  s.rows_per_chunk = ceil_div(HW, s.chunks);
+  s.chunks = ceil_div(HW, s.rows_per_chunk);
+  return s;
+}
+
+// Rows a thread at row offset `ty` of TY visits among `rows`.
+__device__ __forceinline__ int64_t rows_of(int64_t rows, int ty, int TY) {
+  return rows > ty ? (rows - ty + TY - 1) / TY : 0;
+}
+
+// part[(n * chunks + chunk) * C + c] = for channel c over the chunk's rows:
+//   forward  (mean, M2);
+//   backward (sum of dz, sum of dz * xhat), from mean[n * G + g] and rstd[n * G + g].
+
+template <class T, int VEC, bool BACKWARD>
+__global__ void __launch_bounds__(kThreads)
+    groupnorm_partials_kernel(float2* __restrict__ part, const T* __restrict__ x, const T* __restrict__ dy,
+                              const float* __restrict__ mean, const float* __restrict__ rstd,
+                              const T* __restrict__ weight, const T* __restrict__ bias, int64_t HW, int C, int Cg,
+                              int64_t rows_per_chunk, bool silu) {
+  extern __shared__ float2 red[];  // [ty][tx * VEC]
   using P = Pack<T, VEC>;
-  __shared__ float slot[3];
-  cg::cluster_group cluster = cg::this_cluster();
-  const int64_t ng = blockIdx.x / kClusterBlocks, PC = HW / VEC;
-  const ClusterSlice sl(Cg * PC, int(cluster.block_rank()));
-  const P* xg = reinterpret_cast<const P*>(x + ng * Cg * HW);
-  // The block's own slice in two passes (mean, then centred squares; the second from L1), then
-  // Chan's combination of the blocks' (count, mean, M2) in rank order: one exchange per group, with
-  // the robustness of two passes over the whole group.
-  const float n_b = float((sl.end - sl.begin) * VEC);
-  const float2 mm2 = block_mean_m2(xg, sl.begin, sl.end);
-  float part[3] = {n_b, mm2.x, mm2.y};
-  if (threadIdx.x == 0)
-    for (int k = 0; k < 3; ++k) slot[k] = part[k];
-  cluster.sync();
-  float n = 0.f, m = 0.f, m2 = 0.f;
-  for (unsigned q = 0; q < cluster.num_blocks(); ++q) {
-    const float* o = cluster.map_shared_rank(slot, q);
-    if (o[0] == 0.f) continue;
-    const float n_ab = n + o[0], delta = o[1] - m;
-    m += delta * (o[0] / n_ab);
-    m2 += o[2] + delta * delta * (n * o[0] / n_ab);
-    n = n_ab;
+  const int64_t n = blockIdx.y, chunk = blockIdx.x, chunks = gridDim.x;
+  const int G = C / Cg, CP = C / VEC, tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x, TY = blockDim.y;
+  const int64_t r0 = chunk * rows_per_chunk, r1 = min(HW, r0 + rows_per_chunk);
+  const T* xs = x + n * HW * C;
+  const T* dys = BACKWARD ? dy + n * HW * C : nullptr;
+  for (int cp0 = 0; cp0 < CP; cp0 += TX) {
+    const int cp = cp0 + tx;
+    float a[VEC] = {}, b[VEC] = {};
+    if (cp < CP) {
+      float k[VEC] = {}, m[VEC], r[VEC], w[VEC], bb[VEC];
+      if constexpr (BACKWARD) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const int c = cp * VEC + j, g = c / Cg;
+          m[j] = mean[n * G + g];
+          r[j] = rstd[n * G + g];
+          w[j] = to_f(weight[c]);
+          bb[j] = to_f(bias[c]);
+        }
+      } else if (r0 + ty < r1) {
+        const P first = reinterpret_cast<const P*>(xs + (r0 + ty) * C)[cp];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) k[j] = to_f(first.v[j]);
+      }
+#pragma unroll 4
+      for (int64_t row = r0 + ty; row < r1; row += TY) {
+        const P xv = reinterpret_cast<const P*>(xs + row * C)[cp];
+        if constexpr (BACKWARD) {
+          const P dv = reinterpret_cast<const P*>(dys + row * C)[cp];
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            const float xhat = (to_f(xv.v[j]) - m[j]) * r[j];
+            const float dz = grad_pre_activation(to_f(dv.v[j]), xhat, w[j], bb[j], silu);
+            a[j] += dz;
+            b[j] += dz * xhat;
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            const float d = to_f(xv.v[j]) - k[j];
+            a[j] += d;
+            b[j] += d * d;
+          }
+        }
+      }
+      if constexpr (!BACKWARD) {  // this thread's rows: (mean, M2)
+        const float cnt = float(rows_of(r1 - r0, ty, TY));
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float d = cnt > 0 ? a[j] / cnt : 0.f;
+          b[j] = fmaxf(b[j] - a[j] * d, 0.f);
+          a[j] = cnt > 0 ? k[j] + d : 0.f;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) red[ty * TX * VEC + tx * VEC + j] = make_float2(a[j], b[j]);
+    __syncthreads();
+    for (int i = ty * TX + tx; i < TX * VEC; i += TX * TY) {
+      const int c = cp0 * VEC + i;
+      if (c >= C) continue;
+      float2 t = make_float2(0.f, 0.f);
+      if constexpr (BACKWARD) {
+        for (int y = 0; y < TY; ++y) {
+          const float2 v = red[y * TX * VEC + i];
+          t.x += v.x;
+          t.y += v.y;
+        }
+      } else {  // Chan: the chunk's mean, then M2 = sum of the rows' M2 + count * (their mean - mean)^2
+        for (int y = 0; y < TY; ++y) t.x += float(rows_of(r1 - r0, y, TY)) * red[y * TX * VEC + i].x;
+        t.x /= float(r1 - r0);
+        for (int y = 0; y < TY; ++y) {
+          const float2 v = red[y * TX * VEC + i];
+          const float d = v.x - t.x;
+          t.y += v.y + float(rows_of(r1 - r0, y, TY)) * d * d;
+        }
+      }
+      part[(n * chunks + chunk) * C + c] = t;
+    }
+    __syncthreads();
   }
-  cluster.sync();  // no block leaves while another reads its slot
-  const float r = rsqrtf(m2 / n + eps);
-  if (cluster.block_rank() == 0 && threadIdx.x == 0) {
-    mean[ng] = m;
-    rstd[ng] = r;
-  }
-  const int c0 = int(ng % G) * Cg;
-  P* yg = reinterpret_cast<P*>(y + ng * Cg * HW);
-  for (int64_t p = sl.begin + threadIdx.x; p < sl.end; p += blockDim.x) {
-    const int c = c0 + int(p / PC);
-    yg[p] = normalize_pack(xg[p], m, r, to_f(weight[c]), to_f(bias[c]), silu);
-  }
-#else
-  __trap();  // launched only where the device and this binary have sm_90 code (cluster_kernels_usable)
-#endif
 }
 
-// The backward over one group's cluster: each block reduces its slice channel by channel (the
-// channel's dweight/dbias share goes out by one atomicAdd), the group sums meet across the cluster,
-// and the block writes dx over its slice.
+// The sums of a group (n, g) over its channels and every chunk, each channel weighted by
+// channel_weight (null: 1); every thread receives both.
+__device__ __forceinline__ float2 group_sums(const float2* part, const float* channel_weight, int64_t n, int g, int C,
+                                             int Cg, int64_t chunks) {
+  float sa = 0.f, sb = 0.f;
+  for (int64_t i = threadIdx.x; i < int64_t(Cg) * chunks; i += blockDim.x) {
+    const int ci = int(i % Cg);
+    const int64_t k = i / Cg;
+    const float2 v = part[(n * chunks + k) * C + g * Cg + ci];
+    const float w = channel_weight ? channel_weight[ci] : 1.f;
+    sa += w * v.x;
+    sb += w * v.y;
+  }
+  return make_float2(block_sum(sa), block_sum(sb));
+}
+
+// Block (n, g): the group's mean and M2 from its chunks' (mean, M2) by Chan's formula, then
+// mean[n * G + g], rstd[n * G + g] and coef[n * C + c] = (mean, rstd * weight[c]) for its channels.
+template <class T>
+__global__ void groupnorm_forward_finalize_kernel(float2* __restrict__ coef, float* __restrict__ mean,
+                                                  float* __restrict__ rstd, const float2* __restrict__ part,
+                                                  const T* __restrict__ weight, int64_t HW, int C, int Cg,
+                                                  int64_t chunks, int64_t rows_per_chunk, float eps) {
+  const int G = C / Cg, g = int(blockIdx.x % G);
+  const int64_t n = blockIdx.x / G;
+  auto rows = [&](int64_t k) { return float(min(HW, (k + 1) * rows_per_chunk) - k * rows_per_chunk); };
+  float s = 0.f;
+  for (int64_t i = threadIdx.x; i < int64_t(Cg) * chunks; i += blockDim.x) {
+    const int64_t k = i / Cg;
+    s += rows(k) * part[(n * chunks + k) * C + g * Cg + int(i % Cg)].x;
+  }
+  const float M = float(int64_t(Cg) * HW), m = block_sum(s) / M;
+  float q = 0.f;
+  for (int64_t i = threadIdx.x; i < int64_t(Cg) * chunks; i += blockDim.x) {
+    const int64_t k = i / Cg;
+    const float2 v = part[(n * chunks + k) * C + g * Cg + int(i % Cg)];
+    q += v.y + rows(k) * (v.x - m) * (v.x - m);
+  }
+  const float r = rsqrtf(block_sum(q) / M + eps);
+  if (threadIdx.x == 0) {
+    mean[blockIdx.x] = m;
+    rstd[blockIdx.x] = r;
+  }
+  for (int ci = threadIdx.x; ci < Cg; ci += blockDim.x)
+    coef[n * C + g * Cg + ci] = make_float2(m, r * to_f(weight[g * Cg + ci]));
+}
+
+// y = (x - mean) * scale + bias (through SiLU when asked), coef[n * C + c] = (mean, scale); the same
+// blocks as groupnorm_partials_kernel, each thread holding its channels' coefficients across its rows.
 template <class T, int VEC>
-__global__ void __launch_bounds__(kClusterThreads)
-    groupnorm_backward_cluster_kernel(T* __restrict__ dx, float* __restrict__ dweight, float* __restrict__ dbias,
-                                      const T* __restrict__ dy, const T* __restrict__ x,
-                                      const T* __restrict__ weight, const T* __restrict__ bias,
-                                      const float* __restrict__ mean, const float* __restrict__ rstd, int G, int Cg,
-                                      int64_t HW, bool silu) {
-#ifdef ZP_GROUPNORM_CLUSTER_CODE
+__global__ void __launch_bounds__(kThreads)
+    groupnorm_forward_apply_kernel(T* __restrict__ y, const T* __restrict__ x, const float2* __restrict__ coef,
+                                   const T* __restrict__ bias, int64_t HW, int C, int64_t rows_per_chunk, bool silu) {
   using P = Pack<T, VEC>;
-  __shared__ float slot[2];
-  cg::cluster_group cluster = cg::this_cluster();
-  const int64_t ng = blockIdx.x / kClusterBlocks, PC = HW / VEC;
-  const ClusterSlice sl(Cg * PC, int(cluster.block_rank()));
-  const int c0 = int(ng % G) * Cg;
-  const int64_t base = ng * Cg * HW;
-  const P* xg = reinterpret_cast<const P*>(x + base);
-  const P* dyg = reinterpret_cast<const P*>(dy + base);
-  const float m = mean[ng], r = rstd[ng];
-  float g[2] = {0.f, 0.f};  // sums of weight * dz and weight * dz * xhat over the slice
-  if (sl.begin < sl.end)      // the same in the whole block, so reduce_channel's block_sums are safe
-    for (int64_t ci = sl.begin / PC; ci <= (sl.end - 1) / PC; ++ci)
-      reduce_channel(xg, dyg, max(sl.begin, ci * PC), min(sl.end, (ci + 1) * PC), c0 + int(ci), weight, bias, m, r,
-                     silu, dweight, dbias, g);
-  cluster_sums(cluster, g, slot);
-  const float inv_m = 1.f / float(int64_t(Cg) * HW);
-  const float g_mean = g[0] * inv_m, gx_mean = g[1] * inv_m;
-  P* dxg = reinterpret_cast<P*>(dx + base);
-  for (int64_t p = sl.begin + threadIdx.x; p < sl.end; p += blockDim.x)
-    dxg[p] = input_grad(xg[p], dyg[p], c0 + int(p / PC), weight, bias, m, r, g_mean, gx_mean, silu);
-#else
-  __trap();
-#endif
+  const int64_t n = blockIdx.y, r0 = blockIdx.x * rows_per_chunk, r1 = min(HW, r0 + rows_per_chunk);
+  const int CP = C / VEC;
+  for (int cp = threadIdx.x; cp < CP; cp += blockDim.x) {
+    float m[VEC], sc[VEC], b[VEC];
+    const P bv = reinterpret_cast<const P*>(bias)[cp];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float2 k = coef[n * C + cp * VEC + j];
+      m[j] = k.x;
+      sc[j] = k.y;
+      b[j] = to_f(bv.v[j]);
+    }
+#pragma unroll 4
+    for (int64_t row = r0 + threadIdx.y; row < r1; row += blockDim.y) {
+      const int64_t at = (n * HW + row) * CP + cp;
+      const P xv = reinterpret_cast<const P*>(x)[at];
+      P out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float z = (to_f(xv.v[j]) - m[j]) * sc[j] + b[j];
+        out.v[j] = from_f<T>(silu ? z * sigmoid(z) : z);
+      }
+      reinterpret_cast<P*>(y)[at] = out;
+    }
+  }
 }
 
-constexpr int kApplyThreads = 256;
-constexpr int kMaxBlockThreads = 512;
-
-// Threads for a block that reduces `packs` packs: a multiple of 32, no more than there is work for.
-int block_threads(int64_t packs) {
-  return int(std::clamp<int64_t>((packs + 31) / 32 * 32, 32, kMaxBlockThreads));
-}
-
-// Whether the cluster kernels can run here: a device of compute capability 9 or later and a binary
-// with sm_90 code for them (asked once: every kernel of this file is built for the same
-// architectures).
-template <class Kernel>
-bool cluster_kernels_usable(Kernel kernel) {
-  if (device_compute_major() < 9) return false;
-  static const bool built_for_sm90 = [&] {
-    cudaFuncAttributes attr{};
-    ZP_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-    return attr.binaryVersion >= 90;
-  }();
-  return built_for_sm90;
-}
-
-// Groups of at least this many elements take the cluster kernels (the top of this file).
-constexpr int64_t kClusterMinGroup = 65536;
-// Backward: channels this short or shorter take them too.
-constexpr int64_t kClusterMaxChannelBackward = 256;
-
-// Whether this call takes `kernel`, a cluster kernel: `by_shape` unless ZP_GROUPNORM_CLUSTER is "0"
-// (never) or "1" (always), read on each call so that a test can run both paths.
-template <class Kernel>
-bool use_cluster(Kernel kernel, bool by_shape) {
-  const char* v = std::getenv("ZP_GROUPNORM_CLUSTER");
-  const bool forced = v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "1") == 0);
-  if (forced ? v[0] == '0' : !by_shape) return false;
-  return cluster_kernels_usable(kernel);
-}
-
-// One cluster of kClusterBlocks blocks per group.
-template <class... Params, class... Args>
-void launch_clusters(void (*kernel)(Params...), int64_t groups, cudaStream_t s, Args&&... args) {
-  ZP_CHECK(groups * kClusterBlocks <= std::numeric_limits<int32_t>::max(), "groupnorm: ", groups, " groups");
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kClusterBlocks;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(groups * kClusterBlocks));
-  cfg.blockDim = dim3(kClusterThreads);
-  cfg.stream = s;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  ZP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
-}
-
-template <class T, int VEC>
-void launch_forward(StreamHandle s, T* y, float* mean, float* rstd, const T* x, const T* w, const T* b, int64_t N,
-                    int64_t C, int64_t HW, int64_t G, float eps, bool silu) {
-  if (use_cluster(groupnorm_forward_cluster_kernel<T, VEC>, C / G * HW >= kClusterMinGroup)) {
-    launch_clusters(groupnorm_forward_cluster_kernel<T, VEC>, N * G, s, y, mean, rstd, x, w, b, int(G), int(C / G),
-                    HW, eps, silu);
+// Blocks [0, N * G): block (n, g) writes bstats[n * G + g] = (mean, rstd, mean of weight * dz, mean of
+// weight * dz * xhat). Blocks after them: one channel a warp, dweight[c] += sum of dz * xhat and
+// dbias[c] += sum of dz over samples and chunks.
+template <class T>
+__global__ void groupnorm_backward_finalize_kernel(float4* __restrict__ bstats, float* __restrict__ dweight,
+                                                   float* __restrict__ dbias, const float2* __restrict__ part,
+                                                   const float* __restrict__ mean, const float* __restrict__ rstd,
+                                                   const T* __restrict__ weight, int64_t N, int64_t HW, int C, int Cg,
+                                                   int64_t chunks) {
+  const int G = C / Cg;
+  if (blockIdx.x < N * G) {
+    __shared__ float wg[1024];  // the group's weights
+    const int g = int(blockIdx.x % G);
+    const int64_t n = blockIdx.x / G;
+    for (int ci = threadIdx.x; ci < Cg; ci += blockDim.x) wg[ci] = to_f(weight[g * Cg + ci]);
+    __syncthreads();
+    const float2 sums = group_sums(part, wg, n, g, C, Cg, chunks);
+    const float inv_m = 1.f / float(int64_t(Cg) * HW);
+    if (threadIdx.x == 0)
+      bstats[blockIdx.x] = make_float4(mean[blockIdx.x], rstd[blockIdx.x], sums.x * inv_m, sums.y * inv_m);
     return;
   }
-  const int64_t Cg = C / G, M = Cg * HW;
-  groupnorm_stats_kernel<T, VEC><<<unsigned(N * G), block_threads(M / VEC), 0, s>>>(mean, rstd, x, M, eps);
-  const int64_t total_packs = N * C * HW / VEC;
-  const int64_t grid = std::min<int64_t>((total_packs + kApplyThreads - 1) / kApplyThreads, 65535 * 8);
-  groupnorm_apply_kernel<T, VEC><<<unsigned(grid), kApplyThreads, 0, s>>>(y, x, mean, rstd, w, b, total_packs, HW,
-                                                                          int(C), int(Cg), silu);
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const int64_t c = (blockIdx.x - N * G) * warps + (threadIdx.x >> 5);
+  if (c >= C) return;
+  float sa = 0.f, sb = 0.f;
+  for (int64_t i = lane; i < N * chunks; i += 32) {
+    const float2 v = part[i * C + c];
+    sa += v.x;
+    sb += v.y;
+  }
+  sa = warp_sum(sa);
+  sb = warp_sum(sb);
+  if (lane == 0) {
+    dbias[c] += sa;
+    dweight[c] += sb;
+  }
 }
 
+// dx = rstd * (dz * weight - mean(weight dz) - xhat * mean(weight dz xhat)); blocks as in groupnorm_partials_kernel.
 template <class T, int VEC>
-void launch_backward(StreamHandle s, T* dx, float* dw, float* db, const T* dy, const T* x, const T* w, const T* b,
-                     const float* mean, const float* rstd, int64_t N, int64_t C, int64_t HW, int64_t G, bool silu) {
-  if (use_cluster(groupnorm_backward_cluster_kernel<T, VEC>,
-                  C / G * HW >= kClusterMinGroup || HW <= kClusterMaxChannelBackward)) {
-    launch_clusters(groupnorm_backward_cluster_kernel<T, VEC>, N * G, s, dx, dw, db, dy, x, w, b, mean, rstd, int(G),
-                    int(C / G), HW, silu);
-    return;
+__global__ void __launch_bounds__(kThreads)
+    groupnorm_backward_apply_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
+                                    const float4* __restrict__ bstats, const T* __restrict__ weight,
+                                    const T* __restrict__ bias, int64_t HW, int C, int Cg, int64_t rows_per_chunk,
+                                    bool silu) {
+  using P = Pack<T, VEC>;
+  const int64_t n = blockIdx.y, r0 = blockIdx.x * rows_per_chunk, r1 = min(HW, r0 + rows_per_chunk);
+  const int CP = C / VEC, G = C / Cg;
+  for (int cp = threadIdx.x; cp < CP; cp += blockDim.x) {
+    float4 st[VEC];
+    float w[VEC], b[VEC];
+    const P wv = reinterpret_cast<const P*>(weight)[cp], bv = reinterpret_cast<const P*>(bias)[cp];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      st[j] = bstats[n * G + (cp * VEC + j) / Cg];
+      w[j] = to_f(wv.v[j]);
+      b[j] = to_f(bv.v[j]);
+    }
+#pragma unroll 2
+    for (int64_t row = r0 + threadIdx.y; row < r1; row += blockDim.y) {
+      const int64_t at = (n * HW + row) * CP + cp;
+      const P xv = reinterpret_cast<const P*>(x)[at], dv = reinterpret_cast<const P*>(dy)[at];
+      P out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float xhat = (to_f(xv.v[j]) - st[j].x) * st[j].y;
+        const float dz = grad_pre_activation(to_f(dv.v[j]), xhat, w[j], b[j], silu);
+        out.v[j] = from_f<T>(st[j].y * (dz * w[j] - st[j].z - xhat * st[j].w));
+      }
+      reinterpret_cast<P*>(dx)[at] = out;
+    }
   }
-  groupnorm_backward_kernel<T, VEC><<<unsigned(N * G), block_threads(HW / VEC), 0, s>>>(
-      dx, dw, db, dy, x, w, b, mean, rstd, int(G), int(C / G), HW, silu);
 }
 
 void check_sizes(int64_t N, int64_t C, int64_t HW, int64_t G) {
   ZP_CHECK(N >= 0 && C > 0 && HW > 0 && G > 0 && C % G == 0, "N=", N, " C=", C, " HW=", HW, " G=", G);
-  ZP_CHECK(C <= std::numeric_limits<int32_t>::max() && N * G <= std::numeric_limits<int32_t>::max(), "N=", N,
-           " C=", C, " G=", G);
+  ZP_CHECK(N <= 65535 && C / G <= 1024 && N * G < (int64_t(1) << 30), "groupnorm: N=", N, " C=", C, " G=", G,
+           " too large");
+}
+
+// Packs of 16 bytes where the channels and every pointer allow, else single elements.
+template <class T, class F>
+void with_vec(int64_t C, std::initializer_list<const void*> ptrs, F&& f) {
+  if (can_vectorise<T>(C, ptrs))
+    f(std::integral_constant<int, 16 / int(sizeof(T))>{});
+  else
+    f(std::integral_constant<int, 1>{});
 }
 
 }  // namespace
@@ -394,17 +329,25 @@ void check_sizes(int64_t N, int64_t C, int64_t HW, int64_t G) {
 void groupnorm_forward(StreamHandle s, DType dt, void* y, float* mean, float* rstd, const void* x, const void* weight,
                        const void* bias, int64_t N, int64_t C, int64_t HW, int64_t G, float eps, bool silu) {
   check_sizes(N, C, HW, G);
-  ZP_CHECK(mean && rstd && weight && bias);
   if (N == 0) return;
+  const int Cg = int(C / G);
   ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
-    auto* py = static_cast<T*>(y);
-    auto* px = static_cast<const T*>(x);
-    auto* w = static_cast<const T*>(weight);
-    auto* b = static_cast<const T*>(bias);
-    if (can_vectorise<T>(HW, {y, x}))
-      launch_forward<T, 16 / sizeof(T)>(s, py, mean, rstd, px, w, b, N, C, HW, G, eps, silu);
-    else
-      launch_forward<T, 1>(s, py, mean, rstd, px, w, b, N, C, HW, G, eps, silu);
+    with_vec<T>(C, {x, y, bias}, [&](auto vec) {
+      constexpr int VEC = decltype(vec)::value;
+      const Split sp = split_for(N, HW, C / VEC);
+      KernelScratch part(s, size_t(N * sp.chunks * C) * sizeof(float2), "groupnorm");
+      KernelScratch coef(s, size_t(N * C) * sizeof(float2), "groupnorm");
+      const size_t smem = size_t(sp.tx) * sp.ty * VEC * sizeof(float2);
+      groupnorm_partials_kernel<T, VEC, false><<<dim3(unsigned(sp.chunks), unsigned(N)), dim3(sp.tx, sp.ty), smem, s>>>(
+          part.as<float2>(), static_cast<const T*>(x), nullptr, nullptr, nullptr, nullptr, nullptr, HW, int(C), Cg,
+          sp.rows_per_chunk, silu);
+      groupnorm_forward_finalize_kernel<T><<<unsigned(N * G), 256, 0, s>>>(
+          coef.as<float2>(), mean, rstd, part.as<float2>(), static_cast<const T*>(weight), HW, int(C), Cg, sp.chunks,
+          sp.rows_per_chunk, eps);
+      groupnorm_forward_apply_kernel<T, VEC><<<dim3(unsigned(sp.chunks), unsigned(N)), dim3(sp.tx, sp.ty), 0, s>>>(
+          static_cast<T*>(y), static_cast<const T*>(x), coef.as<float2>(), static_cast<const T*>(bias), HW, int(C),
+          sp.rows_per_chunk, silu);
+    });
   });
   ZP_CUDA_LAUNCH_CHECK();
 }
@@ -413,18 +356,25 @@ void groupnorm_backward(StreamHandle s, DType dt, void* dx, float* dweight, floa
                         const void* weight, const void* bias, const float* mean, const float* rstd, int64_t N,
                         int64_t C, int64_t HW, int64_t G, bool silu) {
   check_sizes(N, C, HW, G);
-  ZP_CHECK(dweight && dbias && weight && bias && mean && rstd);
   if (N == 0) return;
+  const int Cg = int(C / G);
   ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
-    auto* pdx = static_cast<T*>(dx);
-    auto* pdy = static_cast<const T*>(dy);
-    auto* px = static_cast<const T*>(x);
-    auto* w = static_cast<const T*>(weight);
-    auto* b = static_cast<const T*>(bias);
-    if (can_vectorise<T>(HW, {dx, dy, x}))
-      launch_backward<T, 16 / sizeof(T)>(s, pdx, dweight, dbias, pdy, px, w, b, mean, rstd, N, C, HW, G, silu);
-    else
-      launch_backward<T, 1>(s, pdx, dweight, dbias, pdy, px, w, b, mean, rstd, N, C, HW, G, silu);
+    with_vec<T>(C, {x, dx, dy, weight, bias}, [&](auto vec) {
+      constexpr int VEC = decltype(vec)::value;
+      const Split sp = split_for(N, HW, C / VEC);
+      KernelScratch part(s, size_t(N * sp.chunks * C) * sizeof(float2), "groupnorm");
+      KernelScratch bstats(s, size_t(N * G) * sizeof(float4), "groupnorm");
+      const size_t smem = size_t(sp.tx) * sp.ty * VEC * sizeof(float2);
+      groupnorm_partials_kernel<T, VEC, true><<<dim3(unsigned(sp.chunks), unsigned(N)), dim3(sp.tx, sp.ty), smem, s>>>(
+          part.as<float2>(), static_cast<const T*>(x), static_cast<const T*>(dy), mean, rstd,
+          static_cast<const T*>(weight), static_cast<const T*>(bias), HW, int(C), Cg, sp.rows_per_chunk, silu);
+      groupnorm_backward_finalize_kernel<T><<<unsigned(N * G + ceil_div(C, 8)), 256, 0, s>>>(
+          bstats.as<float4>(), dweight, dbias, part.as<float2>(), mean, rstd, static_cast<const T*>(weight), N, HW,
+          int(C), Cg, sp.chunks);
+      groupnorm_backward_apply_kernel<T, VEC><<<dim3(unsigned(sp.chunks), unsigned(N)), dim3(sp.tx, sp.ty), 0, s>>>(
+          static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(x), bstats.as<float4>(),
+          static_cast<const T*>(weight), static_cast<const T*>(bias), HW, int(C), Cg, sp.rows_per_chunk, silu);
+    });
   });
   ZP_CUDA_LAUNCH_CHECK();
 }

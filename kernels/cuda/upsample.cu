@@ -1,7 +1,7 @@
-// Nearest 2x upsampling. Forward: one thread per pair of horizontally adjacent outputs, which are the
-// same input value, so each thread reads one x and writes both children as one 2-element store (2W is
-// even, so pairs never straddle rows and stay aligned). Backward: one thread per x, which reads its
-// two 2-element child pairs the same way and writes their sum.
+// Nearest 2x upsampling of channels-last images. Forward: one thread per pack of VEC channels of an
+// output pixel, read from its parent pixel; backward: one thread per pack of an input pixel, the sum of
+// its four children's packs. A pixel's channels are contiguous, so packs (16 bytes where C and the
+// pointers allow) never straddle pixels and both directions read and write whole rows.
 #include <cstdint>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -10,30 +10,30 @@
 namespace zp::kernels::cuda {
 namespace {
 
-template <class T>
-struct alignas(2 * sizeof(T)) Pair {
-  T a, b;
-};
-
-// Thread i writes the pair (img, output row oh, columns 2w and 2w + 1).
-template <class T>
-__global__ void upsample2x_forward_kernel(T* y, const T* x, int64_t total, int64_t H, int64_t W) {
+// Thread i writes pack i of y[N, 2H, 2W, C] (CP packs a pixel).
+template <class T, int VEC>
+__global__ void upsample2x_forward_kernel(T* y, const T* x, int64_t total, int64_t H, int64_t W, int64_t CP) {
+  using P = Pack<T, VEC>;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t w = i % W, rest = i / W, oh = rest % (2 * H), img = rest / (2 * H);
-    const T v = x[(img * H + oh / 2) * W + w];
-    *reinterpret_cast<Pair<T>*>(y + ((img * 2 * H + oh) * 2 * W + 2 * w)) = Pair<T>{v, v};
+    const int64_t cp = i % CP, pixel = i / CP, ow = pixel % (2 * W), rest = pixel / (2 * W), oh = rest % (2 * H),
+                  n = rest / (2 * H);
+    reinterpret_cast<P*>(y)[i] = reinterpret_cast<const P*>(x)[((n * H + oh / 2) * W + ow / 2) * CP + cp];
   }
 }
 
-// Thread i = (img, h, w) of dx.
-template <class T>
-__global__ void upsample2x_backward_kernel(T* dx, const T* dy, int64_t total, int64_t H, int64_t W) {
+// Thread i writes pack i of dx[N, H, W, C].
+template <class T, int VEC>
+__global__ void upsample2x_backward_kernel(T* dx, const T* dy, int64_t total, int64_t H, int64_t W, int64_t CP) {
+  using P = Pack<T, VEC>;
+  const P* g = reinterpret_cast<const P*>(dy);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t w = i % W, rest = i / W, h = rest % H, img = rest / H;
-    const T* top = dy + (img * 2 * H + 2 * h) * 2 * W + 2 * w;
-    const Pair<T> p = *reinterpret_cast<const Pair<T>*>(top);
-    const Pair<T> q = *reinterpret_cast<const Pair<T>*>(top + 2 * W);
-    dx[i] = from_f<T>(to_f(p.a) + to_f(p.b) + to_f(q.a) + to_f(q.b));
+    const int64_t cp = i % CP, pixel = i / CP, w = pixel % W, rest = pixel / W, h = rest % H, n = rest / H;
+    const int64_t c00 = ((n * 2 * H + 2 * h) * 2 * W + 2 * w) * CP + cp, c10 = c00 + 2 * W * CP;
+    const P a = g[c00], b = g[c00 + CP], c = g[c10], d = g[c10 + CP];
+    P out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.v[j] = from_f<T>(to_f(a.v[j]) + to_f(b.v[j]) + to_f(c.v[j]) + to_f(d.v[j]));
+    reinterpret_cast<P*>(dx)[i] = out;
   }
 }
 
@@ -47,12 +47,16 @@ unsigned grid_for(int64_t work) {
 void upsample_nearest2x_forward(StreamHandle s, DType dt, void* y, const void* x, int64_t N, int64_t C, int64_t H,
                                 int64_t W) {
   ZP_CHECK(N >= 0 && C >= 0 && H >= 0 && W >= 0, "N=", N, " C=", C, " H=", H, " W=", W);
-  const int64_t pairs = N * C * 2 * H * W;
-  if (pairs == 0) return;
-  ZP_CHECK(reinterpret_cast<uintptr_t>(y) % (2 * dtype_size(dt)) == 0, "y must be aligned to two elements");
+  const int64_t total = N * C * 4 * H * W;
+  if (total == 0) return;
   ZP_CUDA_DISPATCH_FLOAT(dt, E, [&] {
-    upsample2x_forward_kernel<<<grid_for(pairs), 256, 0, s>>>(static_cast<E*>(y), static_cast<const E*>(x), pairs,
-                                                              H, W);
+    constexpr int V = 16 / sizeof(E);
+    E* py = static_cast<E*>(y);
+    const E* px = static_cast<const E*>(x);
+    if (can_vectorise<E>(C, {py, px}))
+      upsample2x_forward_kernel<E, V><<<grid_for(total / V), 256, 0, s>>>(py, px, total / V, H, W, C / V);
+    else
+      upsample2x_forward_kernel<E, 1><<<grid_for(total), 256, 0, s>>>(py, px, total, H, W, C);
   });
   ZP_CUDA_LAUNCH_CHECK();
 }
@@ -62,10 +66,14 @@ void upsample_nearest2x_backward(StreamHandle s, DType dt, void* dx, const void*
   ZP_CHECK(N >= 0 && C >= 0 && H >= 0 && W >= 0, "N=", N, " C=", C, " H=", H, " W=", W);
   const int64_t total = N * C * H * W;
   if (total == 0) return;
-  ZP_CHECK(reinterpret_cast<uintptr_t>(dy) % (2 * dtype_size(dt)) == 0, "dy must be aligned to two elements");
   ZP_CUDA_DISPATCH_FLOAT(dt, E, [&] {
-    upsample2x_backward_kernel<<<grid_for(total), 256, 0, s>>>(static_cast<E*>(dx), static_cast<const E*>(dy),
-                                                               total, H, W);
+    constexpr int V = 16 / sizeof(E);
+    E* pdx = static_cast<E*>(dx);
+    const E* pdy = static_cast<const E*>(dy);
+    if (can_vectorise<E>(C, {pdx, pdy}))
+      upsample2x_backward_kernel<E, V><<<grid_for(total / V), 256, 0, s>>>(pdx, pdy, total / V, H, W, C / V);
+    else
+      upsample2x_backward_kernel<E, 1><<<grid_for(total), 256, 0, s>>>(pdx, pdy, total, H, W, C);
   });
   ZP_CUDA_LAUNCH_CHECK();
 }

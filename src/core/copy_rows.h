@@ -11,9 +11,9 @@
 
 namespace zp {
 
-// One copy_bytes per row, ordered on `s`. Why not one strided 2-D copy: the rows here are few (one
-// per sample) and long (a whole feature map), so the per-call cost is small next to the bytes moved,
-// and the copies stay the same transfers the callers issued before they shared this helper.
+// Ordered on `s`: one strided 2-D copy (cudaMemcpy2DAsync) where a GPU is involved, since channels-last
+// images concatenate along channels as one short row per pixel (tens of thousands of rows), and a
+// memcpy per row on the host.
 void copy_rows(void* dst, size_t dst_stride, Device dst_dev, const void* src, size_t src_stride, Device src_dev,
                size_t row_bytes, int64_t rows, StreamHandle s);
 

@@ -8,7 +8,7 @@
 #include "io/bounded_json.h"
 #include "io/checkpoint_file.h"
 #include "io/safetensors.h"
-#include "kernels/nchw.h"
+#include "kernels/nhwc.h"
 
 namespace zp::io {
 namespace fs = std::filesystem;

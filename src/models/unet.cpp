@@ -10,6 +10,7 @@
 #include "io/weight_source.h"
 #include "kernels/activation.h"
 #include "kernels/elementwise.h"
+#include "kernels/nhwc.h"
 #include "models/hub_keys.h"
 #include "nn/attention.h"
 #include "nn/basic_transformer_block.h"
@@ -260,7 +261,7 @@ std::vector<Shape> UNetConfig::boundary_shapes(int64_t cut, int64_t B, int64_t H
       hidden = {block_out[size_t(r)], i + 1 < n ? r - 1 : r};
     }
   }
-  auto planes = [&](const Planes& p) { return Shape{B, p.channels, H >> p.level, W >> p.level}; };
+  auto planes = [&](const Planes& p) { return Shape{B, H >> p.level, W >> p.level, p.channels}; };
   std::vector<Shape> out{planes(hidden)};
   for (const Planes& p : stack) out.push_back(planes(p));
   out.push_back({B, time_embed_dim});
@@ -461,7 +462,7 @@ struct UNet::Stage {
   Stage(Kind k, const std::string& name) : kind(k), block(std::make_unique<ParamBlock>(name)) {}
   bool has_attention() const { return !attentions.empty(); }
 
-  // h: the stage's input, [B, C, H_, W_]; H_ and W_ become the output's size. Down pushes its
+  // h: the stage's input, [B, H_, W_, C]; H_ and W_ become the output's size. Down pushes its
   // outputs on the skip list, Up pops from skip_top.
   Tensor forward(const Ctx& c, Tensor h, int64_t& H_, int64_t& W_, const Conditioning& cond,
                  std::vector<Tensor>& skip_list, int64_t& skip_top, StageActivations& a, bool checkpoint) const {
@@ -494,7 +495,7 @@ struct UNet::Stage {
         ZP_CHECK(skip_top > 0, "skip connections exhausted");
         a.skips.push_back(--skip_top);
         skip = skip_list[size_t(skip_top)];
-        ZP_CHECK(skip.size(1) == skip_channels[j], "skip connection ", skip_top, " is ", skip.str(), ", expected ",
+        ZP_CHECK(skip.size(3) == skip_channels[j], "skip connection ", skip_top, " is ", skip.str(), ", expected ",
                  skip_channels[j], " channels");
         if (!c.saves) skip_list[size_t(skip_top)] = Tensor();  // read once
       }
@@ -508,8 +509,8 @@ struct UNet::Stage {
     if (downsampler.defined()) {
       Tensor y = downsampler.forward(c, h, H, W, a.downsampler);  // its input is a skip: kept anyway
       drop_unless_saving(c, a.downsampler);
-      H_ = y.size(2);
-      W_ = y.size(3);
+      H_ = y.size(1);
+      W_ = y.size(2);
       a.sampler_skip = int64_t(skip_list.size());
       skip_list.push_back(y);
       return y;
@@ -850,7 +851,6 @@ Tensor UNet::forward(const UNetInputs& in, UNetActivations& acts, const Tensor& 
 
   Tensor h;
   if (has_stem()) {
-    st.sample = in.sample;
     // The stem's parameters serve the time embedding here and conv_in below.
     nn::AdaptedBlockInUse stem_use(access_, *stem_, stem_adapters_.get());
 
@@ -900,8 +900,11 @@ Tensor UNet::forward(const UNetInputs& in, UNetActivations& acts, const Tensor& 
     }
     if (!c.saves) st.t_in = st.e1 = st.s1 = st.emb = st.add_in = st.f1 = st.fs = Tensor();
 
-    h = c.act({B, C0, H, W});
-    conv_in_.forward(c, h.data(), in.sample.data(), B, H, W);
+    // The model computes on channels-last images; its sample and output keep diffusers' NCHW.
+    st.sample = c.saved({B, H, W, cfg.in_channels});
+    ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, st.sample.data(), in.sample.data(), B, cfg.in_channels, H * W);
+    h = c.act({B, H, W, C0});
+    conv_in_.forward(c, h.data(), st.sample.data(), B, H, W);
     st.skips = {h};
   } else {
     // The previous chunk's hidden state, live skips and time embedding, read in place.
@@ -929,7 +932,7 @@ Tensor UNet::forward(const UNetInputs& in, UNetActivations& acts, const Tensor& 
   // The span's units: down path, mid, up path. The up path pops from `top`: the top of the skip
   // stack once the mid block has run (before this chunk, or in it).
   st.units.resize(units_.size());
-  int64_t h_ = h.size(2), w_ = h.size(3), top = int64_t(st.skips.size());
+  int64_t h_ = h.size(1), w_ = h.size(2), top = int64_t(st.skips.size());
   const int64_t mid = cfg.num_blocks();
   for (int64_t u = span_.begin; u < span_.end; ++u) {
     const Stage& sg = *units_[size_t(u)];
@@ -954,13 +957,15 @@ Tensor UNet::forward(const UNetInputs& in, UNetActivations& acts, const Tensor& 
   }
   ZP_CHECK(top == 0 && h_ == H && w_ == W, "UNet: skip connections or sizes out of step");
   st.h_last = h;
-  st.o = c.saved({B, C0, H, W});
-  Tensor y = c.act({B, cfg.out_channels, H, W});
+  st.o = c.saved({B, H, W, C0});
+  Tensor yc = c.act({B, H, W, cfg.out_channels});
   {
     nn::AdaptedBlockInUse use(access_, *head_, head_adapters_.get());
     norm_out_.forward(c, st.o.data(), h.data(), B, H * W, st.n_out);
-    conv_out_.forward(c, y.data(), st.o.data(), B, H, W);
+    conv_out_.forward(c, yc.data(), st.o.data(), B, H, W);
   }
+  Tensor y = c.act({B, cfg.out_channels, H, W});
+  ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, y.data(), yc.data(), B, H * W, cfg.out_channels);
   if (c.saves) acts.state_ = std::move(state);
   return y;
 }
@@ -985,10 +990,12 @@ Tensor UNet::backward(const Tensor& dout, UNetActivations& acts, UNetWeightGrads
                "UNet backward: output gradient ", dout.str(), " does not match the output [", B, ", ",
                cfg.out_channels, ", ", H, ", ", W, "] in ", dtype_name(c.dt), " on ", c.dev.str());
     dtemb = Tensor::zeros({B, T}, c.dt, c.dev, "activations", c.s);
-    g = c.act({B, C0, H, W});
+    g = c.act({B, H, W, C0});
     nn::AdaptedBlockInUse use(access_, *head_, head_adapters_.get(), /*grads=*/true);
-    Tensor dout_o = c.act({B, C0, H, W});
-    conv_out_.backward(c, dout_o.data(), dout.data(), st.o.data(), B, H, W);
+    Tensor dout_c = c.act({B, H, W, cfg.out_channels});
+    ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, dout_c.data(), dout.data(), B, cfg.out_channels, H * W);
+    Tensor dout_o = c.act({B, H, W, C0});
+    conv_out_.backward(c, dout_o.data(), dout_c.data(), st.o.data(), B, H, W);
     norm_out_.backward(c, g.data(), dout_o.data(), st.h_last.data(), B, H * W, st.n_out);
     st.o = st.h_last = Tensor();
   } else {
@@ -1019,8 +1026,10 @@ Tensor UNet::backward(const Tensor& dout, UNetActivations& acts, UNetWeightGrads
   }
   add_into(c, g, dskips[0]);
   nn::AdaptedBlockInUse stem_use(access_, *stem_, stem_adapters_.get(), /*grads=*/true);
+  Tensor dsample_c = c.act({B, H, W, cfg.in_channels});
+  conv_in_.backward(c, dsample_c.data(), g.data(), st.sample.data(), B, H, W);
   Tensor dsample = c.act({B, cfg.in_channels, H, W});
-  conv_in_.backward(c, dsample.data(), g.data(), st.sample.data(), B, H, W);
+  ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, dsample.data(), dsample_c.data(), B, H * W, cfg.in_channels);
 
   // Back through the time embedding into the stem's linears (no gradient for the sinusoids).
   Tensor demb = dtemb;

@@ -9,6 +9,8 @@
 //   mid    resnet, (Transformer2D, resnet)
 //   up     per block: (skip concatenation, resnet (+ attention)) x (layers + 1), then nearest 2x + conv
 //   head   GroupNorm + SiLU, conv_out
+// Inside, every image is channels-last, [B, H, W, C] (kernels/conv2d.h says why); the sample and the
+// prediction stay NCHW as diffusers passes them, transposed at the stem and at the head.
 //
 // Sharding units (ParamBlocks, DESIGN decision 2): "stem", one per down block, "mid", one per up
 // block, "head". Every use of a unit is reported to the engine (nn::BlockAccess) as the transformer
@@ -101,8 +103,9 @@ struct UNetConfig {
   // adapters' "<block>.lora") belongs to: -1 for the stem, num_units() for the head. Throws zp::Error for another name.
   int64_t unit_of_block(const std::string& block) const;
   // What crosses the cut before unit `cut` (0 < cut < num_units()) for B samples of H x W latents,
-  // in the order the boundary tensor packs them: the hidden state [B, C, h, w], the live skip
-  // activations (bottom of the stack first), the time embedding [B, time_embed_dim].
+  // in the order the boundary tensor packs them: the hidden state [B, h, w, C] (channels-last, as every
+  // image inside the model), the live skip activations (bottom of the stack first), the time
+  // embedding [B, time_embed_dim].
   std::vector<Shape> boundary_shapes(int64_t cut, int64_t B, int64_t H, int64_t W) const;
   // The values of all of them: the flat boundary tensor's length.
   int64_t boundary_numel(int64_t cut, int64_t B, int64_t H, int64_t W) const;

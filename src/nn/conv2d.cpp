@@ -50,10 +50,14 @@ Conv2dShape Conv2d::down_shape(int64_t N, int64_t H, int64_t W) const {
   return s;
 }
 
+bool Conv2d::is_pointwise() const {
+  return w_->shape[2] == 1 && w_->shape[3] == 1 && stride_ == 1 && pad_ == 0;
+}
+
 const void* Conv2d::adapter_input(const Ctx& c, const void* x, int64_t N, int64_t H, int64_t W, Tensor& keep) const {
   if (dropout_ == 0.f || c.dropout.key == 0) return x;
   const int64_t cols = in() * H * W;
-  keep = c.act({N, in(), H, W});
+  keep = c.act({N, H, W, in()});
   ZP_KERNEL_CALL(c.dev, dropout_apply, c.s, c.dt, keep.data(), cols, x, cols, N, cols, c.dropout.first_row(N),
                  c.dropout.key ^ adapter_id_, dropout_, false);
   return keep.data();
@@ -61,36 +65,33 @@ const void* Conv2d::adapter_input(const Ctx& c, const void* x, int64_t N, int64_
 
 void Conv2d::adapter_forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t H, int64_t W) const {
   const Conv2dShape sa = down_shape(N, H, W);
-  const int64_t r = sa.Cout, P = sa.oh() * sa.ow();
+  const int64_t r = sa.Cout, P = N * sa.oh() * sa.ow();
   Tensor dropped;
-  Tensor u = c.act({N, r, sa.oh(), sa.ow()});
+  Tensor u = c.act({N, sa.oh(), sa.ow(), r});
   ZP_KERNEL_CALL(c.dev, conv2d_forward, c.s, c.dt, u.data(), adapter_input(c, x, N, H, W, dropped), lora_a_->v(),
                  nullptr, sa);
-  // y_n[Cout, P] += scale * B[Cout, r] u_n[r, P]: the 1x1 convolution B, onto the base's output
-  ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, c.dt, false, false, out(), P, r, scale_, lora_b_->v(), r, u.data(), P, 1.f, y,
-                 P, GemmEpilogue::None, nullptr, nullptr, N, 0, r * P, out() * P);
+  // y[P, Cout] += scale * u[P, r] B[Cout, r]^T: the 1x1 convolution B, onto the base's output
+  ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, c.dt, false, true, P, out(), r, scale_, u.data(), r, lora_b_->v(), r, 1.f, y,
+                 out());
 }
 
 void Conv2d::adapter_backward(const Ctx& c, void* dx, const void* dy, const void* x, int64_t N, int64_t H,
                               int64_t W) const {
   const Conv2dShape sa = down_shape(N, H, W);
-  const int64_t r = sa.Cout, P = sa.oh() * sa.ow();
-  const size_t esz = dtype_size(c.dt);
+  const int64_t r = sa.Cout, P = N * sa.oh() * sa.ow();
   Tensor dropped;
   const void* xin = adapter_input(c, x, N, H, W, dropped);
   {
-    Tensor u = c.act({N, r, sa.oh(), sa.ow()});
+    Tensor u = c.act({N, sa.oh(), sa.ow(), r});
     ZP_KERNEL_CALL(c.dev, conv2d_forward, c.s, c.dt, u.data(), xin, lora_a_->v(), nullptr, sa);
-    // dB[Cout, r] += scale * sum_n dy_n[Cout, P] u_n[r, P]^T, accumulated in fp32 sample by sample
-    for (int64_t n = 0; n < N; ++n)
-      ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, DType::F32, false, true, out(), r, P, scale_,
-                     static_cast<const char*>(dy) + size_t(n * out() * P) * esz, P,
-                     static_cast<const char*>(u.data()) + size_t(n * r * P) * esz, P, 1.f, lora_b_->g(), r);
+    // dB[Cout, r] += scale * dy[P, Cout]^T u[P, r], accumulated in fp32
+    ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, DType::F32, true, false, out(), r, P, scale_, dy, out(), u.data(), r, 1.f,
+                   lora_b_->g(), r);
   }
-  // du_n[r, P] = scale * B^T dy_n
-  Tensor du = c.act({N, r, sa.oh(), sa.ow()});
-  ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, c.dt, true, false, r, P, out(), scale_, lora_b_->v(), r, dy, P, 0.f,
-                 du.data(), P, GemmEpilogue::None, nullptr, nullptr, N, 0, out() * P, r * P);
+  // du[P, r] = scale * dy[P, Cout] B[Cout, r]
+  Tensor du = c.act({N, sa.oh(), sa.ow(), r});
+  ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, c.dt, false, false, P, r, out(), scale_, dy, out(), lora_b_->v(), r, 0.f,
+                 du.data(), r);
   ZP_KERNEL_CALL(c.dev, conv2d_backward_filter, c.s, c.dt, lora_a_->g(), nullptr, du.data(), xin, sa);
   if (!dx) return;
   // dx += A^T du, through the forward's dropout mask when it drew one
@@ -106,7 +107,11 @@ void Conv2d::adapter_backward(const Ctx& c, void* dx, const void* dy, const void
 }
 
 void Conv2d::forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t H, int64_t W) const {
-  ZP_KERNEL_CALL(c.dev, conv2d_forward, c.s, c.dt, y, x, w_->v(), b_ ? b_->v() : nullptr, shape(N, H, W));
+  if (is_pointwise())  // y[P, Cout] = x[P, Cin] W[Cout, Cin]^T + bias
+    ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, c.dt, false, true, N * H * W, out(), in(), 1.f, x, in(), w_->v(), in(), 0.f,
+                   y, out(), b_ ? GemmEpilogue::Bias : GemmEpilogue::None, b_ ? b_->v() : nullptr);
+  else
+    ZP_KERNEL_CALL(c.dev, conv2d_forward, c.s, c.dt, y, x, w_->v(), b_ ? b_->v() : nullptr, shape(N, H, W));
   if (lora_a_) adapter_forward(c, y, x, N, H, W);
 }
 
@@ -126,11 +131,24 @@ void Conv2d::backward(const Ctx& c, void* dx, const Tensor& dy, const Tensor& x,
 
 void Conv2d::backward_params(const Ctx& c, const void* dy, const void* x, int64_t N, int64_t H, int64_t W) const {
   if (w_->frozen) return;  // a frozen weight (LoRA's base) takes no gradient
-  ZP_KERNEL_CALL(c.dev, conv2d_backward_filter, c.s, c.dt, w_->g(), b_ ? b_->g() : nullptr, dy, x, shape(N, H, W));
+  if (!is_pointwise()) {
+    ZP_KERNEL_CALL(c.dev, conv2d_backward_filter, c.s, c.dt, w_->g(), b_ ? b_->g() : nullptr, dy, x, shape(N, H, W));
+    return;
+  }
+  // dW[Cout, Cin] += dy[P, Cout]^T x[P, Cin], accumulated in fp32
+  const int64_t P = N * H * W;
+  ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, DType::F32, true, false, out(), in(), P, 1.f, dy, out(), x, in(), 1.f, w_->g(),
+                 in());
+  if (b_) ZP_KERNEL_CALL(c.dev, bias_grad, c.s, c.dt, b_->g(), dy, P, out());
 }
 
 void Conv2d::backward_data(const Ctx& c, void* dx, const void* dy, int64_t N, int64_t H, int64_t W,
                            bool accumulate_dx) const {
+  if (is_pointwise()) {  // dx[P, Cin] (+)= dy[P, Cout] W[Cout, Cin]
+    ZP_KERNEL_CALL(c.dev, gemm, c.s, c.dt, c.dt, false, false, N * H * W, in(), out(), 1.f, dy, out(), w_->v(), in(),
+                   accumulate_dx ? 1.f : 0.f, dx, in());
+    return;
+  }
   const Conv2dShape s = shape(N, H, W);
   if (!accumulate_dx) {
     ZP_KERNEL_CALL(c.dev, conv2d_backward_data, c.s, c.dt, dx, dy, w_->v(), s);

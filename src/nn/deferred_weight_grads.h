@@ -25,7 +25,7 @@ class DeferredWeightGrads {
   // l.backward_params(dy, x) at W; dy [N, l.out()] and x [N, l.in()] in the compute dtype. A Linear
   // with LoRA adapters is not deferred (its adapters' gradients need their values).
   void linear(const Linear& l, Tensor dy, Tensor x, int64_t N);
-  // l.backward_params(dy, x, N, H, W) at W; dy [N, Cout, OH, OW] and x [N, Cin, H, W]. A Conv2d with
+  // l.backward_params(dy, x, N, H, W) at W; dy [N, OH, OW, Cout] and x [N, H, W, Cin]. A Conv2d with
   // a LoRA adapter is not deferred.
   void conv(const Conv2d& l, Tensor dy, Tensor x, int64_t N, int64_t H, int64_t W);
   // Zeroed fp32 scratch for a norm's weight gradient [width] (and, with `bias`, its bias gradient

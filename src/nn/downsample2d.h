@@ -15,9 +15,9 @@ class Downsample2D {
   explicit Downsample2D(Conv2d conv) : conv_(conv) {}
   bool defined() const { return conv_.defined(); }
 
-  // y[B, C, OH, OW] from x[B, C, H, W], OH = ceil(H / 2) and OW likewise.
+  // y[B, OH, OW, C] from x[B, H, W, C], OH = ceil(H / 2) and OW likewise.
   Tensor forward(const Ctx& c, const Tensor& x, int64_t H, int64_t W, Saved& saved) const;
-  // Returns dx[B, C, H, W]; parameter gradients accumulate, or with `later` (a split backward,
+  // Returns dx[B, H, W, C]; parameter gradients accumulate, or with `later` (a split backward,
   // nn/deferred_weight_grads.h) are left in it. Consumes `saved`.
   Tensor backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W, Saved& saved,
                   DeferredWeightGrads* later = nullptr) const;

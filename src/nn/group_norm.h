@@ -1,4 +1,4 @@
-// GroupNorm over NCHW activations, optionally fused with the SiLU that follows it in every UNet
+// GroupNorm over channels-last activations, optionally fused with the SiLU that follows it in every UNet
 // ResBlock and in the UNet's output head. Channels are split into `groups` groups of consecutive
 // channels; weight and bias are [C].
 #pragma once
@@ -18,7 +18,7 @@ class GroupNorm {
   GroupNorm(Parameter* weight, Parameter* bias, int64_t groups, float eps, bool silu);
 
   int64_t channels() const { return w_->shape[0]; }
-  // y[N, C, HW] = (silu of) groupnorm(x[N, C, HW])
+  // y[N, HW, C] = (silu of) groupnorm(x[N, HW, C])
   void forward(const Ctx& c, void* y, const void* x, int64_t N, int64_t HW, Saved& saved) const;
   // dx is written; dweight and dbias accumulate (fp32), or with `later` (a split backward,
   // nn/deferred_weight_grads.h) go to its scratch, added at W.

@@ -2,7 +2,7 @@
 
 #include "core/copy_rows.h"
 #include "kernels/elementwise.h"
-#include "kernels/nchw.h"
+#include "kernels/nhwc.h"
 
 namespace zp::nn {
 using namespace zp::kernels;
@@ -21,26 +21,27 @@ ResBlock::ResBlock(GroupNorm norm1, Conv2d conv1, Linear time_emb_proj, GroupNor
 
 namespace {
 
-// y[n] = [a[n] | b[n]] along channels (torch.cat(dim=1)) for NCHW a[N, Ca, H, W], b[N, Cb, H, W].
+// y[p] = [a[p] | b[p]] along channels (torch.cat(dim=1)) for channels-last a[N, H, W, Ca], b[N, H, W, Cb]:
+// each pixel's row is a's row then b's.
 void concat_channels(const Ctx& c, Tensor& y, const Tensor& a, const Tensor& b) {
-  const int64_t N = a.size(0), Ca = a.size(1), Cb = b.size(1), H = a.size(2), W = a.size(3);
-  ZP_CHECK(b.size(0) == N && b.size(2) == H && b.size(3) == W, "concat of ", a.str(), " and ", b.str());
-  y = c.saved({N, Ca + Cb, H, W});
-  const size_t esz = dtype_size(c.dt), sa = size_t(Ca * H * W) * esz, sb = size_t(Cb * H * W) * esz;
+  const int64_t N = a.size(0), H = a.size(1), W = a.size(2), Ca = a.size(3), Cb = b.size(3);
+  ZP_CHECK(b.size(0) == N && b.size(1) == H && b.size(2) == W, "concat of ", a.str(), " and ", b.str());
+  y = c.saved({N, H, W, Ca + Cb});
+  const size_t esz = dtype_size(c.dt), sa = size_t(Ca) * esz, sb = size_t(Cb) * esz;
   char* dst = static_cast<char*>(y.data());
-  copy_rows(dst, sa + sb, c.dev, a.data(), sa, c.dev, sa, N, c.s);
-  copy_rows(dst + sa, sa + sb, c.dev, b.data(), sb, c.dev, sb, N, c.s);
+  copy_rows(dst, sa + sb, c.dev, a.data(), sa, c.dev, sa, N * H * W, c.s);
+  copy_rows(dst + sa, sa + sb, c.dev, b.data(), sb, c.dev, sb, N * H * W, c.s);
 }
 
-// The inverse: da[N, Ca, H, W] and db[N, Cb, H, W] from dy[N, Ca + Cb, H, W].
+// The inverse: da[N, H, W, Ca] and db[N, H, W, Cb] from dy[N, H, W, Ca + Cb].
 void split_channels(const Ctx& c, const Tensor& dy, Tensor& da, Tensor& db, int64_t Ca) {
-  const int64_t N = dy.size(0), Cb = dy.size(1) - Ca, H = dy.size(2), W = dy.size(3);
-  da = c.act({N, Ca, H, W});
-  db = c.act({N, Cb, H, W});
-  const size_t esz = dtype_size(c.dt), sa = size_t(Ca * H * W) * esz, sb = size_t(Cb * H * W) * esz;
+  const int64_t N = dy.size(0), H = dy.size(1), W = dy.size(2), Cb = dy.size(3) - Ca;
+  da = c.act({N, H, W, Ca});
+  db = c.act({N, H, W, Cb});
+  const size_t esz = dtype_size(c.dt), sa = size_t(Ca) * esz, sb = size_t(Cb) * esz;
   const char* src = static_cast<const char*>(dy.data());
-  copy_rows(da.data(), sa, c.dev, src, sa + sb, c.dev, sa, N, c.s);
-  copy_rows(db.data(), sb, c.dev, src + sa, sa + sb, c.dev, sb, N, c.s);
+  copy_rows(da.data(), sa, c.dev, src, sa + sb, c.dev, sa, N * H * W, c.s);
+  copy_rows(db.data(), sb, c.dev, src + sa, sa + sb, c.dev, sb, N * H * W, c.s);
 }
 
 void add_into(const Ctx& c, Tensor& y, const Tensor& x) {
@@ -59,21 +60,21 @@ Tensor ResBlock::forward(const Ctx& c, const Tensor& in, const Tensor& skip, int
     concat_channels(c, sv.x, in, skip);
   else
     sv.x = in;
-  ZP_CHECK(sv.x.size(1) == Ci, "ResBlock with ", Ci, " input channels given ", sv.x.str());
+  ZP_CHECK(sv.x.size(3) == Ci, "ResBlock with ", Ci, " input channels given ", sv.x.str());
   const Tensor& x = sv.x;
-  sv.a1 = c.saved({B, Ci, H, W});
+  sv.a1 = c.saved({B, H, W, Ci});
   norm1_.forward(c, sv.a1.data(), x.data(), B, HW, sv.n1);
-  sv.h1 = c.saved({B, Co, H, W});
+  sv.h1 = c.saved({B, H, W, Co});
   conv1_.forward(c, sv.h1.data(), sv.a1.data(), B, H, W);
   Tensor t = c.act({B, Co});
   temb_proj_.forward(c, t.data(), temb.data(), B);
   ZP_KERNEL_CALL(c.dev, channel_add, c.s, c.dt, sv.h1.data(), t.data(), B, Co, HW);
-  sv.a2 = c.saved({B, Co, H, W});
+  sv.a2 = c.saved({B, H, W, Co});
   norm2_.forward(c, sv.a2.data(), sv.h1.data(), B, HW, sv.n2);
-  Tensor y = c.act({B, Co, H, W});
+  Tensor y = c.act({B, H, W, Co});
   conv2_.forward(c, y.data(), sv.a2.data(), B, H, W);
   if (shortcut_.defined()) {
-    Tensor s = c.act({B, Co, H, W});
+    Tensor s = c.act({B, H, W, Co});
     shortcut_.forward(c, s.data(), x.data(), B, H, W);
     add_into(c, y, s);
   } else {
@@ -86,7 +87,7 @@ Tensor ResBlock::forward(const Ctx& c, const Tensor& in, const Tensor& skip, int
     sv.skip = skip;
     sv.checkpointed = true;
   }
-  sv.skip_channels = skip.defined() ? skip.size(1) : 0;
+  sv.skip_channels = skip.defined() ? skip.size(3) : 0;
   return y;
 }
 
@@ -103,16 +104,16 @@ Tensor ResBlock::backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W, 
     g = c.act(dy.shape());
     ZP_KERNEL_CALL(c.dev, scale, c.s, c.dt, g.data(), dy.data(), 1.f / out_scale_, g.numel());
   }
-  Tensor da2 = c.act({B, Co, H, W});
+  Tensor da2 = c.act({B, H, W, Co});
   conv2_.backward(c, da2.data(), g, sv.a2, B, H, W, false, later);
-  Tensor dh1 = c.act({B, Co, H, W});
+  Tensor dh1 = c.act({B, H, W, Co});
   norm2_.backward(c, dh1.data(), da2.data(), sv.h1.data(), B, HW, sv.n2, later);
   Tensor dt = c.act({B, Co});
   ZP_KERNEL_CALL(c.dev, channel_sum, c.s, c.dt, dt.data(), dh1.data(), B, Co, HW);
   temb_proj_.backward(c, dtemb.data(), dt, temb, B, /*accumulate_dx=*/true, later);
-  Tensor da1 = c.act({B, Ci, H, W});
+  Tensor da1 = c.act({B, H, W, Ci});
   conv1_.backward(c, da1.data(), dh1, sv.a1, B, H, W, false, later);
-  Tensor dx = c.act({B, Ci, H, W});
+  Tensor dx = c.act({B, H, W, Ci});
   norm1_.backward(c, dx.data(), da1.data(), sv.x.data(), B, HW, sv.n1, later);
   if (shortcut_.defined())
     shortcut_.backward(c, dx.data(), g, sv.x, B, H, W, /*accumulate_dx=*/true, later);

@@ -29,7 +29,7 @@ class ResBlock {
   int64_t in_channels() const { return conv1_.in(); }
   int64_t out_channels() const { return conv1_.out(); }
 
-  // y[B, Cout, H, W] from in[B, Ci, H, W] (followed along channels by skip[B, Cs, H, W] when it is
+  // y[B, H, W, Cout] from in[B, H, W, Ci] (followed along channels by skip[B, H, W, Cs] when it is
   // defined; Ci + Cs = in_channels()) and the time embedding temb[B, T]. checkpoint: keep only in and
   // skip.
   Tensor forward(const Ctx& c, const Tensor& in, const Tensor& skip, int64_t H, int64_t W, const Tensor& temb,

@@ -1,7 +1,6 @@
 #include "nn/transformer2d.h"
 
 #include "kernels/elementwise.h"
-#include "kernels/nchw.h"
 
 namespace zp::nn {
 using namespace zp::kernels;
@@ -22,27 +21,10 @@ Transformer2D::Transformer2D(GroupNorm norm, Linear proj_in, std::vector<BasicTr
            "Transformer2D: the widths of its projections disagree");
 }
 
-// saved.n and saved.p_in from saved.x.
+// saved.n and saved.p_in from saved.x. Channels-last, the normalised image is already the tokens.
 void Transformer2D::normalise_input(const Ctx& c, int64_t B, int64_t HW, Saved& saved) const {
-  const int64_t C = channels_;
-  Tensor a = linear_ ? c.act({B, C, HW}) : c.saved({B, C, HW});
-  norm_.forward(c, a.data(), saved.x.data(), B, HW, saved.n);
-  if (linear_) {
-    saved.p_in = c.saved({B * HW, C});
-    ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, saved.p_in.data(), a.data(), B, C, HW);
-  } else {
-    saved.p_in = a;
-  }
-}
-
-// saved.p_out from the last block's output t [B*HW, I].
-void Transformer2D::keep_proj_out_input(const Ctx& c, const Tensor& t, int64_t B, int64_t HW, Saved& saved) const {
-  if (linear_) {
-    saved.p_out = t;
-  } else {
-    saved.p_out = c.saved({B, inner_, HW});
-    ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, saved.p_out.data(), t.data(), B, HW, inner_);
-  }
+  saved.p_in = c.saved({B * HW, channels_});
+  norm_.forward(c, saved.p_in.data(), saved.x.data(), B, HW, saved.n);
 }
 
 Tensor Transformer2D::forward(const Ctx& c, const Tensor& x, int64_t H, int64_t W, const Tensor& context,
@@ -54,23 +36,17 @@ Tensor Transformer2D::forward(const Ctx& c, const Tensor& x, int64_t H, int64_t 
   sv.blocks.resize(blocks_.size());
   normalise_input(c, B, HW, sv);
   Tensor t = c.act({B * HW, I});
-  if (linear_) {
+  if (linear_)
     proj_in_lin_.forward(c, t.data(), sv.p_in.data(), B * HW);
-  } else {
-    Tensor p = c.act({B, I, H, W});
-    proj_in_conv_.forward(c, p.data(), sv.p_in.data(), B, H, W);
-    ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, t.data(), p.data(), B, I, HW);
-  }
+  else
+    proj_in_conv_.forward(c, t.data(), sv.p_in.data(), B, H, W);
   for (size_t i = 0; i < blocks_.size(); ++i) t = blocks_[i].forward(c, t, B, HW, context, sv.blocks[i], checkpoint);
-  keep_proj_out_input(c, t, B, HW, sv);
-  Tensor y = c.act({B, C, H, W});
-  if (linear_) {
-    Tensor yt = c.act({B * HW, C});
-    proj_out_lin_.forward(c, yt.data(), sv.p_out.data(), B * HW);
-    ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, y.data(), yt.data(), B, HW, C);
-  } else {
+  sv.p_out = t;
+  Tensor y = c.act({B, H, W, C});
+  if (linear_)
+    proj_out_lin_.forward(c, y.data(), sv.p_out.data(), B * HW);
+  else
     proj_out_conv_.forward(c, y.data(), sv.p_out.data(), B, H, W);
-  }
   ZP_KERNEL_CALL(c.dev, add, c.s, c.dt, y.data(), y.data(), x.data(), y.numel());
   if (checkpoint) {
     sv.p_in = sv.p_out = Tensor();
@@ -85,34 +61,24 @@ Tensor Transformer2D::backward(const Ctx& c, const Tensor& dy, int64_t H, int64_
   const int64_t B = dy.size(0), HW = H * W, C = channels_, I = inner_;
   Saved& sv = saved;
   const bool recompute = sv.checkpointed;
-  if (recompute) keep_proj_out_input(c, blocks_.back().recompute(c, B, HW, context, sv.blocks.back()), B, HW, sv);
+  if (recompute) sv.p_out = blocks_.back().recompute(c, B, HW, context, sv.blocks.back());
   Tensor dt = c.act({B * HW, I});
-  if (linear_) {
-    Tensor dyt = c.act({B * HW, C});
-    ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, dyt.data(), dy.data(), B, C, HW);
-    proj_out_lin_.backward(c, dt.data(), dyt, sv.p_out, B * HW, false, later);
-  } else {
-    Tensor du = c.act({B, I, H, W});
-    proj_out_conv_.backward(c, du.data(), dy, sv.p_out, B, H, W, false, later);
-    ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, dt.data(), du.data(), B, I, HW);
-  }
+  if (linear_)
+    proj_out_lin_.backward(c, dt.data(), dy, sv.p_out, B * HW, false, later);
+  else
+    proj_out_conv_.backward(c, dt.data(), dy, sv.p_out, B, H, W, false, later);
   sv.p_out = Tensor();
   for (size_t i = blocks_.size(); i-- > 0;) {
     if (recompute && i + 1 < blocks_.size()) blocks_[i].recompute(c, B, HW, context, sv.blocks[i]);
     blocks_[i].backward(c, dt, B, HW, context, sv.blocks[i], later);
   }
   if (recompute) normalise_input(c, B, HW, sv);
-  Tensor da = c.act({B, C, H, W});
-  if (linear_) {
-    Tensor dat = c.act({B * HW, C});
-    proj_in_lin_.backward(c, dat.data(), dt, sv.p_in, B * HW, false, later);
-    ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, da.data(), dat.data(), B, HW, C);
-  } else {
-    Tensor dp = c.act({B, I, H, W});
-    ZP_KERNEL_CALL(c.dev, transpose_batched, c.s, c.dt, dp.data(), dt.data(), B, HW, I);
-    proj_in_conv_.backward(c, da.data(), dp, sv.p_in, B, H, W, false, later);
-  }
-  Tensor dx = c.act({B, C, H, W});
+  Tensor da = c.act({B, H, W, C});
+  if (linear_)
+    proj_in_lin_.backward(c, da.data(), dt, sv.p_in, B * HW, false, later);
+  else
+    proj_in_conv_.backward(c, da.data(), dt, sv.p_in, B, H, W, false, later);
+  Tensor dx = c.act({B, H, W, C});
   norm_.backward(c, dx.data(), da.data(), sv.x.data(), B, HW, sv.n, later);
   ZP_KERNEL_CALL(c.dev, add, c.s, c.dt, dx.data(), dx.data(), dy.data(), dx.numel());
   sv = {};

@@ -1,6 +1,7 @@
 // diffusers' Transformer2DModel, the UNet's attention layer: GroupNorm (eps 1e-6), proj_in (a 1x1
-// convolution before the NCHW -> tokens move, or with use_linear_projection a linear after it),
-// BasicTransformerBlocks over the H*W tokens, proj_out (the mirror image), + the layer's input.
+// convolution, or with use_linear_projection a linear; on channels-last images both are the same GEMM
+// over the H*W tokens, and no layout move surrounds them), BasicTransformerBlocks over the tokens,
+// proj_out (the mirror image), + the layer's input.
 //
 // Checkpointed, it keeps its input and each transformer block's input: the backward re-runs the
 // last block first (its output is proj_out's input), every other block just before its backward,
@@ -20,8 +21,8 @@ class Transformer2D {
  public:
   struct Saved {
     Tensor x;      // the input: all a checkpointed forward keeps, with the blocks' inputs
-    Tensor p_in;   // proj_in's input: the normalised x, [B, C, H, W] (conv) or [B*HW, C] (linear)
-    Tensor p_out;  // proj_out's input: the last block's output, [B*HW, I] (linear) or [B, I, H, W] (conv)
+    Tensor p_in;   // proj_in's input: the normalised x, [B*HW, C]
+    Tensor p_out;  // proj_out's input: the last block's output, [B*HW, I]
     GroupNorm::Saved n;
     std::vector<BasicTransformerBlock::Saved> blocks;
     bool checkpointed = false;
@@ -32,7 +33,7 @@ class Transformer2D {
   // Linear projections on the tokens (use_linear_projection: SD 2.x, SDXL).
   Transformer2D(GroupNorm norm, Linear proj_in, std::vector<BasicTransformerBlock> blocks, Linear proj_out);
 
-  // y[B, C, H, W] from x[B, C, H, W] and context[B, L, Cc]. checkpoint: keep only the inputs of the
+  // y[B, H, W, C] from x[B, H, W, C] and context[B, L, Cc]. checkpoint: keep only the inputs of the
   // layer and of its blocks.
   Tensor forward(const Ctx& c, const Tensor& x, int64_t H, int64_t W, const Tensor& context, Saved& saved,
                  bool checkpoint) const;
@@ -43,7 +44,6 @@ class Transformer2D {
 
  private:
   void normalise_input(const Ctx& c, int64_t B, int64_t HW, Saved& saved) const;
-  void keep_proj_out_input(const Ctx& c, const Tensor& t, int64_t B, int64_t HW, Saved& saved) const;
 
   GroupNorm norm_;
   bool linear_ = false;

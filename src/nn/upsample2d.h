@@ -18,9 +18,9 @@ class Upsample2D {
   explicit Upsample2D(Conv2d conv) : conv_(conv) {}
   bool defined() const { return conv_.defined(); }
 
-  // y[B, C, 2H, 2W] from x[B, C, H, W].
+  // y[B, 2H, 2W, C] from x[B, H, W, C].
   Tensor forward(const Ctx& c, const Tensor& x, int64_t H, int64_t W, Saved& saved, bool checkpoint) const;
-  // Returns dx[B, C, H, W]; parameter gradients accumulate, or with `later` (a split backward,
+  // Returns dx[B, H, W, C]; parameter gradients accumulate, or with `later` (a split backward,
   // nn/deferred_weight_grads.h) are left in it. Consumes `saved`.
   Tensor backward(const Ctx& c, const Tensor& dy, int64_t H, int64_t W, Saved& saved,
                   DeferredWeightGrads* later = nullptr) const;

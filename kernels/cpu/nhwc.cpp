@@ -1,4 +1,4 @@
-#include "kernels/nchw.h"
+#include "kernels/nhwc.h"
 
 namespace zp::kernels::cpu {
 
@@ -18,23 +18,24 @@ void transpose_batched(StreamHandle, DType dt, void* y, const void* x, int64_t B
 void channel_add(StreamHandle, DType dt, void* y, const void* shift, int64_t N, int64_t C, int64_t HW) {
   ZP_CHECK(N >= 0 && C >= 0 && HW >= 0, "N=", N, " C=", C, " HW=", HW);
   ZP_DISPATCH_FLOAT(dt, T, [&] {
-    for (int64_t nc = 0; nc < N * C; ++nc) {
-      const double v = double(static_cast<const T*>(shift)[nc]);
-      T* row = static_cast<T*>(y) + nc * HW;
-      for (int64_t i = 0; i < HW; ++i) row[i] = T(double(row[i]) + v);
-    }
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < HW; ++i) {
+        const T* s = static_cast<const T*>(shift) + n * C;
+        T* row = static_cast<T*>(y) + (n * HW + i) * C;
+        for (int64_t c = 0; c < C; ++c) row[c] = T(double(row[c]) + double(s[c]));
+      }
   });
 }
 
 void channel_sum(StreamHandle, DType dt, void* sum, const void* x, int64_t N, int64_t C, int64_t HW) {
   ZP_CHECK(N >= 0 && C >= 0 && HW >= 0, "N=", N, " C=", C, " HW=", HW);
   ZP_DISPATCH_FLOAT(dt, T, [&] {
-    for (int64_t nc = 0; nc < N * C; ++nc) {
-      const T* row = static_cast<const T*>(x) + nc * HW;
-      double acc = 0;
-      for (int64_t i = 0; i < HW; ++i) acc += double(row[i]);
-      static_cast<T*>(sum)[nc] = T(acc);
-    }
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < C; ++c) {
+        double acc = 0;
+        for (int64_t i = 0; i < HW; ++i) acc += double(static_cast<const T*>(x)[(n * HW + i) * C + c]);
+        static_cast<T*>(sum)[n * C + c] = T(acc);
+      }
   });
 }
 

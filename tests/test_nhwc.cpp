@@ -1,12 +1,12 @@
-// NCHW layout ops: hand-checked CPU cases, adjoint identities (each op's backward is the adjoint of
-// its forward), and CUDA against the CPU reference.
-#include "kernels/nchw.h"
+// Channels-last layout ops: hand-checked CPU cases, adjoint identities (each op's backward is the
+// adjoint of its forward), and CUDA against the CPU reference.
+#include "kernels/nhwc.h"
 #include "test_util.h"
 
 namespace zp::test {
 using namespace zp::kernels;
 
-TEST(Nchw, TransposeByHand) {
+TEST(Nhwc, TransposeByHand) {
   // two batches of [2, 3]
   std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, y(12);
   cpu::transpose_batched(nullptr, DType::F32, y.data(), x.data(), 2, 2, 3);
@@ -16,17 +16,17 @@ TEST(Nchw, TransposeByHand) {
   EXPECT_EQ(back, x);
 }
 
-TEST(Nchw, ChannelAddAndSumByHand) {
-  // N=2, C=2, HW=3
+TEST(Nhwc, ChannelAddAndSumByHand) {
+  // N=2, C=2, HW=3: each pixel's two channels get the sample's (1, 2), then (3, 4)
   std::vector<float> y(12, 1.f), shift = {1, 2, 3, 4}, sum(4);
   cpu::channel_add(nullptr, DType::F32, y.data(), shift.data(), 2, 2, 3);
-  EXPECT_EQ(y, (std::vector<float>{2, 2, 2, 3, 3, 3, 4, 4, 4, 5, 5, 5}));
+  EXPECT_EQ(y, (std::vector<float>{2, 3, 2, 3, 2, 3, 4, 5, 4, 5, 4, 5}));
   cpu::channel_sum(nullptr, DType::F32, sum.data(), y.data(), 2, 2, 3);
   EXPECT_EQ(sum, (std::vector<float>{6, 9, 12, 15}));
 }
 
 // <channel_add(0, s), g> = <s, channel_sum(g)>: the sum is the shift's gradient.
-TEST(Nchw, ChannelSumIsTheAdjointOfChannelAdd) {
+TEST(Nhwc, ChannelSumIsTheAdjointOfChannelAdd) {
   const int64_t N = 3, C = 5, HW = 7;
   auto s = randn(size_t(N * C), 1), g = randn(size_t(N * C * HW), 2);
   std::vector<double> y(size_t(N * C * HW), 0.0), sd(s.begin(), s.end()), gd(g.begin(), g.end()), sum(size_t(N * C));
@@ -38,7 +38,7 @@ TEST(Nchw, ChannelSumIsTheAdjointOfChannelAdd) {
   EXPECT_NEAR(lhs, rhs, 1e-9 * std::abs(rhs) + 1e-12);
 }
 
-TEST(NchwGpu, MatchesCpu) {
+TEST(NhwcGpu, MatchesCpu) {
   ZP_SKIP_WITHOUT_GPU();
   struct Case { int64_t B, P, Q; };
   for (DType dt : gpu_float_dtypes())
