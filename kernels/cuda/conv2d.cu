@@ -294,10 +294,9 @@ struct KrscFilter {
       const FilterTiles t(c, sizeof(T));
       T* y = static_cast<T*>(copy.get());
       const T* x = static_cast<const T*>(w);
-      if (can_vectorise<T>(c.Cin, {y, x}))
-        filter_to_krsc_kernel<T, 16 / sizeof(T)><<<t.grid, 256, t.smem, s>>>(y, x, c.Cin, int(c.KH * c.KW));
-      else
-        filter_to_krsc_kernel<T, 1><<<t.grid, 256, t.smem, s>>>(y, x, c.Cin, int(c.KH * c.KW));
+      with_pack_width<T>(c.Cin, {y, x}, [&](auto vec) {
+        filter_to_krsc_kernel<T, decltype(vec)::value><<<t.grid, 256, t.smem, s>>>(y, x, c.Cin, int(c.KH * c.KW));
+      });
     });
     ZP_CUDA_LAUNCH_CHECK();
     data = copy.get();
@@ -357,13 +356,15 @@ void conv2d_backward_filter(StreamHandle s, DType dt, float* dw, float* dbias, c
     ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
       constexpr int V = 16 / sizeof(T);
       const T* g = static_cast<const T*>(grad.get());
+      // dw takes packs of V floats: V * 4 bytes of alignment, more than can_vectorise asks.
+      const bool dw_packs = reinterpret_cast<uintptr_t>(dw) % (V * sizeof(float)) == 0;
       if (RS > 1) {
         const FilterTiles t(c, sizeof(T));
-        if (can_vectorise<T>(c.Cin, {g}) && reinterpret_cast<uintptr_t>(dw) % (V * sizeof(float)) == 0)
+        if (dw_packs && can_vectorise<T>(c.Cin, {g}))
           accumulate_from_krsc_kernel<T, V><<<t.grid, 256, t.smem, s>>>(dw, g, c.Cin, int(RS));
         else
           accumulate_from_krsc_kernel<T, 1><<<t.grid, 256, t.smem, s>>>(dw, g, c.Cin, int(RS));
-      } else if (can_vectorise<T>(n, {g}) && reinterpret_cast<uintptr_t>(dw) % (V * sizeof(float)) == 0)
+      } else if (dw_packs && can_vectorise<T>(n, {g}))
         accumulate_kernel<T, V><<<grid_for(n / V), 256, 0, s>>>(dw, g, n);
       else
         accumulate_kernel<T, 1><<<grid_for(n), 256, 0, s>>>(dw, g, n);

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <type_traits>
 #include <utility>
 
 #include "core/cuda_check.h"
@@ -111,6 +112,16 @@ bool can_vectorise(int64_t width, std::initializer_list<const void*> ptrs) {
   for (const void* p : ptrs)
     if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   return true;
+}
+
+// Calls f(std::integral_constant<int, VEC>{}) with VEC = 16 / sizeof(T) where can_vectorise(width,
+// ptrs) holds, else VEC = 1: one launch written for both pack widths.
+template <class T, class F>
+void with_pack_width(int64_t width, std::initializer_list<const void*> ptrs, F&& f) {
+  if (can_vectorise<T>(width, ptrs))
+    f(std::integral_constant<int, 16 / int(sizeof(T))>{});
+  else
+    f(std::integral_constant<int, 1>{});
 }
 
 // Multiprocessors of the current device (cached per device).

@@ -15,9 +15,9 @@
 
 #include <algorithm>
 #include <mutex>
-#include <type_traits>
 #include <unordered_map>
 
+#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/row_linear.cuh"
 #include "kernels/cuda/scratch.cuh"
@@ -79,7 +79,6 @@ struct Plan {
 
 struct DeviceState {
   cublasLtHandle_t handle = nullptr;
-  int num_sms = 0;
 };
 
 // Handles and plans live for the whole process: destroying them from static destructors
@@ -97,10 +96,7 @@ std::unordered_map<PlanKey, Plan, PlanKeyHash>& plans() {
 // Caller holds g_mu.
 DeviceState& device_state(int dev) {
   DeviceState& d = devices()[dev];
-  if (!d.handle) {
-    ZP_CUBLAS_CHECK(cublasLtCreate(&d.handle));
-    ZP_CUDA_CHECK(cudaDeviceGetAttribute(&d.num_sms, cudaDevAttrMultiProcessorCount, dev));
-  }
+  if (!d.handle) ZP_CUBLAS_CHECK(cublasLtCreate(&d.handle));
   return d;
 }
 void* workspace(StreamHandle s) { return stream_workspace(s, kWorkspaceBytes, "gemm_workspace"); }
@@ -260,37 +256,6 @@ void launch_epilogue(StreamHandle s, DType c_dt, void* C, int64_t ldc, int64_t s
   ZP_CUDA_LAUNCH_CHECK();
 }
 
-// Column sums of dy[M,N]: block (32, 8) covers 32 packs of VEC columns (16-byte loads where N and dy
-// allow) and one split of the rows; the 8 row lanes are combined in shared memory in a fixed order,
-// so the result never depends on timing. With one split the block adds straight into dbias;
-// otherwise it writes partial[split, N].
-template <class T, int VEC>
-__global__ void bias_grad_partial_kernel(float* dbias, float* partial, const T* dy, int64_t M, int64_t N,
-                                         int64_t rows_per_split) {
-  __shared__ float sums[8][32 * VEC + 1];
-  const int64_t c0 = (int64_t(blockIdx.x) * 32 + threadIdx.x) * VEC;
-  const int64_t r0 = blockIdx.y * rows_per_split, r1 = min(M, r0 + rows_per_split);
-  float acc[VEC] = {};
-  if (c0 < N)
-#pragma unroll 4
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
-      const Pack<T, VEC> v = *reinterpret_cast<const Pack<T, VEC>*>(dy + r * N + c0);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) acc[j] += to_f(v.v[j]);
-    }
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) sums[threadIdx.y][threadIdx.x * VEC + j] = acc[j];
-  __syncthreads();
-  for (int k = threadIdx.y * 32 + threadIdx.x; k < 32 * VEC; k += 256) {
-    const int64_t col = int64_t(blockIdx.x) * 32 * VEC + k;
-    if (col >= N) continue;
-    float total = 0.f;
-    for (int y = 0; y < 8; ++y) total += sums[y][k];
-    if (gridDim.y == 1) dbias[col] += total;
-    else partial[blockIdx.y * N + col] = total;
-  }
-}
-
 }  // namespace
 
 void gemm(StreamHandle s, DType ab_dt, DType c_dt, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
@@ -355,46 +320,27 @@ void gemm(StreamHandle s, DType ab_dt, DType c_dt, bool trans_a, bool trans_b, i
 void bias_grad(StreamHandle s, DType dt, float* dbias, const void* dy, int64_t M, int64_t N) {
   ZP_CHECK(M >= 0 && N >= 0, "M=", M, " N=", N);
   if (M == 0 || N == 0) return;
-  int dev;
-  ZP_CUDA_CHECK(cudaGetDevice(&dev));
-  float* partial;
-  int num_sms;
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    DeviceState& d = device_state(dev);
-    partial = static_cast<float*>(workspace(s));  // scratch, ordered on s like the matmuls using it
-    num_sms = d.num_sms;
-  }
+  float* partial = static_cast<float*>(workspace(s));  // scratch, ordered on s like the matmuls using it
+  // Split rows within the workspace; with more than one split a second pass adds the partial sums.
   int64_t splits = 1;
   ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
-    auto run = [&](auto vec) {
+    with_pack_width<T>(N, {dy}, [&](auto vec) {
       constexpr int VEC = decltype(vec)::value;
-      // Enough row splits for about two blocks an SM, within the workspace and at >= 64 rows each
-      // (more, shorter splits leave a long column of partial sums to the second pass).
-      const int64_t col_blocks = ceil_div(N, int64_t(32) * VEC);
-      splits = std::max<int64_t>(1, (2 * int64_t(num_sms) + col_blocks - 1) / col_blocks);
-      splits = std::min({splits, (M + 63) / 64, int64_t(kWorkspaceBytes / sizeof(float)) / N, int64_t(65535)});
-      splits = std::max<int64_t>(splits, 1);
-      const int64_t rows_per_split = (M + splits - 1) / splits;
-      splits = (M + rows_per_split - 1) / rows_per_split;
-      bias_grad_partial_kernel<T, VEC><<<dim3(unsigned(col_blocks), unsigned(splits)), dim3(32, 8), 0, s>>>(
-          dbias, partial, static_cast<const T*>(dy), M, N, rows_per_split);
-    };
-    if (can_vectorise<T>(N, {dy}))
-      run(std::integral_constant<int, 16 / int(sizeof(T))>{});
-    else
-      run(std::integral_constant<int, 1>{});
+      const int64_t col_blocks = ceil_div(N, int64_t(kColumnSumCols) * VEC);
+      const ColumnSumSplits sp(M, col_blocks, int64_t(kWorkspaceBytes / sizeof(float)) / N);
+      splits = sp.splits;
+      column_sums_kernel<T, VEC><<<dim3(unsigned(col_blocks), unsigned(splits)), dim3(kColumnSumCols, kColumnSumRows),
+                                   0, s>>>(dbias, partial, static_cast<const T*>(dy), M, N, sp.rows_per_split);
+    });
   });
   ZP_CUDA_LAUNCH_CHECK();
-  if (splits > 1) {  // the column sums of partial[splits, N], by the same kernel in one split
-    if (can_vectorise<float>(N, {partial}))
-      bias_grad_partial_kernel<float, 4><<<dim3(ceil_div(N, 32 * 4), 1), dim3(32, 8), 0, s>>>(dbias, nullptr, partial,
-                                                                                          splits, N, splits);
-    else
-      bias_grad_partial_kernel<float, 1><<<dim3(ceil_div(N, 32), 1), dim3(32, 8), 0, s>>>(dbias, nullptr, partial,
-                                                                                      splits, N, splits);
-    ZP_CUDA_LAUNCH_CHECK();
-  }
+  if (splits == 1) return;
+  with_pack_width<float>(N, {partial}, [&](auto vec) {
+    constexpr int VEC = decltype(vec)::value;
+    column_sums_kernel<float, VEC><<<ceil_div(N, int64_t(kColumnSumCols) * VEC), dim3(kColumnSumCols, kColumnSumRows),
+                                     0, s>>>(dbias, nullptr, partial, splits, N, splits);
+  });
+  ZP_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace zp::kernels::cuda

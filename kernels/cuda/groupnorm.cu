@@ -14,8 +14,6 @@
 //             dx needs; dweight, dbias) -> apply (dx).
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
-#include <type_traits>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/scratch.cuh"
@@ -40,6 +38,10 @@ constexpr int kThreads = 256;
 struct Split {
   int tx, ty;
   int64_t chunks, rows_per_chunk;
+  dim3 grid(int64_t N) const { return dim3(unsigned(chunks), unsigned(N)); }
+  dim3 block() const { return dim3(unsigned(tx), unsigned(ty)); }
+  // The partial-sum kernel's shared memory: a float2 per channel of each thread's pack.
+  size_t partials_smem(int vec) const { return size_t(tx) * ty * vec * sizeof(float2); }
 };
 
 Split split_for(int64_t N, int64_t HW, int64_t CP) {
@@ -315,15 +317,6 @@ void check_sizes(int64_t N, int64_t C, int64_t HW, int64_t G) {
            " too large");
 }
 
-// Packs of 16 bytes where the channels and every pointer allow, else single elements.
-template <class T, class F>
-void with_vec(int64_t C, std::initializer_list<const void*> ptrs, F&& f) {
-  if (can_vectorise<T>(C, ptrs))
-    f(std::integral_constant<int, 16 / int(sizeof(T))>{});
-  else
-    f(std::integral_constant<int, 1>{});
-}
-
 }  // namespace
 
 void groupnorm_forward(StreamHandle s, DType dt, void* y, float* mean, float* rstd, const void* x, const void* weight,
@@ -332,21 +325,20 @@ void groupnorm_forward(StreamHandle s, DType dt, void* y, float* mean, float* rs
   if (N == 0) return;
   const int Cg = int(C / G);
   ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
-    with_vec<T>(C, {x, y, bias}, [&](auto vec) {
+    with_pack_width<T>(C, {x, y, bias}, [&](auto vec) {
       constexpr int VEC = decltype(vec)::value;
       const Split sp = split_for(N, HW, C / VEC);
       KernelScratch part(s, size_t(N * sp.chunks * C) * sizeof(float2), "groupnorm");
       KernelScratch coef(s, size_t(N * C) * sizeof(float2), "groupnorm");
-      const size_t smem = size_t(sp.tx) * sp.ty * VEC * sizeof(float2);
-      groupnorm_partials_kernel<T, VEC, false><<<dim3(unsigned(sp.chunks), unsigned(N)), dim3(sp.tx, sp.ty), smem, s>>>(
+      groupnorm_partials_kernel<T, VEC, false><<<sp.grid(N), sp.block(), sp.partials_smem(VEC), s>>>(
           part.as<float2>(), static_cast<const T*>(x), nullptr, nullptr, nullptr, nullptr, nullptr, HW, int(C), Cg,
           sp.rows_per_chunk, silu);
       groupnorm_forward_finalize_kernel<T><<<unsigned(N * G), 256, 0, s>>>(
           coef.as<float2>(), mean, rstd, part.as<float2>(), static_cast<const T*>(weight), HW, int(C), Cg, sp.chunks,
           sp.rows_per_chunk, eps);
-      groupnorm_forward_apply_kernel<T, VEC><<<dim3(unsigned(sp.chunks), unsigned(N)), dim3(sp.tx, sp.ty), 0, s>>>(
-          static_cast<T*>(y), static_cast<const T*>(x), coef.as<float2>(), static_cast<const T*>(bias), HW, int(C),
-          sp.rows_per_chunk, silu);
+      groupnorm_forward_apply_kernel<T, VEC>
+          <<<sp.grid(N), sp.block(), 0, s>>>(static_cast<T*>(y), static_cast<const T*>(x), coef.as<float2>(),
+                                             static_cast<const T*>(bias), HW, int(C), sp.rows_per_chunk, silu);
     });
   });
   ZP_CUDA_LAUNCH_CHECK();
@@ -359,19 +351,18 @@ void groupnorm_backward(StreamHandle s, DType dt, void* dx, float* dweight, floa
   if (N == 0) return;
   const int Cg = int(C / G);
   ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
-    with_vec<T>(C, {x, dx, dy, weight, bias}, [&](auto vec) {
+    with_pack_width<T>(C, {x, dx, dy, weight, bias}, [&](auto vec) {
       constexpr int VEC = decltype(vec)::value;
       const Split sp = split_for(N, HW, C / VEC);
       KernelScratch part(s, size_t(N * sp.chunks * C) * sizeof(float2), "groupnorm");
       KernelScratch bstats(s, size_t(N * G) * sizeof(float4), "groupnorm");
-      const size_t smem = size_t(sp.tx) * sp.ty * VEC * sizeof(float2);
-      groupnorm_partials_kernel<T, VEC, true><<<dim3(unsigned(sp.chunks), unsigned(N)), dim3(sp.tx, sp.ty), smem, s>>>(
+      groupnorm_partials_kernel<T, VEC, true><<<sp.grid(N), sp.block(), sp.partials_smem(VEC), s>>>(
           part.as<float2>(), static_cast<const T*>(x), static_cast<const T*>(dy), mean, rstd,
           static_cast<const T*>(weight), static_cast<const T*>(bias), HW, int(C), Cg, sp.rows_per_chunk, silu);
       groupnorm_backward_finalize_kernel<T><<<unsigned(N * G + ceil_div(C, 8)), 256, 0, s>>>(
           bstats.as<float4>(), dweight, dbias, part.as<float2>(), mean, rstd, static_cast<const T*>(weight), N, HW,
           int(C), Cg, sp.chunks);
-      groupnorm_backward_apply_kernel<T, VEC><<<dim3(unsigned(sp.chunks), unsigned(N)), dim3(sp.tx, sp.ty), 0, s>>>(
+      groupnorm_backward_apply_kernel<T, VEC><<<sp.grid(N), sp.block(), 0, s>>>(
           static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(x), bstats.as<float4>(),
           static_cast<const T*>(weight), static_cast<const T*>(bias), HW, int(C), Cg, sp.rows_per_chunk, silu);
     });

@@ -1,12 +1,11 @@
 // Channels-last layout ops. The transpose moves 32x32 tiles through shared memory so that both the
 // read of x and the write of y are coalesced rows; the tile has a pitch of 33 so the column-wise reads
 // of the second phase hit 32 different banks. The tile holds floats, which represent bf16/f16 exactly.
-// channel_sum is a column sum per sample: blocks of 32 column packs x 8 rows, the rows split over
-// enough blocks to fill the GPU, their fp32 partial sums added in a fixed order by a second kernel.
-#include <algorithm>
+// channel_sum is a column sum per sample (column_sums.cuh), its splits' fp32 partial sums added in a
+// fixed order and rounded to dt by a second kernel.
 #include <cstdint>
-#include <type_traits>
 
+#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/scratch.cuh"
 #include "kernels/nhwc.h"
@@ -48,34 +47,7 @@ __global__ void channel_add_kernel(T* y, const T* shift, int64_t packs, int64_t 
   }
 }
 
-constexpr int kSumCols = 32, kSumRows = 8;
-
-// partial[(n * splits + split) * C + c] = sum of x[n, i, c] over split's rows i.
-template <class T, int VEC>
-__global__ void channel_sum_partial_kernel(float* partial, const T* x, int64_t C, int64_t HW, int64_t rows_per_split) {
-  __shared__ float sums[kSumRows][kSumCols * VEC + 1];
-  const int64_t n = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
-  const int64_t c0 = (int64_t(blockIdx.x) * kSumCols + threadIdx.x) * VEC;
-  const int64_t r0 = split * rows_per_split, r1 = min(HW, r0 + rows_per_split);
-  float acc[VEC] = {};
-  if (c0 < C)
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kSumRows) {
-      const Pack<T, VEC> v = *reinterpret_cast<const Pack<T, VEC>*>(x + (n * HW + r) * C + c0);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) acc[j] += to_f(v.v[j]);
-    }
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) sums[threadIdx.y][threadIdx.x * VEC + j] = acc[j];
-  __syncthreads();
-  for (int k = threadIdx.y * kSumCols + threadIdx.x; k < kSumCols * VEC; k += kSumCols * kSumRows) {
-    const int64_t c = int64_t(blockIdx.x) * kSumCols * VEC + k;
-    if (c >= C) continue;
-    float total = 0.f;
-    for (int y = 0; y < kSumRows; ++y) total += sums[y][k];
-    partial[(n * splits + split) * C + c] = total;
-  }
-}
-
+// sum[n, c] = the partial sums of column c of sample n over its row splits, in dt.
 template <class T>
 __global__ void channel_sum_finish_kernel(T* sum, const float* partial, int64_t N, int64_t C, int64_t splits) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N * C; i += int64_t(gridDim.x) * blockDim.x) {
@@ -110,13 +82,12 @@ void channel_add(StreamHandle s, DType dt, void* y, const void* shift, int64_t N
   const int64_t total = N * C * HW;
   if (total == 0) return;
   ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
-    constexpr int V = 16 / sizeof(T);
     T* py = static_cast<T*>(y);
     const T* ps = static_cast<const T*>(shift);
-    if (can_vectorise<T>(C, {py, ps}))
-      channel_add_kernel<T, V><<<grid_for(total / V, 256), 256, 0, s>>>(py, ps, total / V, HW, C);
-    else
-      channel_add_kernel<T, 1><<<grid_for(total, 256), 256, 0, s>>>(py, ps, total, HW, C);
+    with_pack_width<T>(C, {py, ps}, [&](auto vec) {
+      constexpr int VEC = decltype(vec)::value;
+      channel_add_kernel<T, VEC><<<grid_for(total / VEC, 256), 256, 0, s>>>(py, ps, total / VEC, HW, C);
+    });
   });
   ZP_CUDA_LAUNCH_CHECK();
 }
@@ -125,29 +96,18 @@ void channel_sum(StreamHandle s, DType dt, void* sum, const void* x, int64_t N, 
   ZP_CHECK(N >= 0 && C >= 0 && HW >= 0, "N=", N, " C=", C, " HW=", HW);
   if (N * C == 0) return;
   ZP_CHECK(N <= 65535, "channel_sum: N=", N, " too large");
-  const int sms = sm_count();
   ZP_CUDA_DISPATCH_FLOAT(dt, T, [&] {
-    constexpr int V = 16 / sizeof(T);
-    auto run = [&](auto vec) {
+    with_pack_width<T>(C, {x}, [&](auto vec) {
       constexpr int VEC = decltype(vec)::value;
-      const int64_t col_blocks = ceil_div(C, int64_t(kSumCols) * VEC);
-      // Enough row splits for about two blocks an SM, each split at least 64 rows.
-      int64_t splits = std::max<int64_t>(1, std::min<int64_t>(ceil_div(int64_t(2) * sms, col_blocks * N),
-                                                              ceil_div(HW, int64_t(64))));
-      splits = std::min<int64_t>(splits, 65535);
-      const int64_t rows_per_split = ceil_div(HW, splits);
-      splits = ceil_div(HW, rows_per_split);
-      KernelScratch partial(s, size_t(N * splits * C) * sizeof(float), "channel_sum");
-      const dim3 grid{unsigned(col_blocks), unsigned(N), unsigned(splits)}, block{kSumCols, kSumRows};
-      channel_sum_partial_kernel<T, VEC><<<grid, block, 0, s>>>(partial.as<float>(), static_cast<const T*>(x), C, HW,
-                                                                rows_per_split);
+      const int64_t col_blocks = ceil_div(C, int64_t(kColumnSumCols) * VEC);
+      const ColumnSumSplits sp(HW, col_blocks * N, int64_t(65535));
+      KernelScratch partial(s, size_t(N * sp.splits * C) * sizeof(float), "channel_sum");
+      const dim3 grid{unsigned(col_blocks), unsigned(sp.splits), unsigned(N)}, block{kColumnSumCols, kColumnSumRows};
+      column_sums_kernel<T, VEC><<<grid, block, 0, s>>>(nullptr, partial.as<float>(), static_cast<const T*>(x), HW, C,
+                                                        sp.rows_per_split);
       channel_sum_finish_kernel<T><<<grid_for(N * C, 256), 256, 0, s>>>(static_cast<T*>(sum), partial.as<float>(), N,
-                                                                       C, splits);
-    };
-    if (can_vectorise<T>(C, {x}))
-      run(std::integral_constant<int, V>{});
-    else
-      run(std::integral_constant<int, 1>{});
+                                                                       C, sp.splits);
+    });
   });
   ZP_CUDA_LAUNCH_CHECK();
 }

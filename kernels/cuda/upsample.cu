@@ -50,13 +50,12 @@ void upsample_nearest2x_forward(StreamHandle s, DType dt, void* y, const void* x
   const int64_t total = N * C * 4 * H * W;
   if (total == 0) return;
   ZP_CUDA_DISPATCH_FLOAT(dt, E, [&] {
-    constexpr int V = 16 / sizeof(E);
     E* py = static_cast<E*>(y);
     const E* px = static_cast<const E*>(x);
-    if (can_vectorise<E>(C, {py, px}))
-      upsample2x_forward_kernel<E, V><<<grid_for(total / V), 256, 0, s>>>(py, px, total / V, H, W, C / V);
-    else
-      upsample2x_forward_kernel<E, 1><<<grid_for(total), 256, 0, s>>>(py, px, total, H, W, C);
+    with_pack_width<E>(C, {py, px}, [&](auto vec) {
+      constexpr int VEC = decltype(vec)::value;
+      upsample2x_forward_kernel<E, VEC><<<grid_for(total / VEC), 256, 0, s>>>(py, px, total / VEC, H, W, C / VEC);
+    });
   });
   ZP_CUDA_LAUNCH_CHECK();
 }
@@ -67,13 +66,12 @@ void upsample_nearest2x_backward(StreamHandle s, DType dt, void* dx, const void*
   const int64_t total = N * C * H * W;
   if (total == 0) return;
   ZP_CUDA_DISPATCH_FLOAT(dt, E, [&] {
-    constexpr int V = 16 / sizeof(E);
     E* pdx = static_cast<E*>(dx);
     const E* pdy = static_cast<const E*>(dy);
-    if (can_vectorise<E>(C, {pdx, pdy}))
-      upsample2x_backward_kernel<E, V><<<grid_for(total / V), 256, 0, s>>>(pdx, pdy, total / V, H, W, C / V);
-    else
-      upsample2x_backward_kernel<E, 1><<<grid_for(total), 256, 0, s>>>(pdx, pdy, total, H, W, C);
+    with_pack_width<E>(C, {pdx, pdy}, [&](auto vec) {
+      constexpr int VEC = decltype(vec)::value;
+      upsample2x_backward_kernel<E, VEC><<<grid_for(total / VEC), 256, 0, s>>>(pdx, pdy, total / VEC, H, W, C / VEC);
+    });
   });
   ZP_CUDA_LAUNCH_CHECK();
 }
